@@ -1,0 +1,40 @@
+# Thin wrapper: dependencies, configure, build, then the real work in CMake/ctest.
+#   make verify   every backend against fixtures/golden (exit non-zero on any failure)
+#   make test     the full test suite through ctest
+#   make asan     the tests again under AddressSanitizer + UndefinedBehaviorSanitizer
+#   make fixtures regenerate fixtures/golden from the case list
+BUILD ?= build
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?=
+export OPENBLAS_CORETYPE ?= Haswell
+
+.PHONY: all deps configure build verify test asan fixtures clean
+
+all: build
+
+deps:
+	@scripts/install-deps
+
+configure: deps
+	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) > /dev/null
+
+build: configure
+	@cmake --build $(BUILD) -j $(JOBS)
+
+verify: build
+	$(BUILD)/bin/attn verify --quiet --json $(BUILD)/verify.json --junit $(BUILD)/verify.xml
+
+test: build
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+
+asan: deps
+	@cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATTN_SANITIZE=ON $(CMAKE_FLAGS) > /dev/null
+	@cmake --build build-asan -j $(JOBS)
+	ctest --test-dir build-asan --output-on-failure -j $(JOBS) -LE slow
+
+fixtures: build
+	rm -rf fixtures/golden
+	$(BUILD)/bin/attn fixtures generate --out fixtures/golden
+
+clean:
+	rm -rf $(BUILD) build-asan

@@ -1,0 +1,144 @@
+// attn fixtures generate | show | list: write the standard suite, look inside a fixture.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "cli/commands.hpp"
+#include "core/error.hpp"
+#include "fixtures/fixture.hpp"
+#include "fixtures/suite.hpp"
+#include "reference/reference.hpp"
+
+namespace attn::cli {
+
+namespace {
+
+struct FixturesArgs {
+  std::string out;
+  std::vector<std::string> tags;
+  std::string match;
+  std::string file;
+  std::vector<std::string> paths;
+  int rows = 4;
+};
+
+bool has_any_tag(const CaseSpec& spec, const std::vector<std::string>& tags) {
+  if (tags.empty()) return true;
+  std::string list = "," + spec.tags + ",";
+  return std::any_of(tags.begin(), tags.end(), [&](const std::string& t) { return list.find("," + t + ",") != std::string::npos; });
+}
+
+int generate(const FixturesArgs& args) {
+  int written = 0;
+  for (const CaseSpec& spec : standard_suite()) {
+    if (!has_any_tag(spec, args.tags)) continue;
+    if (!args.match.empty() && spec.name.find(args.match) == std::string::npos) continue;
+    std::filesystem::path path = std::filesystem::path(args.out) / (spec.name + ".h5");
+    write_fixture(generate_fixture(spec), path);
+    fmt::print("{}\n", path.string());
+    ++written;
+  }
+  if (written == 0) throw Error("no case of the standard suite matched");
+  fmt::print(stderr, "wrote {} fixtures to {}\n", written, args.out);
+  return 0;
+}
+
+void print_matrix(const std::vector<double>& values, std::int64_t rows, std::int64_t cols, std::int64_t show_rows,
+                  std::int64_t show_cols) {
+  for (std::int64_t i = 0; i < std::min(rows, show_rows); ++i) {
+    fmt::print("    [{:>3}]", i);
+    for (std::int64_t c = 0; c < std::min(cols, show_cols); ++c) {
+      fmt::print(" {:>10.4g}", values[static_cast<std::size_t>(i * cols + c)]);
+    }
+    fmt::print("{}\n", cols > show_cols ? " ..." : "");
+  }
+  if (rows > show_rows) fmt::print("    ... {} more rows\n", rows - show_rows);
+}
+
+int show(const FixturesArgs& args) {
+  Fixture f = read_fixture(args.file);
+  const Problem& p = f.problem();
+  const FixtureHeader& h = f.header;
+  fmt::print("file        {}\nname        {}\ndescription {}\ngenerator   {}\ntags        {}\nproblem     {}\n",
+             h.path.string(), h.name, h.description, h.generator, fmt::join(h.tags, ","), p.to_string());
+  fmt::print("dtype       {}\ncausal      {}\nscale       {}\n", dtype_name(p.dtype), causal_name(p.causal), p.scale);
+  if (h.atol || h.rtol) fmt::print("tolerance   atol={} rtol={} (the fixture's own)\n", h.atol.value_or(0), h.rtol.value_or(0));
+  fmt::print("datasets\n  q    [{}, {}, {}, {}]\n  k    [{}, {}, {}, {}]\n  v    [{}, {}, {}, {}]\n", p.batch, p.heads_q,
+             p.seq_q, p.head_dim, p.batch, p.heads_kv, p.seq_k, p.head_dim, p.batch, p.heads_kv, p.seq_k, p.head_dim_v);
+  if (p.mask.present) {
+    auto hidden = std::count(f.data.mask.begin(), f.data.mask.end(), 0);
+    fmt::print("  mask [{}, {}, {}, {}], {} of {} hidden\n", p.mask.batch, p.mask.heads, p.mask.rows, p.seq_k, hidden,
+               f.data.mask.size());
+  }
+  if (p.bias.present) {
+    auto neg_inf = std::count_if(f.data.bias.begin(), f.data.bias.end(), [](double x) { return std::isinf(x); });
+    fmt::print("  bias [{}, {}, {}, {}], {} entries -inf\n", p.bias.batch, p.bias.heads, p.bias.rows, p.seq_k, neg_inf);
+  }
+  if (p.kv_len) fmt::print("  kv_len [{}] = {}\n", p.batch, fmt::join(f.data.kv_len, ", "));
+  fmt::print("  out  [{}, {}, {}, {}]\n", p.batch, p.heads_q, p.seq_q, p.head_dim_v);
+  if (f.lse) fmt::print("  lse  [{}, {}, {}]\n", p.batch, p.heads_q, p.seq_q);
+
+  const auto rows = static_cast<std::int64_t>(args.rows);
+  fmt::print("\nout[0, 0] (first {} rows, first 8 columns)\n", rows);
+  print_matrix(f.out, p.seq_q, p.head_dim_v, rows, 8);
+  if (f.lse) {
+    fmt::print("lse[0, 0]\n");
+    print_matrix(*f.lse, 1, p.seq_q, 1, 8);
+  }
+  if (p.seq_q <= 16 && p.seq_k <= 16 && p.seq_k > 0) {
+    fmt::print("\nattention weights [0, 0] (queries down, keys across; '-' = hidden)\n        ");
+    for (std::int64_t j = 0; j < p.seq_k; ++j) fmt::print(" {:>6}", fmt::format("k{}", j));
+    fmt::print("\n");
+    std::vector<double> weights = reference_weights(f.data, 0, 0);
+    for (std::int64_t i = 0; i < p.seq_q; ++i) {
+      fmt::print("    q{:<3}", i);
+      for (std::int64_t j = 0; j < p.seq_k; ++j) {
+        if (!reference_visible(f.data, 0, 0, i, j)) fmt::print(" {:>6}", "-");
+        else fmt::print(" {:>6.3f}", weights[static_cast<std::size_t>(i * p.seq_k + j)]);
+      }
+      fmt::print("\n");
+    }
+  }
+  return 0;
+}
+
+int list(const FixturesArgs& args) {
+  std::vector<std::filesystem::path> roots(args.paths.begin(), args.paths.end());
+  if (roots.empty()) roots.emplace_back(ATTN_DEFAULT_FIXTURES);
+  for (const auto& file : find_fixture_files(roots)) {
+    FixtureHeader h = read_fixture_header(file);
+    if (!args.tags.empty() &&
+        std::none_of(args.tags.begin(), args.tags.end(), [&](const std::string& t) { return h.has_tag(t); })) {
+      continue;
+    }
+    fmt::print("{:<44} {:<12} {}\n", h.name, fmt::join(h.tags, ","), h.problem.to_string());
+  }
+  return 0;
+}
+
+}  // namespace
+
+Runner add_fixtures_command(CLI::App& app) {
+  auto args = std::make_shared<FixturesArgs>();
+  CLI::App* cmd = app.add_subcommand("fixtures", "Generate, list and inspect golden fixtures");
+  cmd->require_subcommand(1);
+  CLI::App* gen = cmd->add_subcommand("generate", "Write the standard suite (deterministic, bit-identical)");
+  gen->add_option("--out", args->out, "Output folder")->required();
+  gen->add_option("--tag", args->tags, "Only cases with one of these tags");
+  gen->add_option("--match", args->match, "Only cases whose name contains this text");
+  CLI::App* sh = cmd->add_subcommand("show", "Print a fixture: attributes, shapes, output rows, weights");
+  sh->add_option("file", args->file, "Fixture file")->required();
+  sh->add_option("--rows", args->rows, "Output rows to print")->check(CLI::PositiveNumber);
+  CLI::App* ls = cmd->add_subcommand("list", "List fixtures with their tags and problem strings");
+  ls->add_option("paths", args->paths, "Files or folders (default: " ATTN_DEFAULT_FIXTURES ")");
+  ls->add_option("--tag", args->tags, "Only fixtures with one of these tags");
+  return [args, gen, sh, ls]() {
+    if (gen->parsed()) return generate(*args);
+    if (sh->parsed()) return show(*args);
+    if (ls->parsed()) return list(*args);
+    return 2;
+  };
+}
+
+}  // namespace attn::cli

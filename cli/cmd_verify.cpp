@@ -1,0 +1,65 @@
+// attn verify: every backend against every fixture, a table, and an exit code for CI.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include "cli/commands.hpp"
+#include "core/error.hpp"
+#include "core/registry.hpp"
+#include "fixtures/fixture.hpp"
+#include "verify/report.hpp"
+
+namespace attn::cli {
+
+namespace {
+struct VerifyArgs {
+  std::vector<std::string> paths;
+  std::vector<std::string> backends;
+  std::vector<std::string> tags;
+  std::string json, junit, layout;
+  int threads = 0;
+  bool quiet = false;
+};
+}  // namespace
+
+Runner add_verify_command(CLI::App& app) {
+  auto args = std::make_shared<VerifyArgs>();
+  CLI::App* cmd = app.add_subcommand("verify", "Run backends on golden fixtures and compare with the float64 truth");
+  cmd->add_option("paths", args->paths, "Fixture files or folders (default: " ATTN_DEFAULT_FIXTURES ")");
+  cmd->add_option("--backend", args->backends, "Backends to run (default: all)");
+  cmd->add_option("--tag", args->tags, "Only fixtures with one of these tags (smoke, full, long, edge, ...)");
+  cmd->add_option("--json", args->json, "Write the results as JSON to this file");
+  cmd->add_option("--junit", args->junit, "Write the results as JUnit XML to this file");
+  cmd->add_option("--threads", args->threads, "Threads per backend (default: the backend's own)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--layout", args->layout, "Feed the backends this layout instead of bhsd")->check(CLI::IsMember({"bhsd", "bshd"}));
+  cmd->add_flag("--quiet", args->quiet, "Print only failures and the summary");
+  return [args, argv0 = std::string("attn")]() {
+    std::vector<std::filesystem::path> roots(args->paths.begin(), args->paths.end());
+    if (roots.empty()) roots.emplace_back(ATTN_DEFAULT_FIXTURES);
+    auto files = find_fixture_files(roots);
+    if (files.empty()) throw Error("no fixture files (*.h5) found");
+    auto backends = make_backends(args->backends);
+    VerifyOptions options;
+    options.tags = args->tags;
+    options.run.threads = args->threads;
+    if (args->layout == "bshd") options.layout = Layout::bshd;
+    print_outcome_header(stdout);
+    VerifySummary summary = verify(files, backends, options, [&](const CaseOutcome& o) {
+      if (!args->quiet || o.comparison.verdict == Verdict::fail) print_outcome(stdout, o);
+      std::fflush(stdout);
+    });
+    std::string self = "build/bin/attn";
+    char exe[4096];
+    if (ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1); n > 0) self.assign(exe, static_cast<std::size_t>(n));
+    print_summary(stdout, summary, self);
+    if (!args->json.empty()) write_json(summary, args->json);
+    if (!args->junit.empty()) write_junit(summary, args->junit);
+    if (summary.outcomes.empty() && summary.input_errors.empty()) {
+      fmt::print(stderr, "attn verify: no fixture matched the tags given\n");
+      return 2;
+    }
+    if (!summary.input_errors.empty()) return 2;
+    return summary.failed() > 0 ? 1 : 0;
+  };
+}
+
+}  // namespace attn::cli

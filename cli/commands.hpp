@@ -1,0 +1,17 @@
+// The `attn` subcommands. Each registers itself on the CLI11 app and returns
+// the process exit code from its run function: 0 success, 1 verification
+// failure, 2 usage or input error.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+
+namespace attn::cli {
+
+using Runner = std::function<int()>;
+
+Runner add_list_command(CLI::App& app);
+Runner add_verify_command(CLI::App& app);
+Runner add_fixtures_command(CLI::App& app);
+
+}  // namespace attn::cli

@@ -1,0 +1,40 @@
+// attn: verify and benchmark attention backends. See README.md.
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <map>
+
+#include "cli/commands.hpp"
+#include "core/error.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"attn: verify and benchmark scaled-dot-product attention backends"};
+  app.require_subcommand(1);
+  std::map<CLI::App*, attn::cli::Runner> runners;
+  auto add = [&](attn::cli::Runner (*adder)(CLI::App&)) {
+    std::size_t before = app.get_subcommands({}).size();
+    attn::cli::Runner runner = adder(app);
+    runners[app.get_subcommands({})[before]] = std::move(runner);
+  };
+  add(attn::cli::add_list_command);
+  add(attn::cli::add_verify_command);
+  add(attn::cli::add_fixtures_command);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+  try {
+    for (auto& [command, runner] : runners) {
+      if (command->parsed()) return runner();
+    }
+  } catch (const attn::Error& e) {
+    fmt::print(stderr, "attn: error: {}\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "attn: internal error: {}\n", e.what());
+    return 3;
+  }
+  return 2;
+}

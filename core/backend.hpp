@@ -1,0 +1,78 @@
+// The one interface every attention backend implements.
+//
+// A backend answers `supports(problem)` without side effects, then
+// `prepare(problem, io, options)` does everything that must not be timed
+// (allocation, packing, upload) and returns a Plan whose `run()` is the only
+// thing a benchmark times. `read_output()` makes the results visible in the
+// host buffers named in `io` (a no-op for CPU backends that write them in
+// `run`; a download for device backends).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "core/problem.hpp"
+#include "core/tensor.hpp"
+
+namespace attn {
+
+// "Yes", or "no" with a reason a person can act on.
+struct Status {
+  bool ok = true;
+  std::string reason;
+  static Status yes() { return {}; }
+  static Status no(std::string why) { return {false, std::move(why)}; }
+  explicit operator bool() const { return ok; }
+};
+
+// Inputs and outputs of one call, all in the problem's dtype except where said.
+// Views are logical [batch, heads, seq, dim]; their strides follow
+// `problem.layout` but a backend must honour whatever strides it is given.
+struct AttentionIO {
+  TensorView q;  // [batch, heads_q,  seq_q, head_dim]
+  TensorView k;  // [batch, heads_kv, seq_k, head_dim]
+  TensorView v;  // [batch, heads_kv, seq_k, head_dim_v]
+  // Non-zero = attend; seen as [batch, heads_q, seq_q, seq_k] with stride 0 on
+  // broadcast axes. data == nullptr when the problem has no mask.
+  MaskView mask;
+  // Same broadcast convention, in dtype; -inf hides the key. Empty when absent.
+  TensorView bias;
+  const std::int64_t* kv_len = nullptr;  // [batch], or nullptr
+  MutableTensorView out;                 // [batch, heads_q, seq_q, head_dim_v]
+  // Natural-log sum of exp of the visible scores per row, [batch, heads_q, seq_q]
+  // contiguous, -inf for rows with no visible key. nullptr when the caller does
+  // not want it; only written by backends whose Plan::has_lse() is true.
+  double* lse = nullptr;
+};
+
+struct RunOptions {
+  int threads = 0;  // 0: the backend's default (OMP_NUM_THREADS or all cores)
+};
+
+class Plan {
+ public:
+  virtual ~Plan() = default;
+  virtual void run() = 0;
+  virtual void read_output() {}
+  virtual bool has_lse() const { return false; }
+  // Bytes this plan holds beyond the inputs and outputs (scratch, packed copies).
+  virtual std::size_t workspace_bytes() const { return 0; }
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;
+  virtual std::string_view description() const = 0;
+  // Whether the backend can run on this machine at all (e.g. "no CUDA device").
+  virtual Status available() const { return Status::yes(); }
+  // Whether it handles this problem; no side effects.
+  virtual Status supports(const Problem& problem) const = 0;
+  // One line summarising what `supports` accepts, for `attn list`.
+  virtual std::string_view capabilities() const = 0;
+  virtual std::unique_ptr<Plan> prepare(const Problem& problem, const AttentionIO& io,
+                                        const RunOptions& options) const = 0;
+};
+
+}  // namespace attn

@@ -1,0 +1,55 @@
+#include "core/detmath.hpp"
+
+#include <cmath>
+#include <limits>
+
+namespace attn::detmath {
+
+namespace {
+// ln 2 split so that k * kLn2Hi is exact for |k| < 2^11.
+constexpr double kLn2Hi = 6.93147180369123816490e-01;
+constexpr double kLn2Lo = 1.90821492927058770002e-10;
+constexpr double kInvLn2 = 1.44269504088896338700e+00;
+}  // namespace
+
+double exp(double x) {
+  if (std::isnan(x)) return x;
+  if (x > 709.782712893384) return std::numeric_limits<double>::infinity();
+  if (x < -745.2) return 0.0;
+  // x = k ln2 + r, |r| <= ln2 / 2.
+  double k = std::nearbyint(x * kInvLn2);
+  double r = (x - k * kLn2Hi) - k * kLn2Lo;
+  // Halve r twice more so the Taylor series converges fast, then square back.
+  r *= 0.25;
+  double term = 1.0, sum = 1.0;
+  for (int n = 1; n <= 14; ++n) {
+    term = term * r / n;
+    sum += term;
+  }
+  sum *= sum;
+  sum *= sum;
+  return std::ldexp(sum, static_cast<int>(k));
+}
+
+double log(double x) {
+  if (std::isnan(x) || x < 0) return std::numeric_limits<double>::quiet_NaN();
+  if (x == 0) return -std::numeric_limits<double>::infinity();
+  if (std::isinf(x)) return x;
+  int e = 0;
+  double m = std::frexp(x, &e);  // x = m 2^e, m in [0.5, 1)
+  if (m < 0.70710678118654752) {
+    m *= 2;
+    e -= 1;
+  }
+  // log(m) = 2 atanh(t), t = (m - 1) / (m + 1), |t| <= 0.1716.
+  double t = (m - 1.0) / (m + 1.0);
+  double t2 = t * t;
+  double term = t, sum = 0.0;
+  for (int n = 1; n <= 41; n += 2) {
+    sum += term / n;
+    term *= t2;
+  }
+  return (2.0 * sum + e * kLn2Lo) + e * kLn2Hi;
+}
+
+}  // namespace attn::detmath

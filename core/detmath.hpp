@@ -1,0 +1,15 @@
+// Deterministic exp and log for double: the same bits on every machine and C
+// library, because they use only IEEE-754 +, -, *, / (correctly rounded) and
+// exact power-of-two scaling. The reference and the fixture generator use them
+// so that golden files are bit-identical everywhere. Accurate to about 1 ulp.
+// Translation units using them must be compiled with -ffp-contract=off.
+#pragma once
+
+#include <cstdint>
+
+namespace attn::detmath {
+
+double exp(double x);
+double log(double x);  // x > 0; log(0) = -inf
+
+}  // namespace attn::detmath

@@ -1,0 +1,202 @@
+#include "core/problem.hpp"
+
+#include <fmt/format.h>
+
+#include <charconv>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <vector>
+
+#include "core/error.hpp"
+
+namespace attn {
+
+std::string_view causal_name(Causal causal) {
+  switch (causal) {
+    case Causal::none: return "none";
+    case Causal::top_left: return "top_left";
+    case Causal::bottom_right: return "bottom_right";
+  }
+  return "?";
+}
+
+std::string_view layout_name(Layout layout) { return layout == Layout::bhsd ? "bhsd" : "bshd"; }
+
+double default_scale(std::int64_t head_dim) { return 1.0 / std::sqrt(static_cast<double>(head_dim)); }
+
+std::int64_t Problem::causal_visible_pairs() const {
+  std::int64_t pairs = 0;
+  for (std::int64_t i = 0; i < seq_q; ++i) {
+    std::int64_t last = seq_k - 1;
+    if (causal == Causal::top_left) last = std::min(last, i);
+    if (causal == Causal::bottom_right) last = std::min(last, i + seq_k - seq_q);
+    if (last >= 0) pairs += last + 1;
+  }
+  return pairs;
+}
+
+namespace {
+
+std::int64_t checked_product(std::initializer_list<std::int64_t> dims, std::string_view what) {
+  std::int64_t product = 1;
+  for (std::int64_t d : dims) {
+    if (__builtin_mul_overflow(product, d, &product)) {
+      throw InputError(fmt::format("problem: the element count of {} overflows a 64-bit integer", what));
+    }
+  }
+  // Byte counts (up to 8 bytes per element) must fit too.
+  if (product > std::numeric_limits<std::int64_t>::max() / 8) {
+    throw InputError(fmt::format("problem: {} has {} elements, more than can be addressed", what, product));
+  }
+  return product;
+}
+
+void check_broadcast(const BroadcastShape& shape, const Problem& p, std::string_view what) {
+  if (!shape.present) return;
+  if (shape.batch != 1 && shape.batch != p.batch) {
+    throw InputError(fmt::format("problem: {} batch dimension is {}, expected 1 or batch={}", what, shape.batch, p.batch));
+  }
+  if (shape.heads != 1 && shape.heads != p.heads_q) {
+    throw InputError(fmt::format("problem: {} heads dimension is {}, expected 1 or heads_q={}", what, shape.heads, p.heads_q));
+  }
+  if (shape.rows != 1 && shape.rows != p.seq_q) {
+    throw InputError(fmt::format("problem: {} query dimension is {}, expected 1 or seq_q={}", what, shape.rows, p.seq_q));
+  }
+}
+
+}  // namespace
+
+void Problem::validate() const {
+  const std::pair<const char*, std::int64_t> at_least_one[] = {
+      {"batch", batch}, {"heads_q", heads_q}, {"heads_kv", heads_kv},
+      {"seq_q", seq_q}, {"head_dim", head_dim}, {"head_dim_v", head_dim_v}};
+  for (auto [name, value] : at_least_one) {
+    if (value < 1) throw InputError(fmt::format("problem: {} is {}, expected at least 1", name, value));
+  }
+  if (seq_k < 0) throw InputError(fmt::format("problem: seq_k is {}, expected at least 0", seq_k));
+  if (heads_q % heads_kv != 0) {
+    throw InputError(fmt::format("problem: heads_q={} is not a multiple of heads_kv={}", heads_q, heads_kv));
+  }
+  if (!std::isfinite(scale)) throw InputError(fmt::format("problem: scale is {}, expected a finite number", scale));
+  checked_product({batch, heads_q, seq_q, head_dim}, "q");
+  checked_product({batch, heads_kv, seq_k, head_dim}, "k");
+  checked_product({batch, heads_kv, seq_k, head_dim_v}, "v");
+  checked_product({batch, heads_q, seq_q, head_dim_v}, "out");
+  checked_product({batch, heads_q, seq_q, seq_k}, "the score matrix");
+  check_broadcast(mask, *this, "mask");
+  check_broadcast(bias, *this, "bias");
+}
+
+std::string Problem::to_string() const {
+  std::string s = fmt::format("dtype={},b={},hq={},hkv={},sq={},sk={},d={},dv={},scale={}", dtype_short_name(dtype),
+                              batch, heads_q, heads_kv, seq_q, seq_k, head_dim, head_dim_v, scale);
+  if (causal != Causal::none) s += fmt::format(",causal={}", causal_name(causal));
+  if (mask.present) s += fmt::format(",mask={}x{}x{}", mask.batch, mask.heads, mask.rows);
+  if (bias.present) s += fmt::format(",bias={}x{}x{}", bias.batch, bias.heads, bias.rows);
+  if (kv_len) s += ",kv_len";
+  if (layout != Layout::bhsd) s += fmt::format(",layout={}", layout_name(layout));
+  return s;
+}
+
+namespace {
+
+std::int64_t parse_int(std::string_view key, std::string_view value) {
+  std::int64_t out = 0;
+  auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), out);
+  if (ec != std::errc() || ptr != value.data() + value.size()) {
+    throw InputError(fmt::format("problem string: {}='{}' is not an integer", key, value));
+  }
+  return out;
+}
+
+double parse_double(std::string_view key, std::string_view value) {
+  double out = 0;
+  auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), out);
+  if (ec != std::errc() || ptr != value.data() + value.size()) {
+    throw InputError(fmt::format("problem string: {}='{}' is not a number", key, value));
+  }
+  return out;
+}
+
+BroadcastShape parse_broadcast(std::string_view key, std::string_view value) {
+  BroadcastShape shape{.present = true};
+  std::int64_t* dims[] = {&shape.batch, &shape.heads, &shape.rows};
+  std::size_t start = 0;
+  for (int d = 0; d < 3; ++d) {
+    std::size_t end = value.find('x', start);
+    if ((d < 2) != (end != std::string_view::npos)) {
+      throw InputError(fmt::format("problem string: {}='{}' must be BATCHxHEADSxROWS", key, value));
+    }
+    *dims[d] = parse_int(key, value.substr(start, end == std::string_view::npos ? value.npos : end - start));
+    start = end + 1;
+  }
+  return shape;
+}
+
+}  // namespace
+
+Problem Problem::parse(std::string_view text) {
+  Problem p;
+  std::map<std::string, std::string, std::less<>> fields;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    std::size_t end = text.find(',', start);
+    std::string_view token = text.substr(start, end == text.npos ? text.npos : end - start);
+    if (token.empty()) throw InputError(fmt::format("problem string '{}': empty field", text));
+    std::size_t eq = token.find('=');
+    std::string key(token.substr(0, eq));
+    std::string value(eq == token.npos ? "" : token.substr(eq + 1));
+    if (!fields.emplace(key, value).second) throw InputError(fmt::format("problem string: '{}' given twice", key));
+    if (end == text.npos) break;
+    start = end + 1;
+  }
+  auto take = [&](std::string_view key) -> std::optional<std::string> {
+    auto it = fields.find(key);
+    if (it == fields.end()) return std::nullopt;
+    std::string v = it->second;
+    fields.erase(it);
+    return v;
+  };
+  auto need = [&](std::string_view key) {
+    auto v = take(key);
+    if (!v) throw InputError(fmt::format("problem string '{}': missing {}=", text, key));
+    return *v;
+  };
+  std::string dtype_text = need("dtype");
+  auto dtype = parse_dtype(dtype_text);
+  if (!dtype) throw InputError(fmt::format("problem string: dtype='{}' is not one of f64, f32, f16, bf16", dtype_text));
+  p.dtype = *dtype;
+  p.batch = parse_int("b", need("b"));
+  p.heads_q = parse_int("hq", need("hq"));
+  p.heads_kv = parse_int("hkv", need("hkv"));
+  p.seq_q = parse_int("sq", need("sq"));
+  p.seq_k = parse_int("sk", need("sk"));
+  p.head_dim = parse_int("d", need("d"));
+  p.head_dim_v = p.head_dim;
+  if (auto v = take("dv")) p.head_dim_v = parse_int("dv", *v);
+  p.scale = p.head_dim >= 1 ? default_scale(p.head_dim) : 1.0;
+  if (auto v = take("scale")) p.scale = parse_double("scale", *v);
+  if (auto v = take("causal")) {
+    if (*v == "none") p.causal = Causal::none;
+    else if (*v == "top_left") p.causal = Causal::top_left;
+    else if (*v == "bottom_right") p.causal = Causal::bottom_right;
+    else throw InputError(fmt::format("problem string: causal='{}' is not none, top_left or bottom_right", *v));
+  }
+  if (auto v = take("mask")) p.mask = parse_broadcast("mask", *v);
+  if (auto v = take("bias")) p.bias = parse_broadcast("bias", *v);
+  if (auto v = take("kv_len")) {
+    if (!v->empty()) throw InputError("problem string: kv_len takes no value");
+    p.kv_len = true;
+  }
+  if (auto v = take("layout")) {
+    if (*v == "bhsd") p.layout = Layout::bhsd;
+    else if (*v == "bshd") p.layout = Layout::bshd;
+    else throw InputError(fmt::format("problem string: layout='{}' is not bhsd or bshd", *v));
+  }
+  if (!fields.empty()) throw InputError(fmt::format("problem string: unknown field '{}'", fields.begin()->first));
+  p.validate();
+  return p;
+}
+
+}  // namespace attn

@@ -1,0 +1,38 @@
+// The truth: attention in float64 with error-free transformations (Dot2 and
+// Neumaier sums), implementing every rule of the fixture format. Deterministic
+// to the bit on every machine (see core/detmath.hpp). No dependency beyond core.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/case_data.hpp"
+
+namespace attn {
+
+struct ReferenceResult {
+  std::vector<double> out;  // [batch, heads_q, seq_q, head_dim_v]
+  std::vector<double> lse;  // [batch, heads_q, seq_q]; -inf for rows with no visible key
+};
+
+// What the tolerance policy needs to know about a case, element by element.
+struct ReferenceStats {
+  std::vector<double> weighted_abs_v;  // per out element: sum_j p_ij |v_jd|
+  std::vector<double> weighted_dev_v;  // per out element: sum_j p_ij |v_jd - out_id|
+  std::vector<double> score_magnitude; // per row: max over visible j of |scale| sum_k |q_ik k_jk| + |bias_ij|
+  std::vector<std::int64_t> visible;   // per row: number of visible keys
+};
+
+// Whether key j is visible to query row (b, h, i) under the format's rules.
+bool reference_visible(const CaseData& data, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j);
+
+// The attention weights p[i][j] of one (batch, query head) as a row-major
+// [seq_q, seq_k] matrix; hidden keys hold 0 (use reference_visible to tell them
+// from weights that underflowed).
+std::vector<double> reference_weights(const CaseData& data, std::int64_t b, std::int64_t h);
+
+// Computes out and lse; fills `stats` when given. Uses up to `threads` threads
+// (0: all cores); the result does not depend on the thread count.
+ReferenceResult reference_attention(const CaseData& data, ReferenceStats* stats = nullptr, int threads = 0);
+
+}  // namespace attn

@@ -1,0 +1,150 @@
+#include "verify/report.hpp"
+
+#include <fmt/format.h>
+
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "core/error.hpp"
+
+namespace attn {
+
+namespace {
+
+std::string ratio_text(const Comparison& c) {
+  if (std::isinf(c.worst_ratio)) return "inf";
+  return fmt::format("{:.3f}", c.worst_ratio);
+}
+
+std::string xml_escape(std::string_view text) {
+  std::string out;
+  for (char ch : text) {
+    switch (ch) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += ch;
+    }
+  }
+  return out;
+}
+
+std::ofstream open_output(const std::filesystem::path& path) {
+  if (!path.parent_path().empty()) std::filesystem::create_directories(path.parent_path());
+  std::ofstream file(path);
+  if (!file) throw Error(fmt::format("{}: cannot write", path.string()));
+  return file;
+}
+
+}  // namespace
+
+void print_outcome_header(std::FILE* out) {
+  fmt::print(out, "{:<12} {:<44} {:>10} {:>10} {:>10} {:>9} {:<16} {}\n", "backend", "fixture", "max_abs", "max_rel",
+             "bound", "err/bound", "worst [b,h,i,d]", "verdict");
+}
+
+void print_outcome(std::FILE* out, const CaseOutcome& o) {
+  const Comparison& c = o.comparison;
+  if (c.verdict == Verdict::skip) {
+    fmt::print(out, "{:<12} {:<44} {:>10} {:>10} {:>10} {:>9} {:<16} SKIP ({})\n", o.backend, o.fixture, "-", "-", "-",
+               "-", "-", c.reason);
+    return;
+  }
+  std::string worst = c.worst_index >= 0 ? fmt::format("[{}]", fmt::join(c.worst_coords, ",")) : "-";
+  std::string verdict(verdict_name(c.verdict));
+  if (!c.reason.empty()) verdict += fmt::format(" ({})", c.reason);
+  fmt::print(out, "{:<12} {:<44} {:>10.3g} {:>10.3g} {:>10.3g} {:>9} {:<16} {}\n", o.backend, o.fixture,
+             c.max_abs_error, c.max_rel_error, c.bound_at_worst, ratio_text(c), worst, verdict);
+}
+
+void print_summary(std::FILE* out, const VerifySummary& summary, const std::string& attn_command) {
+  struct Counts {
+    int pass = 0, fail = 0, skip = 0, mistrusted = 0;
+    double worst = 0;
+  };
+  std::map<std::string, Counts> per_backend;
+  for (const auto& o : summary.outcomes) {
+    Counts& c = per_backend[o.backend];
+    switch (o.comparison.verdict) {
+      case Verdict::pass: ++c.pass; break;
+      case Verdict::fail: ++c.fail; break;
+      case Verdict::skip: ++c.skip; break;
+      case Verdict::mistrusted: ++c.mistrusted; break;
+    }
+    if (o.comparison.verdict != Verdict::skip && std::isfinite(o.comparison.worst_ratio)) {
+      c.worst = std::max(c.worst, o.comparison.worst_ratio);
+    }
+  }
+  fmt::print(out, "\n{:<12} {:>6} {:>6} {:>6} {:>11} {:>16}\n", "backend", "PASS", "FAIL", "SKIP", "MISTRUSTED",
+             "worst err/bound");
+  for (const auto& [name, c] : per_backend) {
+    fmt::print(out, "{:<12} {:>6} {:>6} {:>6} {:>11} {:>16.3f}\n", name, c.pass, c.fail, c.skip, c.mistrusted, c.worst);
+  }
+  for (const auto& error : summary.input_errors) fmt::print(out, "input error: {}\n", error);
+  bool header = false;
+  for (const auto& o : summary.outcomes) {
+    if (o.comparison.verdict != Verdict::fail) continue;
+    if (!header) fmt::print(out, "\nTo reproduce a failure:\n");
+    header = true;
+    fmt::print(out, "  {} verify {} --backend {}\n", attn_command, o.file.string(), o.backend);
+  }
+}
+
+void write_json(const VerifySummary& summary, const std::filesystem::path& path) {
+  nlohmann::json results = nlohmann::json::array();
+  for (const auto& o : summary.outcomes) {
+    const Comparison& c = o.comparison;
+    nlohmann::json r = {{"backend", o.backend},       {"fixture", o.fixture},
+                        {"file", o.file.string()},    {"problem", o.problem},
+                        {"verdict", verdict_name(c.verdict)}, {"reason", c.reason},
+                        {"seconds", o.seconds}};
+    if (c.verdict != Verdict::skip) {
+      auto finite_or_null = [](double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr); };
+      r["max_abs_error"] = finite_or_null(c.max_abs_error);
+      r["max_rel_error"] = finite_or_null(c.max_rel_error);
+      r["bound_at_worst"] = c.bound_at_worst;
+      r["error_over_bound"] = finite_or_null(c.worst_ratio);
+      r["worst_index"] = c.worst_coords;
+      r["informative_fraction"] = c.informative_fraction;
+      if (c.lse_worst_ratio) r["lse_error_over_bound"] = finite_or_null(*c.lse_worst_ratio);
+    }
+    results.push_back(std::move(r));
+  }
+  nlohmann::json doc = {{"schema", "attn-verify-1"}, {"results", results}, {"input_errors", summary.input_errors}};
+  open_output(path) << doc.dump(2) << "\n";
+}
+
+void write_junit(const VerifySummary& summary, const std::filesystem::path& path) {
+  std::map<std::string, std::vector<const CaseOutcome*>> suites;
+  for (const auto& o : summary.outcomes) suites[o.backend].push_back(&o);
+  std::ofstream file = open_output(path);
+  file << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"attn verify\">\n";
+  for (const auto& [backend, outcomes] : suites) {
+    int failures = 0, skipped = 0;
+    for (const auto* o : outcomes) {
+      failures += o->comparison.verdict == Verdict::fail;
+      skipped += o->comparison.verdict == Verdict::skip;
+    }
+    file << fmt::format("  <testsuite name=\"{}\" tests=\"{}\" failures=\"{}\" skipped=\"{}\">\n", xml_escape(backend),
+                        outcomes.size(), failures, skipped);
+    for (const auto* o : outcomes) {
+      file << fmt::format("    <testcase classname=\"{}\" name=\"{}\" time=\"{:.6f}\">", xml_escape(backend),
+                          xml_escape(o->fixture), o->seconds);
+      const Comparison& c = o->comparison;
+      if (c.verdict == Verdict::fail) {
+        file << fmt::format("<failure message=\"{}\">{}</failure>", xml_escape(c.reason), xml_escape(o->problem));
+      } else if (c.verdict == Verdict::skip) {
+        file << fmt::format("<skipped message=\"{}\"/>", xml_escape(c.reason));
+      } else if (c.verdict == Verdict::mistrusted) {
+        file << fmt::format("<system-out>MISTRUSTED: {}</system-out>", xml_escape(c.reason));
+      }
+      file << "</testcase>\n";
+    }
+    file << "  </testsuite>\n";
+  }
+  file << "</testsuites>\n";
+}
+
+}  // namespace attn

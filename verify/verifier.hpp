@@ -1,0 +1,44 @@
+// Cross-checks backends against golden fixtures: for each fixture, computes
+// the bounds once (from the float64 reference's statistics), runs every
+// backend that supports the case and compares.
+#pragma once
+
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/backend.hpp"
+#include "verify/compare.hpp"
+
+namespace attn {
+
+struct VerifyOptions {
+  std::vector<std::string> tags;  // keep fixtures carrying any of these (all when empty)
+  RunOptions run;
+  std::optional<Layout> layout;   // feed backends this layout instead of the canonical one
+};
+
+struct CaseOutcome {
+  std::string backend;
+  std::filesystem::path file;
+  std::string fixture;  // the fixture's name
+  std::string problem;  // canonical problem string
+  Comparison comparison;
+  double seconds = 0;
+};
+
+struct VerifySummary {
+  std::vector<CaseOutcome> outcomes;
+  std::vector<std::string> input_errors;  // fixtures that could not be read
+  int failed() const;
+};
+
+using OutcomeCallback = std::function<void(const CaseOutcome&)>;
+
+VerifySummary verify(const std::vector<std::filesystem::path>& files,
+                     const std::vector<std::unique_ptr<Backend>>& backends, const VerifyOptions& options,
+                     const OutcomeCallback& on_outcome = {});
+
+}  // namespace attn
