@@ -19,15 +19,10 @@ double exp(double x) {
   // x = k ln2 + r, |r| <= ln2 / 2.
   double k = std::nearbyint(x * kInvLn2);
   double r = (x - k * kLn2Hi) - k * kLn2Lo;
-  // Halve r twice more so the Taylor series converges fast, then square back.
-  r *= 0.25;
-  double term = 1.0, sum = 1.0;
-  for (int n = 1; n <= 14; ++n) {
-    term = term * r / n;
-    sum += term;
-  }
-  sum *= sum;
-  sum *= sum;
+  // Taylor series in Horner form: 1 + r (1 + r/2 (1 + r/3 (...))). With
+  // |r| <= 0.35, 20 terms are far below half an ulp.
+  double sum = 1.0;
+  for (int n = 20; n >= 1; --n) sum = 1.0 + r * sum / n;
   return std::ldexp(sum, static_cast<int>(k));
 }
 

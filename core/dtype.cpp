@@ -82,7 +82,7 @@ double round_to_format(double x, int mantissa_bits, int min_exp, double max_fini
   double diff = scaled - floor_v;
   double rounded = floor_v;
   if (diff > 0.5 || (diff == 0.5 && std::fmod(floor_v, 2.0) != 0.0)) rounded = floor_v + 1.0;
-  double r = rounded * quantum;
+  double r = std::copysign(rounded * quantum, x);  // keeps the sign of results that round to zero
   // Overflow: values at or beyond max + half an ulp round to infinity.
   if (std::fabs(r) > max_finite) return std::copysign(std::numeric_limits<double>::infinity(), x);
   return r;

@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""Writes fixtures with h5py + NumPy, independently of the C++ code, to prove
+that files other tools write in the shared format load and verify unchanged.
+
+Run with Debian's python3-h5py and python3-numpy:  /usr/bin/python3 make_h5py_cases.py
+The outputs are committed; the tests only read them.
+"""
+import h5py
+import numpy as np
+
+
+def attention(q, k, v, scale, mask=None, bias=None, kv_len=None, causal="none"):
+    """Float64 attention straight from shared/fixture-format.md."""
+    b_, hq, sq, _ = q.shape
+    hkv, sk = k.shape[1], k.shape[2]
+    group = hq // hkv
+    out = np.zeros((b_, hq, sq, v.shape[3]))
+    lse = np.full((b_, hq, sq), -np.inf)
+    for b in range(b_):
+        for h in range(hq):
+            g = h // group
+            s = scale * (q[b, h].astype(np.float64) @ k[b, g].astype(np.float64).T)
+            vis = np.ones((sq, sk), dtype=bool)
+            if bias is not None:
+                bb = bias[b % bias.shape[0], h % bias.shape[1]]
+                bb = np.broadcast_to(bb, (sq, sk)).astype(np.float64)
+                vis &= ~np.isneginf(bb)
+                s = s + np.where(np.isneginf(bb), 0.0, bb)
+            if mask is not None:
+                mm = mask[b % mask.shape[0], h % mask.shape[1]]
+                vis &= np.broadcast_to(mm != 0, (sq, sk))
+            if kv_len is not None:
+                vis &= (np.arange(sk)[None, :] < kv_len[b])
+            i = np.arange(sq)[:, None]
+            j = np.arange(sk)[None, :]
+            if causal == "top_left":
+                vis &= j <= i
+            elif causal == "bottom_right":
+                vis &= j <= i + sk - sq
+            for r in range(sq):
+                if not vis[r].any():
+                    continue
+                row = s[r][vis[r]]
+                m = row.max()
+                e = np.exp(row - m)
+                out[b, h, r] = (e / e.sum()) @ v[b, g][vis[r]].astype(np.float64)
+                lse[b, h, r] = m + np.log(e.sum())
+    return out, lse
+
+
+def case_variable_strings_bool_mask_compressed(path):
+    rng = np.random.default_rng(7)
+    b, hq, hkv, sq, sk, d = 2, 4, 2, 5, 7, 8
+    q = rng.standard_normal((b, hq, sq, d)).astype(np.float32)
+    k = rng.standard_normal((b, hkv, sk, d)).astype(np.float32)
+    v = rng.standard_normal((b, hkv, sk, d)).astype(np.float32)
+    mask = rng.random((1, hq, sq, sk)) > 0.3
+    mask[0, 1, 2, :] = False  # one fully hidden row
+    bias = rng.standard_normal((b, 1, 1, sk))
+    bias[1, 0, 0, 3] = -np.inf
+    bias = bias.astype(np.float32).astype(np.float64)
+    kv_len = np.array([7, 4], dtype=np.int64)
+    scale = 1 / np.sqrt(d)
+    out, lse = attention(q, k, v, scale, mask, bias, kv_len, "bottom_right")
+    with h5py.File(path, "w") as f:
+        # h5py writes str attributes as variable-length UTF-8.
+        f.attrs["format"] = "attn-fixture"
+        f.attrs["format_version"] = np.int32(1)
+        f.attrs["name"] = "h5py/vlen_bool_mask_compressed"
+        f.attrs["description"] = "written by h5py: vlen strings, bool mask, gzip+shuffle+fletcher32"
+        f.attrs["generator"] = f"numpy {np.__version__}"
+        f.attrs["dtype"] = "float32"
+        f.attrs["batch"] = np.array([b], dtype=np.int16)  # one-element array
+        f.attrs["heads_q"] = np.uint8(hq)
+        f.attrs["heads_kv"] = np.int64(hkv)
+        f.attrs["seq_q"] = np.int32(sq)
+        f.attrs["seq_k"] = np.int32(sk)
+        f.attrs["head_dim"] = np.int32(d)
+        f.attrs["head_dim_v"] = np.int32(d)
+        f.attrs["scale"] = np.float64(scale)
+        f.attrs["causal"] = "bottom_right"
+        f.attrs["tags"] = "h5py, external"
+        opts = dict(compression="gzip", shuffle=True, fletcher32=True, chunks=True)
+        f.create_dataset("q", data=q, **opts)
+        f.create_dataset("k", data=k, **opts)
+        f.create_dataset("v", data=v, **opts)
+        f.create_dataset("mask", data=mask, **opts)
+        f.create_dataset("bias", data=bias)
+        f.create_dataset("kv_len", data=kv_len)
+        f.create_dataset("out", data=out, **opts)
+        f.create_dataset("lse", data=lse)
+
+
+def case_fixed_strings_int8_mask_f16(path):
+    rng = np.random.default_rng(11)
+    b, hq, hkv, sq, sk, d, dv = 1, 3, 1, 4, 6, 16, 8
+    q = rng.standard_normal((b, hq, sq, d)).astype(np.float16).astype(np.float32)
+    k = rng.standard_normal((b, hkv, sk, d)).astype(np.float16).astype(np.float32)
+    v = rng.standard_normal((b, hkv, sk, dv)).astype(np.float16).astype(np.float32)
+    mask = (rng.random((1, 1, sq, sk)) > 0.25).astype(np.int8)
+    scale = float(np.float32(0.2))  # the value the file stores
+    out, _ = attention(q, k, v, scale, mask, None, None, "top_left")
+    with h5py.File(path, "w") as f:
+        # Fixed-length ASCII strings, scale as float32, no lse, no description.
+        for key, value in [("format", "attn-fixture"), ("name", "h5py/fixed_strings_int8_mask_f16"),
+                           ("generator", "numpy"), ("dtype", "float16"), ("causal", "top_left")]:
+            f.attrs[key] = np.bytes_(value)
+        f.attrs["format_version"] = np.float64(1.0)  # a whole number stored as float
+        for key, value in [("batch", b), ("heads_q", hq), ("heads_kv", hkv), ("seq_q", sq), ("seq_k", sk),
+                           ("head_dim", d), ("head_dim_v", dv)]:
+            f.attrs[key] = np.int64(value)
+        f.attrs["scale"] = np.float32(scale)
+        f.create_dataset("q", data=q)
+        f.create_dataset("k", data=k)
+        f.create_dataset("v", data=v)
+        f.create_dataset("mask", data=mask)
+        f.create_dataset("out", data=out)
+
+
+if __name__ == "__main__":
+    case_variable_strings_bool_mask_compressed("h5py_vlen_bool_mask_compressed.h5")
+    case_fixed_strings_int8_mask_f16("h5py_fixed_strings_int8_mask_f16.h5")

@@ -1,0 +1,262 @@
+// Fixture files: round trip, bit-identical writes, and a clear error for every
+// kind of malformed input.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <thread>
+#include <variant>
+
+#include "core/error.hpp"
+#include "fixtures/fixture.hpp"
+#include "fixtures/h5.hpp"
+#include "fixtures/suite.hpp"
+
+using namespace attn;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path temp_dir() {
+  fs::path dir = fs::temp_directory_path() / ("attn_fixture_io_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  return dir;
+}
+
+std::string read_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// A small valid case written field by field, so each test can break one thing.
+struct RawCase {
+  std::map<std::string, std::variant<std::string, std::int64_t, double>> attrs = {
+      {"format", std::string("attn-fixture")}, {"format_version", std::int64_t{1}},
+      {"name", std::string("raw/case")},       {"dtype", std::string("float32")},
+      {"batch", std::int64_t{2}},              {"heads_q", std::int64_t{2}},
+      {"heads_kv", std::int64_t{1}},           {"seq_q", std::int64_t{3}},
+      {"seq_k", std::int64_t{4}},              {"head_dim", std::int64_t{2}},
+      {"head_dim_v", std::int64_t{2}},         {"scale", 0.5},
+      {"causal", std::string("none")}};
+  struct Dataset {
+    std::vector<std::int64_t> dims;
+    std::vector<double> values;
+    h5::File::Stored stored = h5::File::Stored::float32;
+  };
+  std::map<std::string, Dataset> datasets = {
+      {"q", {{2, 2, 3, 2}, std::vector<double>(24, 0.5)}},
+      {"k", {{2, 1, 4, 2}, std::vector<double>(16, 0.25)}},
+      {"v", {{2, 1, 4, 2}, std::vector<double>(16, 1.0)}},
+      {"out", {{2, 2, 3, 2}, std::vector<double>(24, 1.0), h5::File::Stored::float64}},
+  };
+
+  void write(const fs::path& path) const {
+    h5::File file = h5::File::create(path);
+    for (const auto& [name, value] : attrs) std::visit([&](const auto& v) { file.write_attribute(name, v); }, value);
+    for (const auto& [name, d] : datasets) {
+      if (d.stored == h5::File::Stored::int64) {
+        std::vector<std::int64_t> ints(d.values.begin(), d.values.end());
+        file.write_dataset(name, d.dims, ints.data());
+      } else if (d.stored == h5::File::Stored::uint8) {
+        std::vector<std::uint8_t> bytes(d.values.begin(), d.values.end());
+        file.write_dataset(name, d.dims, bytes.data());
+      } else {
+        file.write_dataset(name, d.dims, d.values.data(), d.stored);
+      }
+    }
+  }
+};
+
+class FixtureIo : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = temp_dir(); }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Writes `raw` after `edit` and returns the reader's error message ("" if it loaded).
+  std::string error_after(const std::function<void(RawCase&)>& edit) {
+    RawCase raw;
+    edit(raw);
+    fs::path path = dir_ / "case.h5";
+    raw.write(path);
+    return error_of(path);
+  }
+  static std::string error_of(const fs::path& path) {
+    try {
+      read_fixture(path);
+    } catch (const InputError& e) {
+      return e.what();
+    }
+    return "";
+  }
+  fs::path dir_;
+};
+
+#define EXPECT_ERROR(message, expected)                                              \
+  do {                                                                               \
+    std::string got_ = (message);                                                    \
+    EXPECT_NE(got_.find(expected), std::string::npos) << "error was: '" << got_ << "'"; \
+  } while (0)
+
+}  // namespace
+
+TEST_F(FixtureIo, TheRawCaseIsValid) { EXPECT_EQ(error_after([](RawCase&) {}), ""); }
+
+TEST_F(FixtureIo, RoundTripKeepsEveryField) {
+  const CaseSpec* spec = nullptr;
+  for (const auto& s : standard_suite()) {
+    if (s.name == "bias/mask_and_bias_2x1x1_f16") spec = &s;
+  }
+  ASSERT_NE(spec, nullptr);
+  Fixture written = generate_fixture(*spec);
+  written.header.atol = 1e-3;
+  fs::path path = dir_ / "nested" / "case.h5";
+  write_fixture(written, path);
+  Fixture read = read_fixture(path);
+  EXPECT_EQ(read.header.name, written.header.name);
+  EXPECT_EQ(read.header.description, written.header.description);
+  EXPECT_EQ(read.header.tags, written.header.tags);
+  EXPECT_EQ(read.header.atol, 1e-3);
+  EXPECT_FALSE(read.header.rtol.has_value());
+  EXPECT_EQ(read.problem(), written.problem());
+  EXPECT_EQ(read.data.q, written.data.q);
+  EXPECT_EQ(read.data.k, written.data.k);
+  EXPECT_EQ(read.data.v, written.data.v);
+  EXPECT_EQ(read.data.mask, written.data.mask);
+  EXPECT_EQ(read.data.bias, written.data.bias);
+  EXPECT_EQ(read.out, written.out);
+  EXPECT_EQ(read.lse, written.lse);
+}
+
+TEST_F(FixtureIo, WritesAreBitIdenticalAcrossTime) {
+  Fixture f = generate_fixture(standard_suite().front());
+  write_fixture(f, dir_ / "a.h5");
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // any timestamp would now differ
+  write_fixture(f, dir_ / "b.h5");
+  EXPECT_EQ(read_bytes(dir_ / "a.h5"), read_bytes(dir_ / "b.h5"));
+}
+
+TEST_F(FixtureIo, MissingAndNonHdf5Files) {
+  EXPECT_ERROR(error_of(dir_ / "absent.h5"), "no such file");
+  std::ofstream(dir_ / "text.h5") << "not hdf5 at all";
+  EXPECT_ERROR(error_of(dir_ / "text.h5"), "not an HDF5 file");
+}
+
+TEST_F(FixtureIo, TruncatedFilesFailWithThePath) {
+  RawCase raw;
+  raw.datasets["q"].values.assign(24, 0.75);
+  fs::path whole = dir_ / "whole.h5";
+  raw.write(whole);
+  std::string bytes = read_bytes(whole);
+  for (double keep : {0.1, 0.5, 0.9, 0.99}) {
+    fs::path cut = dir_ / "cut.h5";
+    std::ofstream(cut, std::ios::binary) << bytes.substr(0, static_cast<std::size_t>(static_cast<double>(bytes.size()) * keep));
+    std::string error = error_of(cut);
+    EXPECT_ERROR(error, cut.string());
+  }
+}
+
+TEST_F(FixtureIo, WrongRootAttributes) {
+  EXPECT_ERROR(error_after([](RawCase& r) { r.attrs["format"] = std::string("attn-fixtur"); }),
+               "attribute 'format' is 'attn-fixtur', expected 'attn-fixture'");
+  EXPECT_ERROR(error_after([](RawCase& r) { r.attrs["format_version"] = std::int64_t{2}; }), "'format_version' is 2, expected 1");
+  EXPECT_ERROR(error_after([](RawCase& r) { r.attrs.erase("seq_k"); }), "missing root attribute 'seq_k'");
+  EXPECT_ERROR(error_after([](RawCase& r) { r.attrs["seq_q"] = std::string("three"); }), "'seq_q' is string, expected an integer");
+  EXPECT_ERROR(error_after([](RawCase& r) { r.attrs["seq_q"] = 2.5; }), "'seq_q' is 2.5, expected an integer");
+  EXPECT_ERROR(error_after([](RawCase& r) { r.attrs["dtype"] = std::string("float8"); }), "'dtype' is 'float8'");
+  EXPECT_ERROR(error_after([](RawCase& r) { r.attrs["dtype"] = std::string("f32"); }), "'dtype' is 'f32'");
+  EXPECT_ERROR(error_after([](RawCase& r) { r.attrs["causal"] = std::string("lower"); }), "'causal' is 'lower'");
+  EXPECT_ERROR(error_after([](RawCase& r) { r.attrs["scale"] = std::numeric_limits<double>::infinity(); }), "scale is inf");
+  EXPECT_ERROR(error_after([](RawCase& r) {
+                 r.attrs["heads_q"] = std::int64_t{3};
+                 r.attrs["heads_kv"] = std::int64_t{2};
+               }),
+               "heads_q=3 is not a multiple of heads_kv=2");
+  EXPECT_ERROR(error_after([](RawCase& r) { r.attrs["atol"] = -1.0; }), "'atol' is -1");
+  EXPECT_ERROR(error_after([](RawCase& r) { r.attrs["kind"] = std::string("conv"); }), "'kind' is 'conv'");
+  EXPECT_ERROR(error_after([](RawCase& r) { r.attrs["head_dim"] = std::int64_t{0}; }), "head_dim is 0");
+}
+
+TEST_F(FixtureIo, WrongDatasetShapesAndTypes) {
+  EXPECT_ERROR(error_after([](RawCase& r) { r.datasets["q"].dims = {2, 2, 2, 3}; }), "dataset 'q' has shape [2, 2, 2, 3], expected [2, 2, 3, 2]");
+  EXPECT_ERROR(error_after([](RawCase& r) { r.datasets.erase("out"); }), "missing dataset 'out'");
+  EXPECT_ERROR(error_after([](RawCase& r) { r.datasets["k"].stored = h5::File::Stored::int64; }), "dataset 'k' is int64, expected floating point");
+  EXPECT_ERROR(error_after([](RawCase& r) { r.datasets["mask"] = {{1, 1, 3}, std::vector<double>(3, 1), h5::File::Stored::uint8}; }),
+               "dataset 'mask' has rank 3");
+  EXPECT_ERROR(error_after([](RawCase& r) { r.datasets["mask"] = {{3, 1, 1, 4}, std::vector<double>(12, 1), h5::File::Stored::uint8}; }),
+               "mask batch dimension is 3");
+  EXPECT_ERROR(error_after([](RawCase& r) { r.datasets["mask"] = {{1, 1, 1, 5}, std::vector<double>(5, 1), h5::File::Stored::uint8}; }),
+               "'mask' has last dimension 5, expected seq_k = 4");
+  EXPECT_ERROR(error_after([](RawCase& r) { r.datasets["mask"] = {{1, 1, 1, 4}, std::vector<double>(4, 1), h5::File::Stored::float32}; }),
+               "dataset 'mask' is float32, expected uint8, int8 or bool");
+  EXPECT_ERROR(error_after([](RawCase& r) { r.datasets["kv_len"] = {{2}, {1.0, 2.0}, h5::File::Stored::float64}; }),
+               "dataset 'kv_len' is float64, expected int64");
+  EXPECT_ERROR(error_after([](RawCase& r) { r.datasets["kv_len"] = {{3}, {1, 2, 3}, h5::File::Stored::int64}; }),
+               "dataset 'kv_len' has shape [3], expected [2]");
+  EXPECT_ERROR(error_after([](RawCase& r) { r.datasets["lse"] = {{2, 2, 3}, std::vector<double>(12, std::nan("")), h5::File::Stored::float64}; }),
+               "dataset 'lse' holds nan");
+}
+
+TEST_F(FixtureIo, ValuesTheFormatForbids) {
+  EXPECT_ERROR(error_after([](RawCase& r) { r.datasets["q"].values[5] = std::nan(""); }), "dataset 'q' holds nan at flat index 5");
+  EXPECT_ERROR(error_after([](RawCase& r) { r.datasets["v"].values[0] = INFINITY; }), "dataset 'v' holds inf at flat index 0");
+  EXPECT_ERROR(error_after([](RawCase& r) { r.datasets["out"].values[3] = std::nan(""); }), "dataset 'out' holds nan");
+  EXPECT_ERROR(error_after([](RawCase& r) { r.datasets["bias"] = {{1, 1, 1, 4}, {0, INFINITY, 0, 0}}; }), "dataset 'bias' holds inf at flat index 1");
+  EXPECT_EQ(error_after([](RawCase& r) { r.datasets["bias"] = {{1, 1, 1, 4}, {0, -INFINITY, 0, 0}}; }), "");
+  EXPECT_ERROR(error_after([](RawCase& r) {
+                 r.attrs["dtype"] = std::string("float16");
+                 r.datasets["q"].values[2] = 0.1;
+               }),
+               "q[2] = 0.10000000149011612 is not exactly representable in float16");
+  EXPECT_ERROR(error_after([](RawCase& r) { r.datasets["kv_len"] = {{2}, {4, 5}, h5::File::Stored::int64}; }),
+               "kv_len[1] = 5, expected 0 <= kv_len <= seq_k = 4");
+  EXPECT_ERROR(error_after([](RawCase& r) { r.datasets["kv_len"] = {{2}, {-1, 2}, h5::File::Stored::int64}; }), "kv_len[0] = -1");
+}
+
+TEST_F(FixtureIo, ImpossibleSizesAreRefusedBeforeAllocating) {
+  // Attributes claim more than the datasets hold.
+  EXPECT_ERROR(error_after([](RawCase& r) { r.attrs["seq_q"] = std::int64_t{1'000'000'000'000}; }), "dataset 'q' has shape");
+  // Sizes whose element count overflows.
+  EXPECT_ERROR(error_after([](RawCase& r) {
+                 r.attrs["seq_q"] = std::int64_t{1} << 40;
+                 r.attrs["head_dim"] = std::int64_t{1} << 40;
+               }),
+               "overflows");
+  // Datasets that really declare a huge shape (chunked, never written, so the
+  // file is tiny): the reader must refuse rather than try to allocate.
+  fs::path path = dir_ / "huge.h5";
+  {
+    h5::File file = h5::File::create(path);
+    RawCase raw;
+    const std::int64_t huge = std::int64_t{1} << 33;  // q alone would take 2^36 doubles
+    raw.attrs["seq_q"] = huge;
+    for (const auto& [name, value] : raw.attrs) std::visit([&](const auto& v) { file.write_attribute(name, v); }, value);
+    file.write_unwritten_dataset("q", {2, 2, huge, 2}, h5::File::Stored::float32);
+    file.write_unwritten_dataset("k", {2, 1, 4, 2}, h5::File::Stored::float32);
+    file.write_unwritten_dataset("v", {2, 1, 4, 2}, h5::File::Stored::float32);
+    file.write_unwritten_dataset("out", {2, 2, huge, 2}, h5::File::Stored::float64);
+  }
+  EXPECT_LT(fs::file_size(path), 1u << 20);
+  EXPECT_ERROR(error_of(path), "more than the");
+}
+
+TEST_F(FixtureIo, FindsFixturesInFoldersSorted) {
+  RawCase raw;
+  fs::create_directories(dir_ / "b");
+  raw.write(dir_ / "b" / "2.h5");
+  raw.write(dir_ / "a.h5");
+  std::ofstream(dir_ / "notes.txt") << "ignored";
+  auto files = find_fixture_files({dir_});
+  ASSERT_EQ(files.size(), 2u);
+  EXPECT_EQ(files[0].filename(), "a.h5");
+  EXPECT_ERROR([&] {
+    try {
+      find_fixture_files({dir_ / "missing"});
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  }(), "no such file or folder");
+}

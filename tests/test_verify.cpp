@@ -1,0 +1,249 @@
+// The verifier: comparisons, bounds, guard bands, SKIP reasons, layouts and
+// the real naive backend passing every committed fixture.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "core/registry.hpp"
+#include "fixtures/fixture.hpp"
+#include "impls/naive/naive.hpp"
+#include "verify/compare.hpp"
+#include "verify/report.hpp"
+#include "verify/run_case.hpp"
+#include "verify/tolerance.hpp"
+#include "verify/verifier.hpp"
+
+using namespace attn;
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path kGolden = fs::path(ATTN_SOURCE_DIR) / "fixtures" / "golden";
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+struct CompareCase {
+  Problem problem = Problem::parse("dtype=f32,b=1,hq=1,hkv=1,sq=2,sk=3,d=2,dv=2");
+  std::vector<double> golden{0.5, -0.25, 1.0, 2.0};
+  std::vector<double> golden_lse{1.0, 2.0};
+  std::vector<std::int64_t> visible{3, 3};
+  Bounds bounds{{1e-3, 1e-3, 1e-3, 1e-3}, {1e-3, 1e-3}, false};
+  Comparison run(const std::vector<double>& got, const std::vector<double>* lse = nullptr) {
+    return compare_output({problem, golden, golden_lse, bounds, visible, got, lse});
+  }
+};
+
+// A backend wrapper that sabotages the output after the real naive run.
+class Saboteur final : public Backend {
+ public:
+  enum class Mode { write_past_end, leave_unwritten, throw_error, unsupported, unavailable };
+  explicit Saboteur(Mode mode) : mode_(mode) {}
+  std::string_view name() const override { return "saboteur"; }
+  std::string_view description() const override { return "test double"; }
+  std::string_view capabilities() const override { return "-"; }
+  Status available() const override { return mode_ == Mode::unavailable ? Status::no("no such device here") : Status::yes(); }
+  Status supports(const Problem&) const override {
+    return mode_ == Mode::unsupported ? Status::no("only handles sunny days") : Status::yes();
+  }
+  std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& o) const override {
+    struct SabotagedPlan : Plan {
+      std::unique_ptr<Plan> inner;
+      Mode mode;
+      AttentionIO io;
+      Problem p;
+      void run() override {
+        if (mode == Mode::throw_error) throw std::runtime_error("kernel exploded");
+        inner->run();
+        const std::size_t elem = dtype_size(p.dtype);
+        auto* out = static_cast<unsigned char*>(io.out.data);
+        if (mode == Mode::write_past_end) out[static_cast<std::size_t>(p.out_elements()) * elem] = 0;
+        if (mode == Mode::leave_unwritten) store_from_double(io.out.data, p.out_elements() - 1, p.dtype, kNaN);
+      }
+    };
+    auto plan = std::make_unique<SabotagedPlan>();
+    plan->inner = make_naive_backend()->prepare(p, io, o);
+    plan->mode = mode_;
+    plan->io = io;
+    plan->p = p;
+    return plan;
+  }
+
+ private:
+  Mode mode_;
+};
+
+// Runs one backend over fixture files or folders; asserts something ran.
+VerifySummary verify_with(std::unique_ptr<Backend> backend, const std::vector<fs::path>& paths,
+                          const VerifyOptions& options = {}) {
+  std::vector<std::unique_ptr<Backend>> backends;
+  backends.push_back(std::move(backend));
+  VerifySummary summary = verify(find_fixture_files(paths), backends, options);
+  EXPECT_FALSE(summary.outcomes.empty());
+  return summary;
+}
+
+}  // namespace
+
+TEST(Compare, PassWithinBoundAndFailAboveIt) {
+  CompareCase c;
+  EXPECT_EQ(c.run({0.5005, -0.25, 1.0, 2.0}).verdict, Verdict::pass);
+  Comparison fail = c.run({0.5, -0.25, 1.0, 2.002});
+  EXPECT_EQ(fail.verdict, Verdict::fail);
+  EXPECT_EQ(fail.worst_index, 3);
+  EXPECT_EQ(fail.worst_coords, (Dims4{0, 0, 1, 1}));
+  EXPECT_NEAR(fail.worst_ratio, 2.0, 1e-9);
+  EXPECT_NEAR(fail.max_abs_error, 0.002, 1e-12);
+  EXPECT_NEAR(fail.max_rel_error, 0.001, 1e-12);
+  EXPECT_NE(fail.reason.find("[0,0,1,1]"), std::string::npos) << fail.reason;
+}
+
+TEST(Compare, NonFiniteOutputsAlwaysFail) {
+  CompareCase c;
+  EXPECT_EQ(c.run({kNaN, -0.25, 1.0, 2.0}).verdict, Verdict::fail);
+  EXPECT_EQ(c.run({0.5, INFINITY, 1.0, 2.0}).verdict, Verdict::fail);
+  c.golden[0] = kNaN;  // NaN on both sides is still a failure
+  EXPECT_EQ(c.run({kNaN, -0.25, 1.0, 2.0}).verdict, Verdict::fail);
+}
+
+TEST(Compare, FullyMaskedRowsMustBeExactlyZero) {
+  CompareCase c;
+  c.golden = {0, 0, 1.0, 2.0};
+  c.visible = {0, 3};
+  EXPECT_EQ(c.run({0, 0, 1.0, 2.0}).verdict, Verdict::pass);
+  Comparison tiny = c.run({1e-30, 0, 1.0, 2.0});  // within the bound, but not 0
+  EXPECT_EQ(tiny.verdict, Verdict::fail);
+  EXPECT_NE(tiny.reason.find("not exactly 0"), std::string::npos);
+}
+
+TEST(Compare, ResultsThatProveLittleAreMistrusted) {
+  CompareCase c;
+  c.golden = {1e-5, -2e-4, 3e-4, 1.0};  // three of four within the bound of zero
+  c.bounds.out.assign(4, 1e-3);
+  c.visible = {3, 3};
+  EXPECT_EQ(c.run({0, 0, 0, 1.0}).verdict, Verdict::pass);  // 25% informative
+  c.golden = {1e-5, -2e-4, 3e-4, 1e-4};
+  c.problem = Problem::parse("dtype=f32,b=1,hq=1,hkv=1,sq=2,sk=3,d=2,dv=2");
+  Comparison r = c.run({0, 0, 0, 0});
+  EXPECT_EQ(r.verdict, Verdict::mistrusted);
+  EXPECT_NE(r.reason.find("proves little"), std::string::npos);
+}
+
+TEST(Compare, LseIsCheckedWhenReturned) {
+  CompareCase c;
+  std::vector<double> out = c.golden;
+  std::vector<double> good{1.0005, 2.0}, bad{1.0, 2.01}, inf{1.0, -INFINITY};
+  EXPECT_EQ(c.run(out, &good).verdict, Verdict::pass);
+  EXPECT_EQ(c.run(out, &bad).verdict, Verdict::fail);
+  EXPECT_EQ(c.run(out, &inf).verdict, Verdict::fail);
+  c.golden_lse[1] = -INFINITY;
+  EXPECT_EQ(c.run(out, &inf).verdict, Verdict::pass);
+}
+
+TEST(Tolerance, BoundsFollowPrecisionAndRowLength) {
+  FixtureHeader header;
+  header.problem = Problem::parse("dtype=f32,b=1,hq=1,hkv=1,sq=2,sk=3,d=64,dv=1");
+  ReferenceStats stats{{1.0, 1.0}, {0.5, 0.5}, {4.0, 4.0}, {10, 1000}};
+  std::vector<double> out{0.5, 0.5}, lse{1.0, 1.0};
+  Bounds f32 = derive_bounds(header, out, lse, stats);
+  EXPECT_GT(f32.out[1], f32.out[0]);  // longer rows accumulate more error
+  header.problem.dtype = DType::bf16;
+  Bounds bf16 = derive_bounds(header, out, lse, stats);
+  EXPECT_GT(bf16.out[0], 100 * f32.out[0]);  // 2^-8 against 2^-24
+  EXPECT_FALSE(bf16.from_fixture);
+  header.atol = 0.01;
+  header.rtol = 0.1;
+  Bounds own = derive_bounds(header, out, lse, stats);
+  EXPECT_TRUE(own.from_fixture);
+  EXPECT_DOUBLE_EQ(own.out[0], 0.01 + 0.1 * 0.5);
+  EXPECT_EQ(own.lse, bf16.lse);  // atol and rtol do not apply to lse
+}
+
+TEST(Verifier, CatchesWritesOutsideTheOutput) {
+  auto r = verify_with(std::make_unique<Saboteur>(Saboteur::Mode::write_past_end), {kGolden / "basic"});
+  ASSERT_FALSE(r.outcomes.empty());
+  for (const auto& o : r.outcomes) {
+    EXPECT_EQ(o.comparison.verdict, Verdict::fail);
+    EXPECT_NE(o.comparison.reason.find("past the end of the output"), std::string::npos) << o.comparison.reason;
+  }
+}
+
+TEST(Verifier, CatchesUnwrittenElements) {
+  auto r = verify_with(std::make_unique<Saboteur>(Saboteur::Mode::leave_unwritten), {kGolden / "basic"});
+  for (const auto& o : r.outcomes) EXPECT_EQ(o.comparison.verdict, Verdict::fail) << o.fixture;
+}
+
+TEST(Verifier, ABackendThatThrowsFails) {
+  auto r = verify_with(std::make_unique<Saboteur>(Saboteur::Mode::throw_error), {kGolden / "basic"});
+  for (const auto& o : r.outcomes) {
+    EXPECT_EQ(o.comparison.verdict, Verdict::fail);
+    EXPECT_NE(o.comparison.reason.find("kernel exploded"), std::string::npos);
+  }
+}
+
+TEST(Verifier, UnsupportedAndUnavailableAreSkipWithTheReason) {
+  auto r = verify_with(std::make_unique<Saboteur>(Saboteur::Mode::unsupported), {kGolden / "basic"});
+  for (const auto& o : r.outcomes) {
+    EXPECT_EQ(o.comparison.verdict, Verdict::skip);
+    EXPECT_EQ(o.comparison.reason, "only handles sunny days");
+  }
+  r = verify_with(std::make_unique<Saboteur>(Saboteur::Mode::unavailable), {kGolden / "basic"});
+  for (const auto& o : r.outcomes) EXPECT_EQ(o.comparison.reason, "no such device here");
+  EXPECT_EQ(r.failed(), 0);
+}
+
+TEST(Verifier, TagsSelectFixtures) {
+  VerifyOptions options;
+  options.tags = {"smoke"};
+  auto r = verify_with(make_naive_backend(), {kGolden}, options);
+  EXPECT_GE(r.outcomes.size(), 10u);
+  for (const auto& o : r.outcomes) EXPECT_TRUE(read_fixture_header(o.file).has_tag("smoke")) << o.fixture;
+}
+
+TEST(Verifier, BshdLayoutGivesBitwiseTheSameResultAsBhsd) {
+  for (const auto& file : find_fixture_files({kGolden / "mha", kGolden / "gqa", kGolden / "mask"})) {
+    Fixture f = read_fixture(file);
+    auto naive = make_naive_backend();
+    BackendRun bhsd = run_backend(*naive, f.data, {});
+    f.data.problem.layout = Layout::bshd;
+    BackendRun bshd = run_backend(*naive, f.data, {});
+    ASSERT_EQ(bhsd.out.size(), bshd.out.size());
+    EXPECT_EQ(std::memcmp(bhsd.out.data(), bshd.out.data(), bhsd.out.size() * sizeof(double)), 0) << file;
+  }
+}
+
+TEST(Verifier, NaivePassesEveryCommittedFixtureInEveryDtype) {
+  auto r = verify_with(make_naive_backend(), {kGolden});
+  EXPECT_GE(r.outcomes.size(), 100u);
+  std::set<DType> dtypes;
+  for (const auto& o : r.outcomes) {
+    EXPECT_EQ(o.comparison.verdict, Verdict::pass) << o.fixture << ": " << o.comparison.reason;
+    EXPECT_LT(o.comparison.worst_ratio, 1.0);
+    ASSERT_TRUE(o.comparison.lse_worst_ratio.has_value());
+    EXPECT_LE(*o.comparison.lse_worst_ratio, 1.0) << o.fixture;
+    dtypes.insert(Problem::parse(o.problem).dtype);
+  }
+  EXPECT_EQ(dtypes.size(), 4u);
+  EXPECT_TRUE(r.input_errors.empty());
+}
+
+TEST(Report, JsonAndJunitCarryEveryOutcome) {
+  VerifySummary summary = verify_with(make_naive_backend(), {kGolden / "basic"});
+  summary.outcomes.push_back(summary.outcomes.front());
+  summary.outcomes.back().comparison.verdict = Verdict::fail;
+  summary.outcomes.back().comparison.reason = "made up <for> the test";
+  fs::path dir = fs::temp_directory_path() / ("attn_report_" + std::to_string(::getpid()));
+  write_json(summary, dir / "v.json");
+  write_junit(summary, dir / "v.xml");
+  nlohmann::json doc = nlohmann::json::parse(std::ifstream(dir / "v.json"));
+  ASSERT_EQ(doc["results"].size(), summary.outcomes.size());
+  EXPECT_EQ(doc["results"][0]["verdict"], "PASS");
+  EXPECT_EQ(doc["results"].back()["verdict"], "FAIL");
+  std::ifstream xml_file(dir / "v.xml");
+  std::string xml((std::istreambuf_iterator<char>(xml_file)), {});
+  EXPECT_NE(xml.find("failures=\"1\""), std::string::npos);
+  EXPECT_NE(xml.find("made up &lt;for&gt; the test"), std::string::npos);
+  fs::remove_all(dir);
+}
