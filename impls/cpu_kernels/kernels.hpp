@@ -1,0 +1,44 @@
+// Micro-kernels shared by the blocked and streaming CPU backends: a tile of
+// Q K^T, a tile of P V, and exp2 with a row sum, in float32 and (for Q K^T and
+// P V) bfloat16 dot products. Two implementations: AVX-512 (+BF16) intrinsics
+// and portable C++; `best_kernels()` picks one at run time from the CPU's
+// features (ATTN_CPU_ISA=portable forces the portable one).
+//
+// Layouts (kKeyBlock = 64 keys per tile):
+//   Q   float32 [rows][head_dim], or bfloat16 [rows][head_dim_pairs * 2]
+//   Kp  float32 [head_dim][64]: the tile's keys transposed, zero past seq_k;
+//       bfloat16 [head_dim_pairs][64][2]: pairs of dims interleaved per key
+//   S/P float32 [rows][64]; bfloat16 P as [rows][64]
+//   V   float32 rows with stride ldv and dv_pad (multiple of 16) columns;
+//       bfloat16 Vp [keys / 2][dv_pad][2]: pairs of keys interleaved per column
+//   O   float32 [rows][dv_pad]
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.hpp"
+
+namespace attn::cpu {
+
+inline constexpr std::int64_t kKeyBlock = 64;
+
+struct Kernels {
+  const char* isa;
+  // S[r][j] = sum_d Q[r][d] * Kp[d][j] for r < rows, j < 64.
+  void (*qk_f32)(const float* q, std::int64_t rows, std::int64_t head_dim, const float* kp, float* s);
+  // Same over bfloat16 pairs; head_dim_pairs = ceil(head_dim / 2).
+  void (*qk_bf16)(const bf16* q, std::int64_t rows, std::int64_t head_dim_pairs, const bf16* kp, float* s);
+  // O[r][c] += sum_{j < keys} P[r][j] * V[j][c] for c < dv_pad.
+  void (*pv_f32)(const float* p, std::int64_t rows, std::int64_t keys, const float* v, std::int64_t ldv,
+                 std::int64_t dv_pad, float* o);
+  // Same with bfloat16 P and Vp; keys even (the odd one's P is 0).
+  void (*pv_bf16)(const bf16* p, std::int64_t rows, std::int64_t keys, const bf16* vp, std::int64_t dv_pad, float* o);
+  // x[j] = exp2(x[j] - m) for j < n (exactly 0 where x[j] = -inf); returns the sum.
+  float (*exp2_sum)(float* x, std::int64_t n, float m);
+};
+
+const Kernels& best_kernels();
+const Kernels& portable_kernels();
+const Kernels* avx512_kernels();  // nullptr when the CPU lacks AVX-512F/BW/BF16
+
+}  // namespace attn::cpu

@@ -1,0 +1,218 @@
+// AVX-512 micro-kernels (AVX512F/BW/VL + AVX512_BF16's vdpbf16ps). Compiled
+// with target attributes so the rest of the build stays baseline x86-64; used
+// only when the CPU reports these features.
+#include <immintrin.h>
+
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "impls/cpu_kernels/kernels.hpp"
+
+#define ATTN_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")))
+
+namespace attn::cpu {
+
+namespace {
+
+constexpr int kRowsPerStep = 6;  // 6 rows x 4 vectors = 24 accumulators
+
+// S rows [0, NR) of a 64-key tile: NR x 4 accumulators over head_dim.
+template <int NR>
+ATTN_AVX512 void qk_f32_rows(const float* q, std::int64_t head_dim, const float* kp, float* s) {
+  __m512 acc[NR][4];
+  for (int r = 0; r < NR; ++r)
+    for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (std::int64_t d = 0; d < head_dim; ++d) {
+    const float* k = kp + d * kKeyBlock;
+    __m512 k0 = _mm512_loadu_ps(k), k1 = _mm512_loadu_ps(k + 16), k2 = _mm512_loadu_ps(k + 32),
+           k3 = _mm512_loadu_ps(k + 48);
+    for (int r = 0; r < NR; ++r) {
+      __m512 qb = _mm512_set1_ps(q[r * head_dim + d]);
+      acc[r][0] = _mm512_fmadd_ps(qb, k0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(qb, k1, acc[r][1]);
+      acc[r][2] = _mm512_fmadd_ps(qb, k2, acc[r][2]);
+      acc[r][3] = _mm512_fmadd_ps(qb, k3, acc[r][3]);
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int c = 0; c < 4; ++c) _mm512_storeu_ps(s + r * kKeyBlock + 16 * c, acc[r][c]);
+}
+
+template <int NR>
+ATTN_AVX512 void qk_bf16_rows(const bf16* q, std::int64_t pairs, const bf16* kp, float* s) {
+  __m512 acc[NR][4];
+  for (int r = 0; r < NR; ++r)
+    for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (std::int64_t dp = 0; dp < pairs; ++dp) {
+    const bf16* k = kp + dp * kKeyBlock * 2;
+    __m512bh k0 = (__m512bh)_mm512_loadu_si512(k), k1 = (__m512bh)_mm512_loadu_si512(k + 32),
+             k2 = (__m512bh)_mm512_loadu_si512(k + 64), k3 = (__m512bh)_mm512_loadu_si512(k + 96);
+    for (int r = 0; r < NR; ++r) {
+      std::int32_t pair;
+      std::memcpy(&pair, q + r * pairs * 2 + 2 * dp, sizeof pair);
+      __m512bh qb = (__m512bh)_mm512_set1_epi32(pair);
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], qb, k0);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], qb, k1);
+      acc[r][2] = _mm512_dpbf16_ps(acc[r][2], qb, k2);
+      acc[r][3] = _mm512_dpbf16_ps(acc[r][3], qb, k3);
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int c = 0; c < 4; ++c) _mm512_storeu_ps(s + r * kKeyBlock + 16 * c, acc[r][c]);
+}
+
+// O rows [0, NR), columns [0, 16 NV): += P V over `keys` keys.
+template <int NR, int NV>
+ATTN_AVX512 void pv_f32_block(const float* p, std::int64_t keys, const float* v, std::int64_t ldv, std::int64_t dv_pad,
+                              float* o) {
+  __m512 acc[NR][NV];
+  for (int r = 0; r < NR; ++r)
+    for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_loadu_ps(o + r * dv_pad + 16 * c);
+  for (std::int64_t j = 0; j < keys; ++j) {
+    __m512 vj[NV];
+    for (int c = 0; c < NV; ++c) vj[c] = _mm512_loadu_ps(v + j * ldv + 16 * c);
+    for (int r = 0; r < NR; ++r) {
+      __m512 pb = _mm512_set1_ps(p[r * kKeyBlock + j]);
+      for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_fmadd_ps(pb, vj[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int c = 0; c < NV; ++c) _mm512_storeu_ps(o + r * dv_pad + 16 * c, acc[r][c]);
+}
+
+template <int NR, int NV>
+ATTN_AVX512 void pv_bf16_block(const bf16* p, std::int64_t keys, const bf16* vp, std::int64_t dv_pad, float* o) {
+  __m512 acc[NR][NV];
+  for (int r = 0; r < NR; ++r)
+    for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_loadu_ps(o + r * dv_pad + 16 * c);
+  for (std::int64_t jp = 0; jp < keys / 2; ++jp) {
+    __m512bh vj[NV];
+    for (int c = 0; c < NV; ++c) vj[c] = (__m512bh)_mm512_loadu_si512(vp + jp * dv_pad * 2 + 32 * c);
+    for (int r = 0; r < NR; ++r) {
+      std::int32_t pair;
+      std::memcpy(&pair, p + r * kKeyBlock + 2 * jp, sizeof pair);
+      __m512bh pb = (__m512bh)_mm512_set1_epi32(pair);
+      for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], pb, vj[c]);
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int c = 0; c < NV; ++c) _mm512_storeu_ps(o + r * dv_pad + 16 * c, acc[r][c]);
+}
+
+template <typename Fn, std::size_t... I>
+constexpr auto make_table(Fn fn, std::index_sequence<I...>) {
+  return std::array{fn(std::integral_constant<int, static_cast<int>(I) + 1>{})...};
+}
+
+ATTN_AVX512 void qk_f32(const float* q, std::int64_t rows, std::int64_t head_dim, const float* kp, float* s) {
+  using Fn = void (*)(const float*, std::int64_t, const float*, float*);
+  static constexpr auto table =
+      make_table([](auto n) -> Fn { return &qk_f32_rows<decltype(n)::value>; }, std::make_index_sequence<kRowsPerStep>{});
+  for (std::int64_t r = 0; r < rows; r += kRowsPerStep) {
+    std::int64_t n = std::min<std::int64_t>(kRowsPerStep, rows - r);
+    table[static_cast<std::size_t>(n - 1)](q + r * head_dim, head_dim, kp, s + r * kKeyBlock);
+  }
+}
+
+ATTN_AVX512 void qk_bf16(const bf16* q, std::int64_t rows, std::int64_t pairs, const bf16* kp, float* s) {
+  using Fn = void (*)(const bf16*, std::int64_t, const bf16*, float*);
+  static constexpr auto table =
+      make_table([](auto n) -> Fn { return &qk_bf16_rows<decltype(n)::value>; }, std::make_index_sequence<kRowsPerStep>{});
+  for (std::int64_t r = 0; r < rows; r += kRowsPerStep) {
+    std::int64_t n = std::min<std::int64_t>(kRowsPerStep, rows - r);
+    table[static_cast<std::size_t>(n - 1)](q + r * pairs * 2, pairs, kp, s + r * kKeyBlock);
+  }
+}
+
+template <int NV> struct PvTables {
+  using F32 = void (*)(const float*, std::int64_t, const float*, std::int64_t, std::int64_t, float*);
+  using BF16 = void (*)(const bf16*, std::int64_t, const bf16*, std::int64_t, float*);
+  static constexpr auto f32 = make_table([](auto n) -> F32 { return &pv_f32_block<decltype(n)::value, NV>; },
+                                         std::make_index_sequence<kRowsPerStep>{});
+  static constexpr auto b16 = make_table([](auto n) -> BF16 { return &pv_bf16_block<decltype(n)::value, NV>; },
+                                         std::make_index_sequence<kRowsPerStep>{});
+};
+
+template <typename Table>
+const auto& pick(std::int64_t nv, const Table& t1, const Table& t2, const Table& t3, const Table& t4) {
+  return nv == 1 ? t1 : nv == 2 ? t2 : nv == 3 ? t3 : t4;
+}
+
+ATTN_AVX512 void pv_f32(const float* p, std::int64_t rows, std::int64_t keys, const float* v, std::int64_t ldv,
+                        std::int64_t dv_pad, float* o) {
+  for (std::int64_t c0 = 0; c0 < dv_pad; c0 += 64) {
+    std::int64_t nv = std::min<std::int64_t>(4, (dv_pad - c0) / 16);
+    const auto& table = pick(nv, PvTables<1>::f32, PvTables<2>::f32, PvTables<3>::f32, PvTables<4>::f32);
+    for (std::int64_t r = 0; r < rows; r += kRowsPerStep) {
+      std::int64_t n = std::min<std::int64_t>(kRowsPerStep, rows - r);
+      table[static_cast<std::size_t>(n - 1)](p + r * kKeyBlock, keys, v + c0, ldv, dv_pad, o + r * dv_pad + c0);
+    }
+  }
+}
+
+ATTN_AVX512 void pv_bf16(const bf16* p, std::int64_t rows, std::int64_t keys, const bf16* vp, std::int64_t dv_pad,
+                         float* o) {
+  for (std::int64_t c0 = 0; c0 < dv_pad; c0 += 64) {
+    std::int64_t nv = std::min<std::int64_t>(4, (dv_pad - c0) / 16);
+    const auto& table = pick(nv, PvTables<1>::b16, PvTables<2>::b16, PvTables<3>::b16, PvTables<4>::b16);
+    for (std::int64_t r = 0; r < rows; r += kRowsPerStep) {
+      std::int64_t n = std::min<std::int64_t>(kRowsPerStep, rows - r);
+      table[static_cast<std::size_t>(n - 1)](p + r * kKeyBlock, keys, vp + c0 * 2, dv_pad, o + r * dv_pad + c0);
+    }
+  }
+}
+
+// 2^t for t in [-0.5, 0.5] by a degree-7 polynomial (relative error < 1e-8),
+// then scaled by 2^n with vscalefps, which also gives 0 far below range.
+ATTN_AVX512 inline __m512 exp2_ps(__m512 t) {
+  __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 f = _mm512_sub_ps(t, n);
+  __m512 p = _mm512_set1_ps(1.525273380405984e-05f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.5403530393381609e-04f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-03f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-03f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-02f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-01f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-01f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+ATTN_AVX512 float exp2_sum(float* x, std::int64_t n, float m) {
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const __m512 mv = _mm512_set1_ps(m);
+  __m512 sum = _mm512_setzero_ps();
+  std::int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    __m512 v = _mm512_loadu_ps(x + j);
+    __mmask16 live = _mm512_cmp_ps_mask(v, neg_inf, _CMP_NEQ_OQ);
+    __m512 e = _mm512_maskz_mov_ps(live, exp2_ps(_mm512_maskz_sub_ps(live, v, mv)));
+    _mm512_storeu_ps(x + j, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  if (j < n) {
+    __mmask16 tail = static_cast<__mmask16>((1u << (n - j)) - 1);
+    __m512 v = _mm512_mask_loadu_ps(neg_inf, tail, x + j);
+    __mmask16 live = _mm512_cmp_ps_mask(v, neg_inf, _CMP_NEQ_OQ);
+    __m512 e = _mm512_maskz_mov_ps(live, exp2_ps(_mm512_maskz_sub_ps(live, v, mv)));
+    _mm512_mask_storeu_ps(x + j, tail, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  return _mm512_reduce_add_ps(sum);
+}
+
+const Kernels kAvx512{"avx512_bf16", qk_f32, qk_bf16, pv_f32, pv_bf16, exp2_sum};
+
+}  // namespace
+
+const Kernels* avx512_kernels() {
+  __builtin_cpu_init();
+  bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+            __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("fma");
+  return ok ? &kAvx512 : nullptr;
+}
+
+}  // namespace attn::cpu

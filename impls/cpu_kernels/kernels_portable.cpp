@@ -1,0 +1,88 @@
+// Portable C++ versions of the micro-kernels: correct for any CPU, written so
+// the compiler can vectorise the inner loops.
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+#include "impls/cpu_kernels/kernels.hpp"
+
+namespace attn::cpu {
+
+namespace {
+
+void qk_f32(const float* q, std::int64_t rows, std::int64_t head_dim, const float* kp, float* s) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float acc[kKeyBlock] = {};
+    for (std::int64_t d = 0; d < head_dim; ++d) {
+      const float qv = q[r * head_dim + d];
+      const float* k = kp + d * kKeyBlock;
+      for (std::int64_t j = 0; j < kKeyBlock; ++j) acc[j] += qv * k[j];
+    }
+    std::memcpy(s + r * kKeyBlock, acc, sizeof acc);
+  }
+}
+
+void qk_bf16(const bf16* q, std::int64_t rows, std::int64_t pairs, const bf16* kp, float* s) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float acc[kKeyBlock] = {};
+    for (std::int64_t dp = 0; dp < pairs; ++dp) {
+      const float q0 = bf16_to_float(q[r * pairs * 2 + 2 * dp]), q1 = bf16_to_float(q[r * pairs * 2 + 2 * dp + 1]);
+      const bf16* k = kp + dp * kKeyBlock * 2;
+      for (std::int64_t j = 0; j < kKeyBlock; ++j) {
+        acc[j] += q0 * bf16_to_float(k[2 * j]) + q1 * bf16_to_float(k[2 * j + 1]);
+      }
+    }
+    std::memcpy(s + r * kKeyBlock, acc, sizeof acc);
+  }
+}
+
+void pv_f32(const float* p, std::int64_t rows, std::int64_t keys, const float* v, std::int64_t ldv, std::int64_t dv_pad,
+            float* o) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float* out = o + r * dv_pad;
+    for (std::int64_t j = 0; j < keys; ++j) {
+      const float w = p[r * kKeyBlock + j];
+      const float* vj = v + j * ldv;
+      for (std::int64_t c = 0; c < dv_pad; ++c) out[c] += w * vj[c];
+    }
+  }
+}
+
+void pv_bf16(const bf16* p, std::int64_t rows, std::int64_t keys, const bf16* vp, std::int64_t dv_pad, float* o) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float* out = o + r * dv_pad;
+    for (std::int64_t jp = 0; jp < keys / 2; ++jp) {
+      const float w0 = bf16_to_float(p[r * kKeyBlock + 2 * jp]), w1 = bf16_to_float(p[r * kKeyBlock + 2 * jp + 1]);
+      const bf16* v = vp + jp * dv_pad * 2;
+      for (std::int64_t c = 0; c < dv_pad; ++c) out[c] += w0 * bf16_to_float(v[2 * c]) + w1 * bf16_to_float(v[2 * c + 1]);
+    }
+  }
+}
+
+float exp2_sum(float* x, std::int64_t n, float m) {
+  float sum = 0;
+  for (std::int64_t j = 0; j < n; ++j) {
+    x[j] = std::isinf(x[j]) && x[j] < 0 ? 0.0f : std::exp2(x[j] - m);
+    sum += x[j];
+  }
+  return sum;
+}
+
+const Kernels kPortable{"portable", qk_f32, qk_bf16, pv_f32, pv_bf16, exp2_sum};
+
+}  // namespace
+
+const Kernels& portable_kernels() { return kPortable; }
+
+const Kernels& best_kernels() {
+  static const Kernels* chosen = [] {
+    const char* forced = std::getenv("ATTN_CPU_ISA");
+    if (forced && std::strcmp(forced, "portable") == 0) return &kPortable;
+    const Kernels* avx = avx512_kernels();
+    return avx ? avx : &kPortable;
+  }();
+  return *chosen;
+}
+
+}  // namespace attn::cpu

@@ -1,0 +1,202 @@
+#include "impls/cpu_kernels/tiling.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace attn::cpu {
+
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
+
+template <typename T> const T* typed(const TensorView& v) { return static_cast<const T*>(v.data); }
+
+// Reads element (b, h, s, d) of a view as float.
+inline float read(const TensorView& v, std::int64_t b, std::int64_t h, std::int64_t s, std::int64_t d) {
+  const std::int64_t at = v.offset(b, h, s, d);
+  switch (v.dtype) {
+    case DType::f32: return typed<float>(v)[at];
+    case DType::f16: return f16_to_float(typed<f16>(v)[at]);
+    case DType::bf16: return bf16_to_float(typed<bf16>(v)[at]);
+    case DType::f64: return static_cast<float>(typed<double>(v)[at]);
+  }
+  return 0;
+}
+
+inline bf16 read_bf16(const TensorView& v, std::int64_t b, std::int64_t h, std::int64_t s, std::int64_t d) {
+  return typed<bf16>(v)[v.offset(b, h, s, d)];
+}
+
+std::int64_t row_key_end(const Problem& p, const AttentionIO& io, std::int64_t b, std::int64_t i) {
+  std::int64_t end = p.seq_k;
+  if (io.kv_len) end = std::min(end, io.kv_len[b]);
+  if (p.causal == Causal::top_left) end = std::min(end, i + 1);
+  if (p.causal == Causal::bottom_right) end = std::min(end, i + p.seq_k - p.seq_q + 1);
+  return std::max<std::int64_t>(end, 0);
+}
+
+}  // namespace
+
+Geometry Geometry::of(const Problem& p, std::int64_t max_tile_rows) {
+  Geometry g;
+  g.group = p.group_size();
+  g.tile_queries = std::clamp<std::int64_t>(max_tile_rows / g.group, 1, p.seq_q);
+  g.tile_rows = g.tile_queries * g.group;
+  g.query_tiles = (p.seq_q + g.tile_queries - 1) / g.tile_queries;
+  g.key_blocks = (p.seq_k + kKeyBlock - 1) / kKeyBlock;
+  g.head_dim_pairs = (p.head_dim + 1) / 2;
+  g.dv_pad = round_up(p.head_dim_v, 16);
+  g.bf16_kernels = p.dtype == DType::bf16;
+  g.score_scale = static_cast<float>(p.scale * 1.4426950408889634);
+  return g;
+}
+
+void HeadPack::reserve(const Problem& p, const Geometry& g) {
+  const std::int64_t keys = g.key_blocks * kKeyBlock;
+  if (g.bf16_kernels) {
+    k_stride_ = g.head_dim_pairs;
+    k_bf16_.assign(static_cast<std::size_t>(keys * g.head_dim_pairs * 2), bf16{});
+    v_bf16_.assign(static_cast<std::size_t>(keys * g.dv_pad), bf16{});
+  } else {
+    k_stride_ = p.head_dim;
+    k_f32_.assign(static_cast<std::size_t>(keys * p.head_dim), 0.0f);
+    const bool direct = p.dtype == DType::f32 && p.head_dim_v == g.dv_pad;
+    if (!direct) v_f32_.assign(static_cast<std::size_t>(keys * g.dv_pad), 0.0f);
+  }
+}
+
+std::size_t HeadPack::bytes() const {
+  return (k_f32_.size() + v_f32_.size()) * sizeof(float) + (k_bf16_.size() + v_bf16_.size()) * sizeof(bf16);
+}
+
+void HeadPack::pack(const Problem& p, const Geometry& g, const AttentionIO& io, std::int64_t b, std::int64_t kv_head,
+                    std::int64_t first_block, std::int64_t end_block) {
+  if (b == packed_b_ && kv_head == packed_g_ && first_block == packed_first_ && end_block == packed_end_) return;
+  packed_b_ = b, packed_g_ = kv_head, packed_first_ = first_block, packed_end_ = end_block;
+  first_ = first_block;
+  const std::int64_t j_begin = first_block * kKeyBlock, j_end = end_block * kKeyBlock;
+  if (g.bf16_kernels) {
+    ldv_ = g.dv_pad;
+    for (std::int64_t j = j_begin; j < j_end; ++j) {
+      const bool real = j < p.seq_k;
+      bf16* kblock = k_bf16_.data() + ((j / kKeyBlock) - first_) * kKeyBlock * k_stride_ * 2;
+      for (std::int64_t d = 0; d < k_stride_ * 2; ++d) {
+        kblock[(d / 2) * kKeyBlock * 2 + (j % kKeyBlock) * 2 + (d % 2)] =
+            real && d < p.head_dim ? read_bf16(io.k, b, kv_head, j, d) : bf16{};
+      }
+      bf16* vpair = v_bf16_.data() + ((j - j_begin) / 2) * g.dv_pad * 2;
+      for (std::int64_t c = 0; c < g.dv_pad; ++c) {
+        vpair[c * 2 + (j % 2)] = real && c < p.head_dim_v ? read_bf16(io.v, b, kv_head, j, c) : bf16{};
+      }
+    }
+    return;
+  }
+  for (std::int64_t j = j_begin; j < j_end; ++j) {
+    const bool real = j < p.seq_k;
+    float* kblock = k_f32_.data() + ((j / kKeyBlock) - first_) * kKeyBlock * k_stride_;
+    for (std::int64_t d = 0; d < p.head_dim; ++d) {
+      kblock[d * kKeyBlock + (j % kKeyBlock)] = real ? read(io.k, b, kv_head, j, d) : 0.0f;
+    }
+  }
+  if (v_f32_.empty() && io.v.strides[3] == 1) {
+    v_direct_ = typed<float>(io.v) + io.v.offset(b, kv_head, 0, 0);
+    ldv_ = io.v.strides[2];
+    return;
+  }
+  v_direct_ = nullptr;
+  if (v_f32_.empty()) v_f32_.assign(static_cast<std::size_t>(g.key_blocks * kKeyBlock * g.dv_pad), 0.0f);
+  ldv_ = g.dv_pad;
+  for (std::int64_t j = j_begin; j < j_end; ++j) {
+    float* row = v_f32_.data() + (j - j_begin) * g.dv_pad;
+    for (std::int64_t c = 0; c < g.dv_pad; ++c) row[c] = j < p.seq_k && c < p.head_dim_v ? read(io.v, b, kv_head, j, c) : 0.0f;
+  }
+}
+
+std::int64_t QueryTile::rows() const { return queries * group; }
+
+QueryTile query_tile(const Problem& p, const Geometry& g, std::int64_t index) {
+  QueryTile t;
+  const std::int64_t tile = index % g.query_tiles;
+  const std::int64_t head_index = index / g.query_tiles;
+  t.kv_head = head_index % p.heads_kv;
+  t.b = head_index / p.heads_kv;
+  t.first_query = tile * g.tile_queries;
+  t.queries = std::min(g.tile_queries, p.seq_q - t.first_query);
+  t.group = g.group;
+  return t;
+}
+
+void pack_queries(const Problem& p, const Geometry& g, const AttentionIO& io, const QueryTile& t, float* q_f32,
+                  bf16* q_bf16) {
+  for (std::int64_t r = 0; r < t.rows(); ++r) {
+    const std::int64_t h = t.head(g, r), i = t.query(g, r);
+    if (g.bf16_kernels) {
+      bf16* row = q_bf16 + r * g.head_dim_pairs * 2;
+      for (std::int64_t d = 0; d < g.head_dim_pairs * 2; ++d) row[d] = d < p.head_dim ? read_bf16(io.q, t.b, h, i, d) : bf16{};
+    } else {
+      float* row = q_f32 + r * p.head_dim;
+      for (std::int64_t d = 0; d < p.head_dim; ++d) row[d] = read(io.q, t.b, h, i, d);
+    }
+  }
+}
+
+std::int64_t visible_key_end(const Problem& p, const AttentionIO& io, const QueryTile& t) {
+  return row_key_end(p, io, t.b, t.first_query + t.queries - 1);
+}
+
+void finish_scores(const Problem& p, const Geometry& g, const AttentionIO& io, const QueryTile& t, std::int64_t j0,
+                   float* s) {
+  const float scale = g.score_scale;
+  for (std::int64_t r = 0; r < t.rows(); ++r) {
+    const std::int64_t h = t.head(g, r), i = t.query(g, r);
+    const std::int64_t end = std::clamp<std::int64_t>(row_key_end(p, io, t.b, i) - j0, 0, kKeyBlock);
+    float* row = s + r * kKeyBlock;
+    for (std::int64_t j = 0; j < kKeyBlock; ++j) row[j] = j < end ? row[j] * scale : kNegInf;
+    if (!io.mask.empty()) {
+      for (std::int64_t j = 0; j < end; ++j) {
+        if (io.mask.at(t.b, h, i, j0 + j) == 0) row[j] = kNegInf;
+      }
+    }
+    if (!io.bias.empty()) {
+      for (std::int64_t j = 0; j < end; ++j) {
+        const float bias = read(io.bias, t.b, h, i, j0 + j);
+        row[j] = std::isinf(bias) && bias < 0 ? kNegInf : row[j] + bias * kLog2e;
+      }
+    }
+  }
+}
+
+void round_probabilities(const float* p, std::int64_t rows, bf16* out) {
+  for (std::int64_t e = 0; e < rows * kKeyBlock; ++e) out[e] = float_to_bf16(p[e]);
+}
+
+void write_rows(const Problem& p, const Geometry& g, const AttentionIO& io, const QueryTile& t, const float* o,
+                const float* m, const float* l) {
+  const MutableTensorView& out = io.out;
+  for (std::int64_t r = 0; r < t.rows(); ++r) {
+    const std::int64_t h = t.head(g, r), i = t.query(g, r);
+    const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
+    for (std::int64_t c = 0; c < p.head_dim_v; ++c) {
+      const float value = o[r * g.dv_pad + c] * inv;
+      const std::int64_t at = out.offset(t.b, h, i, c);
+      switch (p.dtype) {
+        case DType::f32: static_cast<float*>(out.data)[at] = value; break;
+        case DType::f16: static_cast<f16*>(out.data)[at] = float_to_f16(value); break;
+        case DType::bf16: static_cast<bf16*>(out.data)[at] = float_to_bf16(value); break;
+        case DType::f64: static_cast<double*>(out.data)[at] = value; break;
+      }
+    }
+    if (io.lse) {
+      const std::int64_t row = (t.b * p.heads_q + h) * p.seq_q + i;
+      io.lse[row] = l[r] > 0 ? (static_cast<double>(m[r]) + std::log2(static_cast<double>(l[r]))) * 0.6931471805599453
+                             : -std::numeric_limits<double>::infinity();
+    }
+  }
+}
+
+}  // namespace attn::cpu

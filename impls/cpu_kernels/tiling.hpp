@@ -1,0 +1,85 @@
+// The tile bookkeeping shared by the blocked and streaming backends: which
+// query rows form a tile (all query heads of one kv head together), K and V
+// of one (batch, kv head) packed for the micro-kernels, the masking of a score
+// tile by every rule of the fixture format, and writing the results back.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/backend.hpp"
+#include "impls/cpu_kernels/kernels.hpp"
+
+namespace attn::cpu {
+
+// Sizes derived from a problem, fixed for a plan.
+struct Geometry {
+  std::int64_t group = 1;          // query heads per kv head
+  std::int64_t tile_queries = 1;   // query positions per tile; rows = tile_queries * group
+  std::int64_t tile_rows = 1;      // max rows of a tile
+  std::int64_t query_tiles = 1;    // per (batch, kv head)
+  std::int64_t key_blocks = 0;     // ceil(seq_k / 64)
+  std::int64_t head_dim_pairs = 1; // bfloat16 pairs along head_dim
+  std::int64_t dv_pad = 16;        // head_dim_v rounded up to 16
+  bool bf16_kernels = false;       // bfloat16 dot products (else float32)
+  float score_scale = 1;           // scale * log2(e): scores live in the log2 domain
+  static Geometry of(const Problem& p, std::int64_t max_tile_rows);
+};
+
+// K and V of one (batch, kv head) in the kernels' layouts, for keys
+// [first_block * 64, end_block * 64). Owned per thread and reused.
+class HeadPack {
+ public:
+  void reserve(const Problem& p, const Geometry& g);
+  // Packs unless this (b, kv head, range) is already here.
+  void pack(const Problem& p, const Geometry& g, const AttentionIO& io, std::int64_t b, std::int64_t kv_head,
+            std::int64_t first_block, std::int64_t end_block);
+  const float* k_f32(std::int64_t block) const { return k_f32_.data() + (block - first_) * kKeyBlock * k_stride_; }
+  const bf16* k_bf16(std::int64_t block) const { return k_bf16_.data() + (block - first_) * kKeyBlock * k_stride_ * 2; }
+  // float32 V rows for keys starting at `key`, and their stride.
+  const float* v_f32(std::int64_t key) const { return v_direct_ ? v_direct_ + key * ldv_ : v_f32_.data() + (key - first_ * kKeyBlock) * ldv_; }
+  std::int64_t ldv() const { return ldv_; }
+  const bf16* v_bf16(std::int64_t key) const { return v_bf16_.data() + (key - first_ * kKeyBlock) * ldv_; }
+  std::size_t bytes() const;
+
+ private:
+  std::vector<float> k_f32_, v_f32_;
+  std::vector<bf16> k_bf16_, v_bf16_;
+  const float* v_direct_ = nullptr;
+  std::int64_t ldv_ = 0, k_stride_ = 0, first_ = 0;
+  std::int64_t packed_b_ = -1, packed_g_ = -1, packed_first_ = -1, packed_end_ = -1;
+};
+
+// The query rows of one tile: rows r = position * group + head-in-group.
+struct QueryTile {
+  std::int64_t b = 0, kv_head = 0, first_query = 0, queries = 0;
+  std::int64_t rows() const;  // queries * group
+  std::int64_t head(const Geometry& g, std::int64_t r) const { return kv_head * g.group + r % g.group; }
+  std::int64_t query(const Geometry& g, std::int64_t r) const { return first_query + r / g.group; }
+  std::int64_t group = 1;
+};
+
+QueryTile query_tile(const Problem& p, const Geometry& g, std::int64_t index);  // index over b, kv head, tile
+
+// Q rows of a tile in the kernels' layout: float32 [rows][head_dim] or bfloat16 [rows][pairs * 2].
+void pack_queries(const Problem& p, const Geometry& g, const AttentionIO& io, const QueryTile& t, float* q_f32,
+                  bf16* q_bf16);
+
+// Keys [0, end) hold every visible key of the tile (kv_len and causal), so
+// blocks at or past end may be skipped.
+std::int64_t visible_key_end(const Problem& p, const AttentionIO& io, const QueryTile& t);
+
+// Turns raw dot products of the tile's rows against keys [j0, j0 + 64) into
+// log2-domain scores: s * scale * log2(e) + bias * log2(e), and -inf where a
+// key is hidden (mask, bias -inf, kv_len, causal, or past seq_k).
+void finish_scores(const Problem& p, const Geometry& g, const AttentionIO& io, const QueryTile& t, std::int64_t j0,
+                   float* s);
+
+// P of a tile as bfloat16 with the odd padding key zeroed (for pv_bf16).
+void round_probabilities(const float* p, std::int64_t rows, bf16* out);
+
+// out = O / l in the dtype; lse = (m + log2 l) ln 2, or 0 and -inf for rows with l = 0.
+void write_rows(const Problem& p, const Geometry& g, const AttentionIO& io, const QueryTile& t, const float* o,
+                const float* m, const float* l);
+
+}  // namespace attn::cpu

@@ -1,0 +1,211 @@
+#include "impls/streaming/streaming.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/thread_pool.hpp"
+#include "impls/cpu_kernels/tiling.hpp"
+
+namespace attn {
+
+namespace {
+
+using cpu::Geometry;
+using cpu::kKeyBlock;
+using cpu::QueryTile;
+
+constexpr std::int64_t kMaxTileRows = 96;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+struct Scratch {
+  cpu::HeadPack pack;
+  std::vector<float> q, s, o, m, l;
+  std::vector<bf16> q_bf16, p_bf16;
+};
+
+class StreamingPlan final : public Plan {
+ public:
+  StreamingPlan(const Problem& p, const AttentionIO& io, const RunOptions& options, const StreamingFlaws& flaws)
+      : p_(p), io_(io), g_(Geometry::of(p, kMaxTileRows)), kernels_(cpu::best_kernels()), flaws_(flaws) {
+    threads_ = resolve_threads(options.threads);
+    tiles_ = p.batch * p.heads_kv * g_.query_tiles;
+    // Few tiles and long rows (decode): split the keys so every thread works.
+    if (tiles_ < threads_ && g_.key_blocks >= 2 * threads_) chunks_ = threads_;
+    scratch_.resize(static_cast<std::size_t>(threads_));
+    for (Scratch& s : scratch_) {
+      s.pack.reserve(p, g_);
+      const auto rows = static_cast<std::size_t>(g_.tile_rows);
+      if (g_.bf16_kernels) {
+        s.q_bf16.assign(rows * static_cast<std::size_t>(g_.head_dim_pairs * 2), bf16{});
+        s.p_bf16.assign(rows * kKeyBlock, bf16{});
+      } else {
+        s.q.assign(rows * static_cast<std::size_t>(p.head_dim), 0.0f);
+      }
+      s.s.assign(rows * kKeyBlock, 0.0f);
+      s.o.assign(rows * static_cast<std::size_t>(g_.dv_pad), 0.0f);
+      s.m.assign(rows, 0.0f);
+      s.l.assign(rows, 0.0f);
+    }
+    if (chunks_ > 1) {
+      const auto n = static_cast<std::size_t>(tiles_ * chunks_ * g_.tile_rows);
+      partial_o_.assign(n * static_cast<std::size_t>(g_.dv_pad), 0.0f);
+      partial_m_.assign(n, 0.0f);
+      partial_l_.assign(n, 0.0f);
+    }
+  }
+
+  void run() override {
+    ThreadPool& pool = ThreadPool::get(threads_);
+    pool.parallel_for(tiles_ * chunks_, [&](std::int64_t task, int worker) {
+      compute(task / chunks_, task % chunks_, scratch_[static_cast<std::size_t>(worker)]);
+    });
+    if (chunks_ > 1) {
+      pool.parallel_for(tiles_, [&](std::int64_t tile, int worker) { merge(tile, scratch_[static_cast<std::size_t>(worker)]); });
+    }
+  }
+
+  bool has_lse() const override { return true; }
+
+  std::size_t workspace_bytes() const override {
+    std::size_t bytes = (partial_o_.size() + partial_m_.size() + partial_l_.size()) * sizeof(float);
+    for (const Scratch& s : scratch_) {
+      bytes += s.pack.bytes() + (s.q.size() + s.s.size() + s.o.size() + s.m.size() + s.l.size()) * sizeof(float) +
+               (s.q_bf16.size() + s.p_bf16.size()) * sizeof(bf16);
+    }
+    return bytes;
+  }
+
+ private:
+  void compute(std::int64_t tile_index, std::int64_t chunk, Scratch& s) {
+    const QueryTile t = cpu::query_tile(p_, g_, tile_index);
+    const std::int64_t rows = t.rows();
+    std::int64_t end_key = cpu::visible_key_end(p_, io_, t);
+    std::int64_t end_block = (end_key + kKeyBlock - 1) / kKeyBlock;
+    if (flaws_.causal_skip_one_more && p_.causal != Causal::none) end_block = std::max<std::int64_t>(end_block - 1, 0);
+    if (flaws_.drop_last_partial_block && p_.seq_k % kKeyBlock != 0 && end_block == g_.key_blocks) --end_block;
+    const std::int64_t per_chunk = (g_.key_blocks + chunks_ - 1) / chunks_;
+    const std::int64_t first = std::min(chunk * per_chunk, g_.key_blocks);
+    const std::int64_t last = std::min(first + per_chunk, g_.key_blocks);
+    s.pack.pack(p_, g_, io_, t.b, t.kv_head, first, last);
+    cpu::pack_queries(p_, g_, io_, t, s.q.data(), s.q_bf16.data());
+    std::fill_n(s.m.begin(), rows, kNegInf);
+    std::fill_n(s.l.begin(), rows, 0.0f);
+    std::fill_n(s.o.begin(), rows * g_.dv_pad, 0.0f);
+
+    for (std::int64_t block = first; block < std::min(last, end_block); ++block) {
+      const std::int64_t j0 = block * kKeyBlock;
+      const std::int64_t keys = std::min(kKeyBlock, p_.seq_k - j0);
+      if (g_.bf16_kernels) kernels_.qk_bf16(s.q_bf16.data(), rows, g_.head_dim_pairs, s.pack.k_bf16(block), s.s.data());
+      else kernels_.qk_f32(s.q.data(), rows, p_.head_dim, s.pack.k_f32(block), s.s.data());
+      cpu::finish_scores(p_, g_, io_, t, j0, s.s.data());
+      for (std::int64_t r = 0; r < rows; ++r) online_softmax_row(s, r);
+      if (g_.bf16_kernels) {
+        cpu::round_probabilities(s.s.data(), rows, s.p_bf16.data());
+        kernels_.pv_bf16(s.p_bf16.data(), rows, (keys + 1) / 2 * 2, s.pack.v_bf16(j0), g_.dv_pad, s.o.data());
+      } else {
+        kernels_.pv_f32(s.s.data(), rows, keys, s.pack.v_f32(j0), s.pack.ldv(), g_.dv_pad, s.o.data());
+      }
+    }
+    if (chunks_ == 1) {
+      cpu::write_rows(p_, g_, io_, t, s.o.data(), s.m.data(), s.l.data());
+      return;
+    }
+    const std::int64_t base = (tile_index * chunks_ + chunk) * g_.tile_rows;
+    std::copy_n(s.m.begin(), rows, partial_m_.begin() + base);
+    std::copy_n(s.l.begin(), rows, partial_l_.begin() + base);
+    std::copy_n(s.o.begin(), rows * g_.dv_pad, partial_o_.begin() + base * g_.dv_pad);
+  }
+
+  // Folds the scores of one row of the current block into the running max,
+  // sum and output; the row of s.s becomes the block's probabilities.
+  void online_softmax_row(Scratch& s, std::int64_t r) {
+    float* row = s.s.data() + r * kKeyBlock;
+    float block_max = kNegInf;
+    for (std::int64_t j = 0; j < kKeyBlock; ++j) block_max = std::max(block_max, row[j]);
+    const float m_old = s.m[static_cast<std::size_t>(r)];
+    const float m_new = std::max(m_old, block_max);
+    if (m_new == kNegInf) {  // nothing visible yet
+      std::fill_n(row, kKeyBlock, 0.0f);
+      return;
+    }
+    const float sum = kernels_.exp2_sum(row, kKeyBlock, m_new);
+    float& l = s.l[static_cast<std::size_t>(r)];
+    if (m_new > m_old && !flaws_.no_rescale) {  // lazy: rescale only when the max grew
+      const float alpha = m_old == kNegInf ? 0.0f : std::exp2(m_old - m_new);
+      float* o = s.o.data() + r * g_.dv_pad;
+      for (std::int64_t c = 0; c < g_.dv_pad; ++c) o[c] *= alpha;
+      l *= alpha;
+    }
+    l += sum;
+    s.m[static_cast<std::size_t>(r)] = m_new;
+  }
+
+  // Combines the chunks of one tile: weights 2^(m_c - M) so each partial sum
+  // is measured against the common max M.
+  void merge(std::int64_t tile_index, Scratch& s) {
+    const QueryTile t = cpu::query_tile(p_, g_, tile_index);
+    for (std::int64_t r = 0; r < t.rows(); ++r) {
+      float global = kNegInf;
+      for (std::int64_t c = 0; c < chunks_; ++c) global = std::max(global, partial_m_[(tile_index * chunks_ + c) * g_.tile_rows + r]);
+      float l = 0;
+      float* o = s.o.data() + r * g_.dv_pad;
+      std::fill_n(o, g_.dv_pad, 0.0f);
+      for (std::int64_t c = 0; c < chunks_; ++c) {
+        const std::int64_t at = (tile_index * chunks_ + c) * g_.tile_rows + r;
+        if (partial_l_[at] == 0) continue;
+        const float w = flaws_.unweighted_split_merge ? 1.0f : std::exp2(partial_m_[at] - global);
+        l += w * partial_l_[at];
+        const float* po = partial_o_.data() + at * g_.dv_pad;
+        for (std::int64_t d = 0; d < g_.dv_pad; ++d) o[d] += w * po[d];
+      }
+      s.m[static_cast<std::size_t>(r)] = global;
+      s.l[static_cast<std::size_t>(r)] = l;
+    }
+    cpu::write_rows(p_, g_, io_, t, s.o.data(), s.m.data(), s.l.data());
+  }
+
+  Problem p_;
+  AttentionIO io_;
+  Geometry g_;
+  const cpu::Kernels& kernels_;
+  StreamingFlaws flaws_;
+  int threads_ = 1;
+  std::int64_t tiles_ = 0, chunks_ = 1;
+  std::vector<Scratch> scratch_;
+  std::vector<float> partial_o_, partial_m_, partial_l_;
+};
+
+class StreamingBackend final : public Backend {
+ public:
+  StreamingBackend(std::string name, const StreamingFlaws& flaws) : name_(std::move(name)), flaws_(flaws) {}
+  std::string_view name() const override { return name_; }
+  std::string_view description() const override {
+    return "FlashAttention-2 on the CPU: tiled online softmax, O(seq) memory, bf16 dot products, split-K decode";
+  }
+  std::string_view capabilities() const override {
+    return "float32, float16, bfloat16; every mask rule, GQA/MQA, any head_dim; lse; not float64";
+  }
+  Status supports(const Problem& p) const override {
+    if (p.dtype == DType::f64) return Status::no("float64 is not implemented: the kernels accumulate in float32");
+    return Status::yes();
+  }
+  std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& options) const override {
+    return std::make_unique<StreamingPlan>(p, io, options, flaws_);
+  }
+
+ private:
+  std::string name_;
+  StreamingFlaws flaws_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_streaming_backend() { return std::make_unique<StreamingBackend>("streaming", StreamingFlaws{}); }
+
+std::unique_ptr<Backend> make_flawed_streaming_backend(std::string name, const StreamingFlaws& flaws) {
+  return std::make_unique<StreamingBackend>(std::move(name), flaws);
+}
+
+}  // namespace attn
