@@ -13,5 +13,6 @@ using Runner = std::function<int()>;
 Runner add_list_command(CLI::App& app);
 Runner add_verify_command(CLI::App& app);
 Runner add_fixtures_command(CLI::App& app);
+Runner add_bench_command(CLI::App& app);
 
 }  // namespace attn::cli

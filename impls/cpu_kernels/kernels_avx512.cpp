@@ -3,6 +3,7 @@
 // only when the CPU reports these features.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -203,7 +204,30 @@ ATTN_AVX512 float exp2_sum(float* x, std::int64_t n, float m) {
   return _mm512_reduce_add_ps(sum);
 }
 
-const Kernels kAvx512{"avx512_bf16", qk_f32, qk_bf16, pv_f32, pv_bf16, exp2_sum};
+ATTN_AVX512 float scale_row(float* x, float scale, std::int64_t visible) {
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const __m512 sv = _mm512_set1_ps(scale);
+  __m512 m = neg_inf;
+  for (std::int64_t j = 0; j < kKeyBlock; j += 16) {
+    const std::int64_t left = std::clamp<std::int64_t>(visible - j, 0, 16);
+    const __mmask16 live = static_cast<__mmask16>((1u << left) - 1);
+    __m512 v = _mm512_mask_mul_ps(neg_inf, live, _mm512_loadu_ps(x + j), sv);
+    _mm512_storeu_ps(x + j, v);
+    m = _mm512_max_ps(m, v);
+  }
+  return _mm512_reduce_max_ps(m);
+}
+
+ATTN_AVX512 void to_bf16(const float* x, std::int64_t n, bf16* out) {
+  std::int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    __m256bh v = _mm512_cvtneps_pbh(_mm512_loadu_ps(x + j));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j), (__m256i)v);
+  }
+  for (; j < n; ++j) out[j] = float_to_bf16(x[j]);
+}
+
+const Kernels kAvx512{"avx512_bf16", qk_f32, qk_bf16, pv_f32, pv_bf16, exp2_sum, scale_row, to_bf16};
 
 }  // namespace
 

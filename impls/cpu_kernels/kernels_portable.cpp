@@ -2,6 +2,7 @@
 // the compiler can vectorise the inner loops.
 #include <cmath>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
@@ -69,7 +70,20 @@ float exp2_sum(float* x, std::int64_t n, float m) {
   return sum;
 }
 
-const Kernels kPortable{"portable", qk_f32, qk_bf16, pv_f32, pv_bf16, exp2_sum};
+float scale_row(float* x, float scale, std::int64_t visible) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (std::int64_t j = 0; j < kKeyBlock; ++j) {
+    x[j] = j < visible ? x[j] * scale : -std::numeric_limits<float>::infinity();
+    m = std::max(m, x[j]);
+  }
+  return m;
+}
+
+void to_bf16(const float* x, std::int64_t n, bf16* out) {
+  for (std::int64_t j = 0; j < n; ++j) out[j] = float_to_bf16(x[j]);
+}
+
+const Kernels kPortable{"portable", qk_f32, qk_bf16, pv_f32, pv_bf16, exp2_sum, scale_row, to_bf16};
 
 }  // namespace
 

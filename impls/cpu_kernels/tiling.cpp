@@ -149,14 +149,14 @@ std::int64_t visible_key_end(const Problem& p, const AttentionIO& io, const Quer
   return row_key_end(p, io, t.b, t.first_query + t.queries - 1);
 }
 
-void finish_scores(const Problem& p, const Geometry& g, const AttentionIO& io, const QueryTile& t, std::int64_t j0,
-                   float* s) {
-  const float scale = g.score_scale;
+void finish_scores(const Problem& p, const Geometry& g, const AttentionIO& io, const Kernels& kernels,
+                   const QueryTile& t, std::int64_t j0, float* s, float* row_max) {
   for (std::int64_t r = 0; r < t.rows(); ++r) {
     const std::int64_t h = t.head(g, r), i = t.query(g, r);
     const std::int64_t end = std::clamp<std::int64_t>(row_key_end(p, io, t.b, i) - j0, 0, kKeyBlock);
     float* row = s + r * kKeyBlock;
-    for (std::int64_t j = 0; j < kKeyBlock; ++j) row[j] = j < end ? row[j] * scale : kNegInf;
+    row_max[r] = kernels.scale_row(row, g.score_scale, end);
+    if (io.mask.empty() && io.bias.empty()) continue;
     if (!io.mask.empty()) {
       for (std::int64_t j = 0; j < end; ++j) {
         if (io.mask.at(t.b, h, i, j0 + j) == 0) row[j] = kNegInf;
@@ -168,11 +168,8 @@ void finish_scores(const Problem& p, const Geometry& g, const AttentionIO& io, c
         row[j] = std::isinf(bias) && bias < 0 ? kNegInf : row[j] + bias * kLog2e;
       }
     }
+    row_max[r] = *std::max_element(row, row + kKeyBlock);
   }
-}
-
-void round_probabilities(const float* p, std::int64_t rows, bf16* out) {
-  for (std::int64_t e = 0; e < rows * kKeyBlock; ++e) out[e] = float_to_bf16(p[e]);
 }
 
 void write_rows(const Problem& p, const Geometry& g, const AttentionIO& io, const QueryTile& t, const float* o,

@@ -71,12 +71,10 @@ std::int64_t visible_key_end(const Problem& p, const AttentionIO& io, const Quer
 
 // Turns raw dot products of the tile's rows against keys [j0, j0 + 64) into
 // log2-domain scores: s * scale * log2(e) + bias * log2(e), and -inf where a
-// key is hidden (mask, bias -inf, kv_len, causal, or past seq_k).
-void finish_scores(const Problem& p, const Geometry& g, const AttentionIO& io, const QueryTile& t, std::int64_t j0,
-                   float* s);
-
-// P of a tile as bfloat16 with the odd padding key zeroed (for pv_bf16).
-void round_probabilities(const float* p, std::int64_t rows, bf16* out);
+// key is hidden (mask, bias -inf, kv_len, causal, or past seq_k). Writes each
+// row's maximum to row_max.
+void finish_scores(const Problem& p, const Geometry& g, const AttentionIO& io, const Kernels& kernels,
+                   const QueryTile& t, std::int64_t j0, float* s, float* row_max);
 
 // out = O / l in the dtype; lse = (m + log2 l) ln 2, or 0 and -inf for rows with l = 0.
 void write_rows(const Problem& p, const Geometry& g, const AttentionIO& io, const QueryTile& t, const float* o,

@@ -21,7 +21,7 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 struct Scratch {
   cpu::HeadPack pack;
-  std::vector<float> q, s, o, m, l;
+  std::vector<float> q, s, o, m, l, block_max;
   std::vector<bf16> q_bf16, p_bf16;
 };
 
@@ -47,6 +47,7 @@ class StreamingPlan final : public Plan {
       s.o.assign(rows * static_cast<std::size_t>(g_.dv_pad), 0.0f);
       s.m.assign(rows, 0.0f);
       s.l.assign(rows, 0.0f);
+      s.block_max.assign(rows, 0.0f);
     }
     if (chunks_ > 1) {
       const auto n = static_cast<std::size_t>(tiles_ * chunks_ * g_.tile_rows);
@@ -99,10 +100,10 @@ class StreamingPlan final : public Plan {
       const std::int64_t keys = std::min(kKeyBlock, p_.seq_k - j0);
       if (g_.bf16_kernels) kernels_.qk_bf16(s.q_bf16.data(), rows, g_.head_dim_pairs, s.pack.k_bf16(block), s.s.data());
       else kernels_.qk_f32(s.q.data(), rows, p_.head_dim, s.pack.k_f32(block), s.s.data());
-      cpu::finish_scores(p_, g_, io_, t, j0, s.s.data());
+      cpu::finish_scores(p_, g_, io_, kernels_, t, j0, s.s.data(), s.block_max.data());
       for (std::int64_t r = 0; r < rows; ++r) online_softmax_row(s, r);
       if (g_.bf16_kernels) {
-        cpu::round_probabilities(s.s.data(), rows, s.p_bf16.data());
+        kernels_.to_bf16(s.s.data(), rows * kKeyBlock, s.p_bf16.data());
         kernels_.pv_bf16(s.p_bf16.data(), rows, (keys + 1) / 2 * 2, s.pack.v_bf16(j0), g_.dv_pad, s.o.data());
       } else {
         kernels_.pv_f32(s.s.data(), rows, keys, s.pack.v_f32(j0), s.pack.ldv(), g_.dv_pad, s.o.data());
@@ -122,8 +123,7 @@ class StreamingPlan final : public Plan {
   // sum and output; the row of s.s becomes the block's probabilities.
   void online_softmax_row(Scratch& s, std::int64_t r) {
     float* row = s.s.data() + r * kKeyBlock;
-    float block_max = kNegInf;
-    for (std::int64_t j = 0; j < kKeyBlock; ++j) block_max = std::max(block_max, row[j]);
+    const float block_max = s.block_max[static_cast<std::size_t>(r)];
     const float m_old = s.m[static_cast<std::size_t>(r)];
     const float m_new = std::max(m_old, block_max);
     if (m_new == kNegInf) {  // nothing visible yet

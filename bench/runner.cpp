@@ -1,0 +1,136 @@
+#include "bench/runner.hpp"
+
+#include <benchmark/benchmark.h>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+
+#include "bench/matrix.hpp"
+#include "core/case_data.hpp"
+#include "core/rng.hpp"
+#include "core/thread_pool.hpp"
+
+namespace attn::bench {
+
+namespace {
+
+CaseData random_case(const Problem& p) {
+  CaseData data;
+  data.problem = p;
+  Rng rng = Rng::from_name(p.to_string());
+  auto fill = [&](std::vector<double>& v, std::int64_t n) {
+    v.resize(static_cast<std::size_t>(n));
+    for (double& x : v) x = round_to_dtype(rng.normal(), p.dtype);
+  };
+  fill(data.q, p.q_elements());
+  fill(data.k, p.k_elements());
+  fill(data.v, p.v_elements());
+  return data;
+}
+
+// Resident set and its high-water mark, from /proc (kB).
+std::int64_t proc_status_kb(const char* field) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind(field, 0) == 0) return std::stoll(line.substr(std::string(field).size()));
+  }
+  return -1;
+}
+void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
+
+struct Prepared {
+  DeviceReadyInputs inputs;
+  Buffer out;
+  std::vector<double> lse;
+  std::unique_ptr<Plan> plan;
+};
+
+std::unique_ptr<Prepared> prepare(const Backend& backend, const Problem& p, const RunOptions& options) {
+  auto prepared = std::make_unique<Prepared>();
+  prepared->inputs = make_backend_inputs(random_case(p));
+  Dims4 shape{p.batch, p.heads_q, p.seq_q, p.head_dim_v};
+  prepared->out = Buffer(static_cast<std::size_t>(p.out_elements()) * dtype_size(p.dtype));
+  prepared->lse.assign(static_cast<std::size_t>(p.rows()), 0.0);
+  prepared->inputs.io.out = MutableTensorView{prepared->out.data(), p.dtype, shape, layout_strides(shape, p.layout)};
+  prepared->inputs.io.lse = prepared->lse.data();
+  prepared->plan = backend.prepare(p, prepared->inputs.io, options);
+  return prepared;
+}
+
+// Seconds per call, extrapolated from a run on at most 256 x 256 of the problem.
+double estimate_seconds(const Backend& backend, const Problem& p, const RunOptions& options) {
+  Problem small = p;
+  small.seq_q = std::min<std::int64_t>(p.seq_q, 256);
+  small.seq_k = std::min<std::int64_t>(p.seq_k, 256);
+  auto prepared = prepare(backend, small, options);
+  auto start = std::chrono::steady_clock::now();
+  prepared->plan->run();
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return seconds * useful_flops(p) / std::max(useful_flops(small), 1.0);
+}
+
+void run_one(benchmark::State& state, const Backend& backend, const Problem& p, const BenchOptions& options) {
+  Status ok = backend.available();
+  if (ok) ok = backend.supports(p);
+  if (!ok) {
+    state.SkipWithError(fmt::format("SKIP: {}", ok.reason).c_str());
+    return;
+  }
+  RunOptions run{options.threads};
+  double estimate = estimate_seconds(backend, p, run);
+  if (estimate > options.max_seconds_per_call) {
+    state.SkipWithError(fmt::format("SKIP: about {:.0f} s per call, above the {:.0f} s limit", estimate,
+                                    options.max_seconds_per_call).c_str());
+    return;
+  }
+  const std::int64_t rss_before = proc_status_kb("VmRSS:");
+  reset_peak_rss();
+  auto prepared = prepare(backend, p, run);
+  prepared->plan->run();  // first call: page faults, caches
+  const std::int64_t peak = proc_status_kb("VmHWM:");
+  // Inputs and outputs are the caller's; what remains is the backend's own.
+  const double io_bytes = static_cast<double>(p.q_elements() + p.k_elements() + p.v_elements() + p.out_elements()) *
+                          static_cast<double>(dtype_size(p.dtype));
+  const double extra = std::max(0.0, static_cast<double>(peak - rss_before) * 1024.0 - io_bytes);
+  for (auto _ : state) {
+    prepared->plan->run();
+  }
+  prepared->plan->read_output();
+  state.counters["FLOP/s"] = benchmark::Counter(useful_flops(p), benchmark::Counter::kIsIterationInvariantRate);
+  if (p.seq_q == 1) state.counters["KV_bytes/s"] = benchmark::Counter(kv_bytes(p), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["extra_MiB"] = extra / (1 << 20);
+  state.counters["workspace_MiB"] = static_cast<double>(prepared->plan->workspace_bytes()) / (1 << 20);
+  state.counters["threads"] = resolve_threads(options.threads);
+}
+
+}  // namespace
+
+int run_benchmarks(const std::vector<std::unique_ptr<Backend>>& backends, const BenchOptions& options,
+                   std::vector<std::string> benchmark_args) {
+  std::vector<char*> argv;
+  std::string program = "attn bench";
+  argv.push_back(program.data());
+  for (auto& a : benchmark_args) argv.push_back(a.data());
+  int argc = static_cast<int>(argv.size());
+  benchmark::Initialize(&argc, argv.data());
+  if (benchmark::ReportUnrecognizedArguments(argc, argv.data())) return 2;
+  benchmark::AddCustomContext("attn_threads", std::to_string(resolve_threads(options.threads)));
+  benchmark::AddCustomContext("attn_preset", options.preset);
+  for (const Problem& p : benchmark_problems(options.preset)) {
+    for (const auto& backend : backends) {
+      const Backend* b = backend.get();
+      benchmark::RegisterBenchmark(fmt::format("{}/{}", b->name(), p.to_string()).c_str(),
+                                   [b, p, &options](benchmark::State& state) { run_one(state, *b, p, options); })
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
+    }
+  }
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
+
+}  // namespace attn::bench

@@ -1,0 +1,26 @@
+// Registers one Google Benchmark per (backend, problem) from main (never by
+// static registration) and runs them. Inputs are random, made once per
+// benchmark; prepare() is outside the timed loop, run() inside.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/backend.hpp"
+
+namespace attn::bench {
+
+struct BenchOptions {
+  std::string preset = "quick";
+  int threads = 0;
+  // Skip a backend on a problem whose estimated time per call exceeds this
+  // (the naive backend at long sequences), with the reason.
+  double max_seconds_per_call = 5.0;
+};
+
+// argv holds only Google Benchmark's own flags (--benchmark_*).
+int run_benchmarks(const std::vector<std::unique_ptr<Backend>>& backends, const BenchOptions& options,
+                   std::vector<std::string> benchmark_args);
+
+}  // namespace attn::bench

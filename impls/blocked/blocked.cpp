@@ -1,0 +1,151 @@
+#include "impls/blocked/blocked.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/thread_pool.hpp"
+#include "impls/cpu_kernels/tiling.hpp"
+
+namespace attn {
+
+namespace {
+
+using cpu::Geometry;
+using cpu::kKeyBlock;
+using cpu::QueryTile;
+
+constexpr std::int64_t kMaxTileRows = 48;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+struct Scratch {
+  cpu::HeadPack pack;
+  std::vector<float> q, scores, o, m, l, block_max;  // scores: [key_blocks][rows][64]
+  std::vector<bf16> q_bf16, p_bf16;
+};
+
+class BlockedPlan final : public Plan {
+ public:
+  BlockedPlan(const Problem& p, const AttentionIO& io, const RunOptions& options, const BlockedFlaws& flaws)
+      : p_(p), io_(io), g_(Geometry::of(p, kMaxTileRows)), kernels_(cpu::best_kernels()), flaws_(flaws) {
+    threads_ = resolve_threads(options.threads);
+    scratch_.resize(static_cast<std::size_t>(threads_));
+    const auto rows = static_cast<std::size_t>(g_.tile_rows);
+    for (Scratch& s : scratch_) {
+      s.pack.reserve(p, g_);
+      if (g_.bf16_kernels) {
+        s.q_bf16.assign(rows * static_cast<std::size_t>(g_.head_dim_pairs * 2), bf16{});
+        s.p_bf16.assign(rows * kKeyBlock, bf16{});
+      } else {
+        s.q.assign(rows * static_cast<std::size_t>(p.head_dim), 0.0f);
+      }
+      s.scores.assign(rows * kKeyBlock * static_cast<std::size_t>(std::max<std::int64_t>(g_.key_blocks, 1)), 0.0f);
+      s.o.assign(rows * static_cast<std::size_t>(g_.dv_pad), 0.0f);
+      s.m.assign(rows, 0.0f);
+      s.l.assign(rows, 0.0f);
+      s.block_max.assign(rows, 0.0f);
+    }
+  }
+
+  void run() override {
+    ThreadPool::get(threads_).parallel_for(p_.batch * p_.heads_kv * g_.query_tiles, [&](std::int64_t tile, int worker) {
+      compute(tile, scratch_[static_cast<std::size_t>(worker)]);
+    });
+  }
+  bool has_lse() const override { return true; }
+  std::size_t workspace_bytes() const override {
+    std::size_t bytes = 0;
+    for (const Scratch& s : scratch_) {
+      bytes += s.pack.bytes() + (s.q.size() + s.scores.size() + s.o.size() + 3 * s.m.size()) * sizeof(float) +
+               (s.q_bf16.size() + s.p_bf16.size()) * sizeof(bf16);
+    }
+    return bytes;
+  }
+
+ private:
+  void compute(std::int64_t tile_index, Scratch& s) {
+    const QueryTile t = cpu::query_tile(p_, g_, tile_index);
+    const std::int64_t rows = t.rows();
+    const std::int64_t end_block = (cpu::visible_key_end(p_, io_, t) + kKeyBlock - 1) / kKeyBlock;
+    s.pack.pack(p_, g_, io_, t.b, t.kv_head, 0, g_.key_blocks);
+    cpu::pack_queries(p_, g_, io_, t, s.q.data(), s.q_bf16.data());
+    std::fill_n(s.m.begin(), rows, kNegInf);
+    // Pass 1: every score of the row block, and the exact row maxima.
+    for (std::int64_t block = 0; block < end_block; ++block) {
+      float* tile_scores = s.scores.data() + block * g_.tile_rows * kKeyBlock;
+      if (g_.bf16_kernels) kernels_.qk_bf16(s.q_bf16.data(), rows, g_.head_dim_pairs, s.pack.k_bf16(block), tile_scores);
+      else kernels_.qk_f32(s.q.data(), rows, p_.head_dim, s.pack.k_f32(block), tile_scores);
+      const bool tail = block * kKeyBlock + kKeyBlock > p_.seq_k;
+      if (flaws_.wrong_tail && tail) {
+        for (std::int64_t e = 0; e < rows * kKeyBlock; ++e) tile_scores[e] *= g_.score_scale;
+        for (std::int64_t r = 0; r < rows; ++r) {
+          s.block_max[r] = *std::max_element(tile_scores + r * kKeyBlock, tile_scores + (r + 1) * kKeyBlock);
+        }
+      } else {
+        cpu::finish_scores(p_, g_, io_, kernels_, t, block * kKeyBlock, tile_scores, s.block_max.data());
+      }
+      for (std::int64_t r = 0; r < rows; ++r) s.m[r] = std::max(s.m[r], s.block_max[r]);
+    }
+    // Pass 2: exponentials against the final maxima, sums, and P V.
+    std::fill_n(s.l.begin(), rows, 0.0f);
+    std::fill_n(s.o.begin(), rows * g_.dv_pad, 0.0f);
+    for (std::int64_t block = 0; block < end_block; ++block) {
+      float* tile_scores = s.scores.data() + block * g_.tile_rows * kKeyBlock;
+      for (std::int64_t r = 0; r < rows; ++r) {
+        float* row = tile_scores + r * kKeyBlock;
+        if (s.m[r] == kNegInf) std::fill_n(row, kKeyBlock, 0.0f);
+        else s.l[r] += kernels_.exp2_sum(row, kKeyBlock, s.m[r]);
+      }
+      const std::int64_t j0 = block * kKeyBlock;
+      const std::int64_t keys = std::min(kKeyBlock, p_.seq_k - j0);
+      if (g_.bf16_kernels) {
+        kernels_.to_bf16(tile_scores, rows * kKeyBlock, s.p_bf16.data());
+        kernels_.pv_bf16(s.p_bf16.data(), rows, (keys + 1) / 2 * 2, s.pack.v_bf16(j0), g_.dv_pad, s.o.data());
+      } else {
+        kernels_.pv_f32(tile_scores, rows, keys, s.pack.v_f32(j0), s.pack.ldv(), g_.dv_pad, s.o.data());
+      }
+    }
+    cpu::write_rows(p_, g_, io_, t, s.o.data(), s.m.data(), s.l.data());
+  }
+
+  Problem p_;
+  AttentionIO io_;
+  Geometry g_;
+  const cpu::Kernels& kernels_;
+  BlockedFlaws flaws_;
+  int threads_ = 1;
+  std::vector<Scratch> scratch_;
+};
+
+class BlockedBackend final : public Backend {
+ public:
+  BlockedBackend(std::string name, const BlockedFlaws& flaws) : name_(std::move(name)), flaws_(flaws) {}
+  std::string_view name() const override { return name_; }
+  std::string_view description() const override {
+    return "materialised scores per row block, exact two-pass softmax, cache-blocked AVX-512 micro-kernels";
+  }
+  std::string_view capabilities() const override {
+    return "float32, float16, bfloat16; every mask rule, GQA/MQA, any head_dim; lse; not float64";
+  }
+  Status supports(const Problem& p) const override {
+    if (p.dtype == DType::f64) return Status::no("float64 is not implemented: the kernels accumulate in float32");
+    return Status::yes();
+  }
+  std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& options) const override {
+    return std::make_unique<BlockedPlan>(p, io, options, flaws_);
+  }
+
+ private:
+  std::string name_;
+  BlockedFlaws flaws_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_blocked_backend() { return std::make_unique<BlockedBackend>("blocked", BlockedFlaws{}); }
+std::unique_ptr<Backend> make_flawed_blocked_backend(std::string name, const BlockedFlaws& flaws) {
+  return std::make_unique<BlockedBackend>(std::move(name), flaws);
+}
+
+}  // namespace attn

@@ -1,0 +1,22 @@
+// The blocked backend: the classic optimised approach. For each tile of query
+// rows it materialises the scores against every key (one row block at a time,
+// never the whole seq_q x seq_k matrix), takes an exact two-pass softmax, then
+// multiplies by V, with the same cache-blocked AVX-512 micro-kernels as the
+// streaming backend.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "core/backend.hpp"
+
+namespace attn {
+
+struct BlockedFlaws {
+  bool wrong_tail = false;  // treats the last partial key block as full-width zeros (forgets to hide it)
+};
+
+std::unique_ptr<Backend> make_blocked_backend();
+std::unique_ptr<Backend> make_flawed_blocked_backend(std::string name, const BlockedFlaws& flaws);
+
+}  // namespace attn

@@ -1,0 +1,183 @@
+// The openblas backend: cblas_sgemm for Q K^T and P V over blocks of query
+// rows, a vectorised softmax between them. 16-bit inputs are widened to
+// float32 first (OpenBLAS 0.3.21's sbgemm has no fast kernel on the Haswell
+// core this machine must use).
+#include <cblas.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/backend.hpp"
+#include "core/thread_pool.hpp"
+#include "impls/cpu_kernels/kernels.hpp"
+
+namespace attn {
+
+namespace {
+
+constexpr std::int64_t kRowBlock = 256;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kLog2e = 1.4426950408889634f;
+
+float read(const TensorView& v, std::int64_t at) {
+  switch (v.dtype) {
+    case DType::f32: return static_cast<const float*>(v.data)[at];
+    case DType::f16: return f16_to_float(static_cast<const f16*>(v.data)[at]);
+    case DType::bf16: return bf16_to_float(static_cast<const bf16*>(v.data)[at]);
+    case DType::f64: return static_cast<float>(static_cast<const double*>(v.data)[at]);
+  }
+  return 0;
+}
+
+// Copies [rows, cols] of head (b, h) into a dense float32 matrix.
+void widen(const TensorView& v, std::int64_t b, std::int64_t h, std::int64_t rows, std::int64_t cols, float* out) {
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) out[r * cols + c] = read(v, v.offset(b, h, r, c));
+}
+
+class OpenBlasPlan final : public Plan {
+ public:
+  OpenBlasPlan(const Problem& p, const AttentionIO& io, const RunOptions& options)
+      : p_(p), io_(io), kernels_(cpu::best_kernels()) {
+    threads_ = resolve_threads(options.threads);
+    const std::int64_t rows = std::min(kRowBlock, p.seq_q);
+    q_.assign(static_cast<std::size_t>(p.seq_q * p.head_dim), 0.0f);
+    k_.assign(static_cast<std::size_t>(p.seq_k * p.head_dim), 0.0f);
+    v_.assign(static_cast<std::size_t>(p.seq_k * p.head_dim_v), 0.0f);
+    s_.assign(static_cast<std::size_t>(rows * std::max<std::int64_t>(p.seq_k, 1)), 0.0f);
+    o_.assign(static_cast<std::size_t>(rows * p.head_dim_v), 0.0f);
+    m_.assign(static_cast<std::size_t>(rows), 0.0f);
+    l_.assign(static_cast<std::size_t>(rows), 0.0f);
+  }
+
+  void run() override {
+    openblas_set_num_threads(threads_);
+    for (std::int64_t b = 0; b < p_.batch; ++b) {
+      for (std::int64_t g = 0; g < p_.heads_kv; ++g) {
+        widen(io_.k, b, g, p_.seq_k, p_.head_dim, k_.data());
+        widen(io_.v, b, g, p_.seq_k, p_.head_dim_v, v_.data());
+        for (std::int64_t h = g * p_.group_size(); h < (g + 1) * p_.group_size(); ++h) head(b, h);
+      }
+    }
+  }
+  bool has_lse() const override { return true; }
+  std::size_t workspace_bytes() const override {
+    return (q_.size() + k_.size() + v_.size() + s_.size() + o_.size() + m_.size() + l_.size()) * sizeof(float);
+  }
+
+ private:
+  void head(std::int64_t b, std::int64_t h) {
+    widen(io_.q, b, h, p_.seq_q, p_.head_dim, q_.data());
+    const std::int64_t n = p_.seq_k;
+    for (std::int64_t i0 = 0; i0 < p_.seq_q; i0 += kRowBlock) {
+      const std::int64_t rows = std::min(kRowBlock, p_.seq_q - i0);
+      if (n > 0) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows), static_cast<int>(n),
+                    static_cast<int>(p_.head_dim), 1.0f, q_.data() + i0 * p_.head_dim, static_cast<int>(p_.head_dim),
+                    k_.data(), static_cast<int>(p_.head_dim), 0.0f, s_.data(), static_cast<int>(n));
+      }
+      for (std::int64_t r = 0; r < rows; ++r) softmax_row(b, h, i0 + r, r);
+      std::fill(o_.begin(), o_.end(), 0.0f);
+      if (n > 0) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), static_cast<int>(p_.head_dim_v),
+                    static_cast<int>(n), 1.0f, s_.data(), static_cast<int>(n), v_.data(), static_cast<int>(p_.head_dim_v),
+                    0.0f, o_.data(), static_cast<int>(p_.head_dim_v));
+      }
+      write(b, h, i0, rows);
+    }
+  }
+
+  // Scores of one row in the log2 domain, hidden keys -inf, then exp2 and sum.
+  void softmax_row(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t r) {
+    float* row = s_.data() + r * p_.seq_k;
+    std::int64_t end = p_.seq_k;
+    if (io_.kv_len) end = std::min(end, io_.kv_len[b]);
+    if (p_.causal == Causal::top_left) end = std::min(end, i + 1);
+    if (p_.causal == Causal::bottom_right) end = std::min(end, i + p_.seq_k - p_.seq_q + 1);
+    end = std::max<std::int64_t>(end, 0);
+    const float scale = static_cast<float>(p_.scale) * kLog2e;
+    float m = kNegInf;
+    for (std::int64_t j = 0; j < p_.seq_k; ++j) {
+      float s = j < end ? row[j] * scale : kNegInf;
+      if (j < end && !io_.mask.empty() && io_.mask.at(b, h, i, j) == 0) s = kNegInf;
+      if (j < end && !io_.bias.empty()) {
+        const float bias = read(io_.bias, io_.bias.offset(b, h, i, j));
+        s = std::isinf(bias) && bias < 0 ? kNegInf : s + bias * kLog2e;
+      }
+      row[j] = s;
+      m = std::max(m, s);
+    }
+    m_[static_cast<std::size_t>(r)] = m;
+    if (m == kNegInf) {
+      std::fill_n(row, p_.seq_k, 0.0f);
+      l_[static_cast<std::size_t>(r)] = 0;
+      return;
+    }
+    l_[static_cast<std::size_t>(r)] = kernels_.exp2_sum(row, p_.seq_k, m);
+  }
+
+  void write(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t rows) {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float l = l_[static_cast<std::size_t>(r)];
+      const float inv = l > 0 ? 1.0f / l : 0.0f;
+      for (std::int64_t c = 0; c < p_.head_dim_v; ++c) {
+        const float value = o_[static_cast<std::size_t>(r * p_.head_dim_v + c)] * inv;
+        const std::int64_t at = io_.out.offset(b, h, i0 + r, c);
+        switch (p_.dtype) {
+          case DType::f32: static_cast<float*>(io_.out.data)[at] = value; break;
+          case DType::f16: static_cast<f16*>(io_.out.data)[at] = float_to_f16(value); break;
+          case DType::bf16: static_cast<bf16*>(io_.out.data)[at] = float_to_bf16(value); break;
+          case DType::f64: break;
+        }
+      }
+      if (io_.lse) {
+        io_.lse[(b * p_.heads_q + h) * p_.seq_q + i0 + r] =
+            l > 0 ? (static_cast<double>(m_[static_cast<std::size_t>(r)]) + std::log2(static_cast<double>(l))) * 0.6931471805599453
+                  : -std::numeric_limits<double>::infinity();
+      }
+    }
+  }
+
+  Problem p_;
+  AttentionIO io_;
+  const cpu::Kernels& kernels_;
+  int threads_ = 1;
+  std::vector<float> q_, k_, v_, s_, o_, m_, l_;
+};
+
+std::string trim(std::string text) {
+  text.erase(0, text.find_first_not_of(' '));
+  text.erase(text.find_last_not_of(' ') + 1);
+  return text;
+}
+
+class OpenBlasBackend final : public Backend {
+ public:
+  OpenBlasBackend()
+      : description_(fmt::format("cblas_sgemm for Q K^T and P V, vectorised softmax; {} with its {} kernels",
+                                 trim(OPENBLAS_VERSION), openblas_get_corename())) {}
+  std::string_view name() const override { return "openblas"; }
+  std::string_view description() const override { return description_; }
+  std::string_view capabilities() const override {
+    return "float32, float16, bfloat16 (widened to float32); every mask rule, GQA/MQA; lse; not float64";
+  }
+  Status supports(const Problem& p) const override {
+    if (p.dtype == DType::f64) return Status::no("float64 is not implemented: this backend multiplies with sgemm");
+    return Status::yes();
+  }
+  std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& options) const override {
+    return std::make_unique<OpenBlasPlan>(p, io, options);
+  }
+
+ private:
+  std::string description_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_openblas_backend() { return std::make_unique<OpenBlasBackend>(); }
+
+}  // namespace attn
