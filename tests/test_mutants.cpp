@@ -6,7 +6,9 @@
 #include <map>
 
 #include "fixtures/fixture.hpp"
+#include "impls/blocked/blocked.hpp"
 #include "impls/naive/naive.hpp"
+#include "impls/streaming/streaming.hpp"
 #include "verify/verifier.hpp"
 
 using namespace attn;
@@ -77,4 +79,36 @@ TEST_F(Mutants, TheRealNaiveBackendPassesAlongsideThem) {
     EXPECT_EQ(o.comparison.verdict, Verdict::pass) << o.fixture << ": " << o.comparison.reason;
   }
   EXPECT_GT(runs, 100);
+}
+
+// Tiling bugs of the blocked and streaming backends, run with two threads so
+// the split-K path is taken on decode shapes whatever the machine.
+TEST(TilingMutants, EveryTilingMutantFailsOnItsOwnFixture) {
+  struct TilingMutant {
+    std::unique_ptr<Backend> backend;
+    const char* caught_by;
+  };
+  std::vector<TilingMutant> mutants;
+  mutants.push_back({make_flawed_streaming_backend("no_rescale", {.no_rescale = true}), "rescale/last_key_max_k1025_f32"});
+  mutants.push_back({make_flawed_streaming_backend("drop_tail", {.drop_last_partial_block = true}), "rescale/last_key_max_k257_f32"});
+  mutants.push_back({make_flawed_streaming_backend("split_merge", {.unweighted_split_merge = true}), "decode/q1_k4096_hq8_hkv1_d32_f32"});
+  mutants.push_back({make_flawed_streaming_backend("causal_skip", {.causal_skip_one_more = true}), "causal_top_left/q129_k257_f32"});
+  mutants.push_back({make_flawed_blocked_backend("wrong_tail", {.wrong_tail = true}), "mha/b2_h4_q17_k33_d64_f32"});
+  const fs::path golden = fs::path(ATTN_SOURCE_DIR) / "fixtures" / "golden";
+  std::vector<fs::path> files;
+  for (const auto& file : find_fixture_files({golden})) {
+    if (!read_fixture_header(file).has_tag("long")) files.push_back(file);
+  }
+  VerifyOptions options;
+  options.run.threads = 2;
+  for (auto& m : mutants) {
+    std::vector<std::unique_ptr<Backend>> one;
+    std::string name(m.backend->name());
+    one.push_back(std::move(m.backend));
+    VerifySummary summary = verify(files, one, options);
+    EXPECT_GT(summary.failed(), 0) << name << " passed the whole suite";
+    bool caught = false;
+    for (const auto& o : summary.outcomes) caught = caught || (o.fixture == m.caught_by && o.comparison.verdict == Verdict::fail);
+    EXPECT_TRUE(caught) << name << " was not caught by " << m.caught_by;
+  }
 }
