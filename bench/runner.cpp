@@ -4,9 +4,11 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
+#include "bench/alloc_tracker.hpp"
 #include "bench/matrix.hpp"
 #include "core/case_data.hpp"
 #include "core/rng.hpp"
@@ -30,17 +32,6 @@ CaseData random_case(const Problem& p) {
   return data;
 }
 
-// Resident set and its high-water mark, from /proc (kB).
-std::int64_t proc_status_kb(const char* field) {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind(field, 0) == 0) return std::stoll(line.substr(std::string(field).size()));
-  }
-  return -1;
-}
-void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
-
 struct Prepared {
   DeviceReadyInputs inputs;
   Buffer out;
@@ -48,7 +39,7 @@ struct Prepared {
   std::unique_ptr<Plan> plan;
 };
 
-std::unique_ptr<Prepared> prepare(const Backend& backend, const Problem& p, const RunOptions& options) {
+std::unique_ptr<Prepared> make_inputs(const Problem& p) {
   auto prepared = std::make_unique<Prepared>();
   prepared->inputs = make_backend_inputs(random_case(p));
   Dims4 shape{p.batch, p.heads_q, p.seq_q, p.head_dim_v};
@@ -56,6 +47,11 @@ std::unique_ptr<Prepared> prepare(const Backend& backend, const Problem& p, cons
   prepared->lse.assign(static_cast<std::size_t>(p.rows()), 0.0);
   prepared->inputs.io.out = MutableTensorView{prepared->out.data(), p.dtype, shape, layout_strides(shape, p.layout)};
   prepared->inputs.io.lse = prepared->lse.data();
+  return prepared;
+}
+
+std::unique_ptr<Prepared> prepare(const Backend& backend, const Problem& p, const RunOptions& options) {
+  auto prepared = make_inputs(p);
   prepared->plan = backend.prepare(p, prepared->inputs.io, options);
   return prepared;
 }
@@ -86,22 +82,21 @@ void run_one(benchmark::State& state, const Backend& backend, const Problem& p, 
                                     options.max_seconds_per_call).c_str());
     return;
   }
-  const std::int64_t rss_before = proc_status_kb("VmRSS:");
-  reset_peak_rss();
-  auto prepared = prepare(backend, p, run);
+  // Peak memory of prepare and the first call beyond what the inputs and the
+  // output already hold: the backend's own.
+  auto prepared = make_inputs(p);
+  const std::int64_t heap_before = AllocTracker::current_bytes();
+  AllocTracker::reset_peak();
+  prepared->plan = backend.prepare(p, prepared->inputs.io, run);
   prepared->plan->run();  // first call: page faults, caches
-  const std::int64_t peak = proc_status_kb("VmHWM:");
-  // Inputs and outputs are the caller's; what remains is the backend's own.
-  const double io_bytes = static_cast<double>(p.q_elements() + p.k_elements() + p.v_elements() + p.out_elements()) *
-                          static_cast<double>(dtype_size(p.dtype));
-  const double extra = std::max(0.0, static_cast<double>(peak - rss_before) * 1024.0 - io_bytes);
+  const double extra = static_cast<double>(AllocTracker::peak_bytes() - heap_before);
   for (auto _ : state) {
     prepared->plan->run();
   }
   prepared->plan->read_output();
   state.counters["FLOP/s"] = benchmark::Counter(useful_flops(p), benchmark::Counter::kIsIterationInvariantRate);
   if (p.seq_q == 1) state.counters["KV_bytes/s"] = benchmark::Counter(kv_bytes(p), benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["extra_MiB"] = extra / (1 << 20);
+  if (AllocTracker::available()) state.counters["extra_MiB"] = extra / (1 << 20);
   state.counters["workspace_MiB"] = static_cast<double>(prepared->plan->workspace_bytes()) / (1 << 20);
   state.counters["threads"] = resolve_threads(options.threads);
 }
