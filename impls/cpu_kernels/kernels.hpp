@@ -35,6 +35,10 @@ struct Kernels {
   void (*pv_bf16)(const bf16* p, std::int64_t rows, std::int64_t keys, const bf16* vp, std::int64_t dv_pad, float* o);
   // x[j] = exp2(x[j] - m) for j < n (exactly 0 where x[j] = -inf); returns the sum.
   float (*exp2_sum)(float* x, std::int64_t n, float m);
+  // Decode shapes: S[r][j] = sum_d Q[r][d] * K[j * ldk + d] for j < keys, reading
+  // float32 K rows in place (no packing); columns from keys to 64 are left alone.
+  void (*qk_f32_direct)(const float* q, std::int64_t rows, std::int64_t head_dim, const float* k, std::int64_t ldk,
+                        std::int64_t keys, float* s);
   // x[j] *= scale for j < visible, x[j] = -inf for visible <= j < 64; returns the max.
   float (*scale_row)(float* x, float scale, std::int64_t visible);
   // out[j] = bfloat16(x[j]), round to nearest even, j < n.

@@ -204,6 +204,26 @@ ATTN_AVX512 float exp2_sum(float* x, std::int64_t n, float m) {
   return _mm512_reduce_add_ps(sum);
 }
 
+ATTN_AVX512 void qk_f32_direct(const float* q, std::int64_t rows, std::int64_t head_dim, const float* k,
+                               std::int64_t ldk, std::int64_t keys, float* s) {
+  constexpr int kMaxRows = 8;
+  for (std::int64_t r0 = 0; r0 < rows; r0 += kMaxRows) {
+    const std::int64_t nr = std::min<std::int64_t>(kMaxRows, rows - r0);
+    for (std::int64_t j = 0; j < keys; ++j) {
+      __m512 acc[kMaxRows];
+      for (int r = 0; r < kMaxRows; ++r) acc[r] = _mm512_setzero_ps();
+      for (std::int64_t d = 0; d < head_dim; d += 16) {
+        const __mmask16 m = static_cast<__mmask16>(head_dim - d >= 16 ? 0xFFFF : (1u << (head_dim - d)) - 1);
+        const __m512 kv = _mm512_maskz_loadu_ps(m, k + j * ldk + d);
+        for (std::int64_t r = 0; r < nr; ++r) {
+          acc[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + (r0 + r) * head_dim + d), kv, acc[r]);
+        }
+      }
+      for (std::int64_t r = 0; r < nr; ++r) s[(r0 + r) * kKeyBlock + j] = _mm512_reduce_add_ps(acc[r]);
+    }
+  }
+}
+
 ATTN_AVX512 float scale_row(float* x, float scale, std::int64_t visible) {
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   const __m512 sv = _mm512_set1_ps(scale);
@@ -227,7 +247,7 @@ ATTN_AVX512 void to_bf16(const float* x, std::int64_t n, bf16* out) {
   for (; j < n; ++j) out[j] = float_to_bf16(x[j]);
 }
 
-const Kernels kAvx512{"avx512_bf16", qk_f32, qk_bf16, pv_f32, pv_bf16, exp2_sum, scale_row, to_bf16};
+const Kernels kAvx512{"avx512_bf16", qk_f32, qk_bf16, pv_f32, pv_bf16, exp2_sum, qk_f32_direct, scale_row, to_bf16};
 
 }  // namespace
 

@@ -70,6 +70,16 @@ float exp2_sum(float* x, std::int64_t n, float m) {
   return sum;
 }
 
+void qk_f32_direct(const float* q, std::int64_t rows, std::int64_t head_dim, const float* k, std::int64_t ldk,
+                   std::int64_t keys, float* s) {
+  for (std::int64_t j = 0; j < keys; ++j)
+    for (std::int64_t r = 0; r < rows; ++r) {
+      float acc = 0;
+      for (std::int64_t d = 0; d < head_dim; ++d) acc += q[r * head_dim + d] * k[j * ldk + d];
+      s[r * kKeyBlock + j] = acc;
+    }
+}
+
 float scale_row(float* x, float scale, std::int64_t visible) {
   float m = -std::numeric_limits<float>::infinity();
   for (std::int64_t j = 0; j < kKeyBlock; ++j) {
@@ -83,7 +93,7 @@ void to_bf16(const float* x, std::int64_t n, bf16* out) {
   for (std::int64_t j = 0; j < n; ++j) out[j] = float_to_bf16(x[j]);
 }
 
-const Kernels kPortable{"portable", qk_f32, qk_bf16, pv_f32, pv_bf16, exp2_sum, scale_row, to_bf16};
+const Kernels kPortable{"portable", qk_f32, qk_bf16, pv_f32, pv_bf16, exp2_sum, qk_f32_direct, scale_row, to_bf16};
 
 }  // namespace
 

@@ -17,6 +17,7 @@ using cpu::kKeyBlock;
 using cpu::QueryTile;
 
 constexpr std::int64_t kMaxTileRows = 96;
+constexpr std::int64_t kDirectRows = 8;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 struct Scratch {
@@ -89,7 +90,11 @@ class StreamingPlan final : public Plan {
     const std::int64_t per_chunk = (g_.key_blocks + chunks_ - 1) / chunks_;
     const std::int64_t first = std::min(chunk * per_chunk, g_.key_blocks);
     const std::int64_t last = std::min(first + per_chunk, g_.key_blocks);
-    s.pack.pack(p_, g_, io_, t.b, t.kv_head, first, last);
+    // Few rows against float32 K and V in place (decode): packing would cost as
+    // much as the whole computation, so the kernels read K and V directly.
+    const bool direct = rows <= kDirectRows && p_.dtype == DType::f32 && io_.k.strides[3] == 1 &&
+                        io_.v.strides[3] == 1 && p_.head_dim_v == g_.dv_pad;
+    if (!direct) s.pack.pack(p_, g_, io_, t.b, t.kv_head, first, last);
     cpu::pack_queries(p_, g_, io_, t, s.q.data(), s.q_bf16.data());
     std::fill_n(s.m.begin(), rows, kNegInf);
     std::fill_n(s.l.begin(), rows, 0.0f);
@@ -98,15 +103,21 @@ class StreamingPlan final : public Plan {
     for (std::int64_t block = first; block < std::min(last, end_block); ++block) {
       const std::int64_t j0 = block * kKeyBlock;
       const std::int64_t keys = std::min(kKeyBlock, p_.seq_k - j0);
-      if (g_.bf16_kernels) kernels_.qk_bf16(s.q_bf16.data(), rows, g_.head_dim_pairs, s.pack.k_bf16(block), s.s.data());
-      else kernels_.qk_f32(s.q.data(), rows, p_.head_dim, s.pack.k_f32(block), s.s.data());
+      if (direct) {
+        kernels_.qk_f32_direct(s.q.data(), rows, p_.head_dim, k_row(t, j0), io_.k.strides[2], keys, s.s.data());
+      } else if (g_.bf16_kernels) {
+        kernels_.qk_bf16(s.q_bf16.data(), rows, g_.head_dim_pairs, s.pack.k_bf16(block), s.s.data());
+      } else {
+        kernels_.qk_f32(s.q.data(), rows, p_.head_dim, s.pack.k_f32(block), s.s.data());
+      }
       cpu::finish_scores(p_, g_, io_, kernels_, t, j0, s.s.data(), s.block_max.data());
       for (std::int64_t r = 0; r < rows; ++r) online_softmax_row(s, r);
       if (g_.bf16_kernels) {
         kernels_.to_bf16(s.s.data(), rows * kKeyBlock, s.p_bf16.data());
         kernels_.pv_bf16(s.p_bf16.data(), rows, (keys + 1) / 2 * 2, s.pack.v_bf16(j0), g_.dv_pad, s.o.data());
       } else {
-        kernels_.pv_f32(s.s.data(), rows, keys, s.pack.v_f32(j0), s.pack.ldv(), g_.dv_pad, s.o.data());
+        const float* v = direct ? static_cast<const float*>(io_.v.data) + io_.v.offset(t.b, t.kv_head, j0, 0) : s.pack.v_f32(j0);
+        kernels_.pv_f32(s.s.data(), rows, keys, v, direct ? io_.v.strides[2] : s.pack.ldv(), g_.dv_pad, s.o.data());
       }
     }
     if (chunks_ == 1) {
@@ -117,6 +128,10 @@ class StreamingPlan final : public Plan {
     std::copy_n(s.m.begin(), rows, partial_m_.begin() + base);
     std::copy_n(s.l.begin(), rows, partial_l_.begin() + base);
     std::copy_n(s.o.begin(), rows * g_.dv_pad, partial_o_.begin() + base * g_.dv_pad);
+  }
+
+  const float* k_row(const QueryTile& t, std::int64_t j) const {
+    return static_cast<const float*>(io_.k.data) + io_.k.offset(t.b, t.kv_head, j, 0);
   }
 
   // Folds the scores of one row of the current block into the running max,
