@@ -76,10 +76,11 @@ void run_one(benchmark::State& state, const Backend& backend, const Problem& p, 
     return;
   }
   RunOptions run{options.threads};
+  double limit = options.max_seconds_per_call;
+  if (limit <= 0) limit = options.preset == "quick" ? 2.0 : options.preset == "standard" ? 10.0 : 60.0;
   double estimate = estimate_seconds(backend, p, run);
-  if (estimate > options.max_seconds_per_call) {
-    state.SkipWithError(fmt::format("SKIP: about {:.0f} s per call, above the {:.0f} s limit", estimate,
-                                    options.max_seconds_per_call).c_str());
+  if (estimate > limit) {
+    state.SkipWithError(fmt::format("SKIP: about {:.0f} s per call, above the {:.0f} s limit", estimate, limit).c_str());
     return;
   }
   // Peak memory of prepare and the first call beyond what the inputs and the

@@ -15,7 +15,7 @@ Runner add_bench_command(CLI::App& app) {
       ->check(CLI::IsMember({"quick", "standard", "full"}));
   cmd->add_option("--backend", *names, "Backends to time (default: all)");
   cmd->add_option("--threads", options->threads, "Threads per backend (default: OMP_NUM_THREADS or all cores)");
-  cmd->add_option("--max-seconds", options->max_seconds_per_call, "Skip a case whose estimated time per call is above this");
+  cmd->add_option("--max-seconds", options->max_seconds_per_call, "Skip a case whose estimated time per call is above this (default by preset: 2, 10, 60 s)");
   cmd->allow_extras();
   return [cmd, options, names]() {
     auto backends = make_backends(*names);
