@@ -33,7 +33,7 @@ void check_values(const std::vector<double>& values, DType dtype, std::string_vi
 
 }  // namespace
 
-void CaseData::validate() const {
+void CaseData::validate_shapes() const {
   const Problem& p = problem;
   p.validate();
   check_size(q.size(), p.q_elements(), "q");
@@ -42,15 +42,19 @@ void CaseData::validate() const {
   check_size(mask.size(), p.mask.present ? p.broadcast_elements(p.mask) : 0, "mask");
   check_size(bias.size(), p.bias.present ? p.broadcast_elements(p.bias) : 0, "bias");
   check_size(kv_len.size(), p.kv_len ? p.batch : 0, "kv_len");
-  check_values(q, p.dtype, "q", false);
-  check_values(k, p.dtype, "k", false);
-  check_values(v, p.dtype, "v", false);
-  check_values(bias, p.dtype, "bias", true);
   for (std::size_t b = 0; b < kv_len.size(); ++b) {
     if (kv_len[b] < 0 || kv_len[b] > p.seq_k) {
       throw InputError(fmt::format("kv_len[{}] = {}, expected 0 <= kv_len <= seq_k = {}", b, kv_len[b], p.seq_k));
     }
   }
+}
+
+void CaseData::validate() const {
+  validate_shapes();
+  check_values(q, problem.dtype, "q", false);
+  check_values(k, problem.dtype, "k", false);
+  check_values(v, problem.dtype, "v", false);
+  check_values(bias, problem.dtype, "bias", true);
 }
 
 namespace {

@@ -25,6 +25,9 @@ struct CaseData {
   // value breaks the format's rules (non-finite q/k/v, NaN or +inf bias, a
   // value not representable in dtype, kv_len outside [0, seq_k]).
   void validate() const;
+  // Only the sizes and kv_len's range: for exact intermediates that need not be
+  // representable in dtype (the projections inside a layer).
+  void validate_shapes() const;
 };
 
 // The inputs of a case converted to the problem's dtype and layout, owned, with
