@@ -35,7 +35,7 @@ int generate(const FixturesArgs& args) {
     if (!has_any_tag(spec, args.tags)) continue;
     if (!args.match.empty() && spec.name.find(args.match) == std::string::npos) continue;
     std::filesystem::path path = std::filesystem::path(args.out) / (spec.name + ".h5");
-    write_fixture(generate_fixture(spec), path);
+    write_generated_case(spec, path);
     fmt::print("{}\n", path.string());
     ++written;
   }

@@ -14,5 +14,6 @@ Runner add_list_command(CLI::App& app);
 Runner add_verify_command(CLI::App& app);
 Runner add_fixtures_command(CLI::App& app);
 Runner add_bench_command(CLI::App& app);
+Runner add_show_command(CLI::App& app);
 
 }  // namespace attn::cli

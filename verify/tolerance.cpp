@@ -60,4 +60,117 @@ Bounds derive_bounds(const FixtureHeader& header, const std::vector<double>& gol
   return bounds;
 }
 
+namespace {
+
+// Error of one projection element: its rounding to dtype, the accumulation
+// over `inner` terms (root-n), and the exact effect of rounding x, w and the
+// bias to dtype (zero when they are representable, as generated cases are).
+std::vector<double> projection_error(const std::vector<double>& exact, const std::vector<double>& x, std::int64_t rows,
+                                     std::int64_t inner, const std::vector<double>& w, std::int64_t cols,
+                                     const std::vector<double>& bias, DType dtype) {
+  const double u = unit_roundoff(dtype), u_acc = accumulation_roundoff(dtype);
+  const double grow = std::sqrt(static_cast<double>(inner)) * u_acc;
+  std::vector<double> error(exact.size());
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) {
+      double magnitude = 0, input_rounding = 0;
+      for (std::int64_t k = 0; k < inner; ++k) {
+        const double xv = x[static_cast<std::size_t>(r * inner + k)], wv = w[static_cast<std::size_t>(k * cols + c)];
+        magnitude += std::fabs(xv * wv);
+        input_rounding += std::fabs(round_to_dtype(xv, dtype) * round_to_dtype(wv, dtype) - xv * wv);
+      }
+      const double b = bias.empty() ? 0.0 : bias[static_cast<std::size_t>(c)];
+      const auto e = static_cast<std::size_t>(r * cols + c);
+      error[e] = u * std::fabs(exact[e]) + grow * magnitude + input_rounding + std::fabs(round_to_dtype(b, dtype) - b);
+    }
+  return error;
+}
+
+}  // namespace
+
+// Independent rounding errors add in quadrature (root-sum-square), the same
+// probabilistic model as the root-n terms of the attention bound; C = 8 covers
+// the rest, as there.
+std::vector<double> derive_layer_bounds(const FixtureHeader& header, const LayerData& layer,
+                                        const LayerReference& ref) {
+  const Problem& p = layer.problem;
+  const std::int64_t m = layer.model_dim;
+  const double c = ToleranceConstants::safety_factor;
+  const double u = unit_roundoff(p.dtype), u_acc = accumulation_roundoff(p.dtype);
+  std::vector<double> bounds(ref.y.size());
+  if (header.atol || header.rtol) {
+    for (std::size_t e = 0; e < bounds.size(); ++e) {
+      bounds[e] = header.atol.value_or(0.0) + header.rtol.value_or(0.0) * std::fabs(ref.y[e]);
+    }
+    return bounds;
+  }
+  const CaseData& a = ref.attention;  // exact Q, K, V split into heads
+  auto error_of = [&](const std::vector<double>& exact_split, std::int64_t seq, std::int64_t heads, std::int64_t dim,
+                      const std::vector<double>& x, const std::vector<double>& w, const std::vector<double>& bias) {
+    std::vector<double> exact = merge_heads(exact_split, p.batch, heads, seq, dim);
+    return split_heads(projection_error(exact, x, p.batch * seq, m, w, heads * dim, bias, p.dtype), p.batch, seq, heads, dim);
+  };
+  const std::vector<double> eq = error_of(a.q, p.seq_q, p.heads_q, p.head_dim, layer.x_q, layer.w_q, layer.b_q);
+  const std::vector<double> ek = error_of(a.k, p.seq_k, p.heads_kv, p.head_dim, layer.x_k, layer.w_k, layer.b_k);
+  const std::vector<double> ev = error_of(a.v, p.seq_k, p.heads_kv, p.head_dim_v, layer.x_v, layer.w_v, layer.b_v);
+  // The attention's own bound on the exact inputs, then what the projection
+  // errors add: dq and dk move the scores, dv the values.
+  FixtureHeader attention_header = header;
+  attention_header.atol.reset();
+  attention_header.rtol.reset();
+  std::vector<double> error_o = derive_bounds(attention_header, ref.result.out, ref.result.lse, ref.stats).out;
+  for (std::int64_t b = 0; b < p.batch; ++b)
+    for (std::int64_t h = 0; h < p.heads_q; ++h) {
+      const std::int64_t g = h / p.group_size();
+      const std::vector<double> weights = reference_weights(a, b, h);
+      for (std::int64_t i = 0; i < p.seq_q; ++i) {
+        const std::int64_t row = (b * p.heads_q + h) * p.seq_q + i;
+        if (ref.stats.visible[static_cast<std::size_t>(row)] == 0) continue;  // stays exactly 0
+        double score_shift = 0;
+        std::vector<double> value_shift(static_cast<std::size_t>(p.head_dim_v), 0.0);
+        for (std::int64_t j = 0; j < p.seq_k; ++j) {
+          if (!reference_visible(a, b, h, i, j)) continue;
+          double shift2 = 0;
+          for (std::int64_t d = 0; d < p.head_dim; ++d) {
+            const auto qi = static_cast<std::size_t>(row * p.head_dim + d);
+            const auto kj = static_cast<std::size_t>(((b * p.heads_kv + g) * p.seq_k + j) * p.head_dim + d);
+            const double dq = eq[qi] * a.k[kj], dk = a.q[qi] * ek[kj];
+            shift2 += dq * dq + dk * dk;
+          }
+          score_shift = std::max(score_shift, std::fabs(p.scale) * std::sqrt(shift2));
+          const double pj = weights[static_cast<std::size_t>(i * p.seq_k + j)];
+          for (std::int64_t d = 0; d < p.head_dim_v; ++d) {
+            value_shift[static_cast<std::size_t>(d)] += pj * ev[static_cast<std::size_t>(((b * p.heads_kv + g) * p.seq_k + j) * p.head_dim_v + d)];
+          }
+        }
+        for (std::int64_t d = 0; d < p.head_dim_v; ++d) {
+          const auto e = static_cast<std::size_t>(row * p.head_dim_v + d);
+          error_o[e] += c * (score_shift * ref.stats.weighted_dev_v[e] + value_shift[static_cast<std::size_t>(d)]);
+        }
+      }
+    }
+  // Through the output projection, over the merged width.
+  const std::vector<double> merged_error = merge_heads(error_o, p.batch, p.heads_q, p.seq_q, p.head_dim_v);
+  const std::vector<double> merged_o = merge_heads(ref.result.out, p.batch, p.heads_q, p.seq_q, p.head_dim_v);
+  const std::int64_t width = layer.o_width();
+  const double grow = std::sqrt(static_cast<double>(width)) * u_acc;
+  for (std::int64_t r = 0; r < p.batch * p.seq_q; ++r)
+    for (std::int64_t col = 0; col < m; ++col) {
+      double carried2 = 0, magnitude = 0, input_rounding = 0;
+      for (std::int64_t k = 0; k < width; ++k) {
+        const double w = layer.w_o[static_cast<std::size_t>(k * m + col)];
+        const double o = merged_o[static_cast<std::size_t>(r * width + k)];
+        const double carried = merged_error[static_cast<std::size_t>(r * width + k)] * w;
+        carried2 += carried * carried;
+        magnitude += std::fabs(o * w);
+        input_rounding += std::fabs(o) * std::fabs(round_to_dtype(w, p.dtype) - w);
+      }
+      const auto e = static_cast<std::size_t>(r * m + col);
+      const double b_o = layer.b_o.empty() ? 0.0 : layer.b_o[static_cast<std::size_t>(col)];
+      bounds[e] = std::sqrt(carried2) +
+                  c * (u * std::fabs(ref.y[e]) + grow * magnitude + input_rounding + std::fabs(round_to_dtype(b_o, p.dtype) - b_o));
+    }
+  return bounds;
+}
+
 }  // namespace attn

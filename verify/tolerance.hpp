@@ -7,6 +7,7 @@
 
 #include "core/problem.hpp"
 #include "fixtures/fixture.hpp"
+#include "reference/layer.hpp"
 #include "reference/reference.hpp"
 
 namespace attn {
@@ -31,5 +32,11 @@ double accumulation_roundoff(DType dtype);
 
 Bounds derive_bounds(const FixtureHeader& header, const std::vector<double>& golden_out,
                      const std::vector<double>& golden_lse, const ReferenceStats& stats);
+
+// Bounds for a whole layer's output y [batch, seq_q, model_dim]: the errors of
+// the three input projections carried through the attention, the attention's
+// own bound, and the output projection. A fixture's atol/rtol replace them.
+std::vector<double> derive_layer_bounds(const FixtureHeader& header, const LayerData& layer,
+                                        const LayerReference& reference);
 
 }  // namespace attn

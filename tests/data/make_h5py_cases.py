@@ -117,6 +117,47 @@ def case_fixed_strings_int8_mask_f16(path):
         f.create_dataset("out", data=out)
 
 
+def case_pytorch_style_layer(path):
+    """A layer laid out as torch.nn.MultiheadAttention stores it (in_proj_weight
+    [3E, E], out_proj.weight [E, E], weights applied as x @ W^T), transposed
+    into w_q, w_k, w_v, w_o as the format asks. y from NumPy in float64."""
+    rng = np.random.default_rng(5)
+    embed, heads, batch, seq = 16, 2, 2, 5
+    head_dim = embed // heads
+    in_proj_weight = (rng.standard_normal((3 * embed, embed)) / 4).astype(np.float32)
+    in_proj_bias = (rng.standard_normal(3 * embed) / 10).astype(np.float32)
+    out_weight = (rng.standard_normal((embed, embed)) / 4).astype(np.float32)
+    out_bias = (rng.standard_normal(embed) / 10).astype(np.float32)
+    x = rng.standard_normal((batch, seq, embed)).astype(np.float32)
+    key_padding = np.array([[False] * 5, [False, False, False, True, True]])  # torch: True = ignore
+    w_q, w_k, w_v = (in_proj_weight[i * embed:(i + 1) * embed].T for i in range(3))
+    b_q, b_k, b_v = (in_proj_bias[i * embed:(i + 1) * embed] for i in range(3))
+    f64 = lambda a: a.astype(np.float64)
+    q = f64(x) @ f64(w_q) + f64(b_q)
+    k = f64(x) @ f64(w_k) + f64(b_k)
+    v = f64(x) @ f64(w_v) + f64(b_v)
+    split = lambda t: t.reshape(batch, seq, heads, head_dim).transpose(0, 2, 1, 3)
+    mask = (~key_padding)[:, None, None, :]  # attend = True, [batch, 1, 1, seq]
+    o, _ = attention(split(q), split(k), split(v), 1 / np.sqrt(head_dim), mask=mask)
+    y = o.transpose(0, 2, 1, 3).reshape(batch, seq, embed) @ f64(out_weight.T) + f64(out_bias)
+    with h5py.File(path, "w") as f:
+        for key, value in [("format", "attn-fixture"), ("kind", "mha"), ("name", "h5py/pytorch_style_layer"),
+                           ("description", "nn.MultiheadAttention weights transposed into w_q, w_k, w_v, w_o"),
+                           ("generator", f"numpy {np.__version__}"), ("dtype", "float32"), ("causal", "none"),
+                           ("tags", "h5py,layer")]:
+            f.attrs[key] = value
+        for key, value in [("format_version", 1), ("batch", batch), ("heads_q", heads), ("heads_kv", heads),
+                           ("seq_q", seq), ("seq_k", seq), ("head_dim", head_dim), ("head_dim_v", head_dim),
+                           ("model_dim", embed)]:
+            f.attrs[key] = np.int64(value)
+        f.attrs["scale"] = 1 / np.sqrt(head_dim)
+        for name, data in [("x_q", x), ("x_k", x), ("x_v", x), ("w_q", w_q), ("w_k", w_k), ("w_v", w_v),
+                           ("w_o", out_weight.T), ("b_q", b_q), ("b_k", b_k), ("b_v", b_v), ("b_o", out_bias),
+                           ("mask", mask), ("y", y)]:
+            f.create_dataset(name, data=np.ascontiguousarray(data))
+
+
 if __name__ == "__main__":
     case_variable_strings_bool_mask_compressed("h5py_vlen_bool_mask_compressed.h5")
     case_fixed_strings_int8_mask_f16("h5py_fixed_strings_int8_mask_f16.h5")
+    case_pytorch_style_layer("h5py_pytorch_style_layer.h5")

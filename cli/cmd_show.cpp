@@ -1,0 +1,110 @@
+// attn show FILE --weights | --heatmap OUT.png: the attention weights of a
+// case (sdpa or a whole layer), from the reference or a backend.
+#include <fmt/format.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.hpp"
+#include "core/error.hpp"
+#include "core/registry.hpp"
+#include "fixtures/fixture.hpp"
+#include "fixtures/layer.hpp"
+#include "reference/layer.hpp"
+#include "verify/layer.hpp"
+#include "verify/weights.hpp"
+
+namespace attn::cli {
+
+namespace {
+
+struct ShowArgs {
+  std::string file, heatmap, backend;
+  bool weights = false;
+  std::int64_t batch = 0, head = -1;  // head -1: the table shows head 0, the heatmap every head
+  int threads = 0;
+};
+
+// The attention inputs of either kind of case: for a layer, the projections
+// (exact for the reference, rounded to dtype as a backend sees them).
+CaseData attention_inputs(const FixtureHeader& header, bool for_backend) {
+  if (header.kind == FixtureKind::sdpa) return read_fixture(header.path).data;
+  LayerFixture layer = read_layer_fixture(header.path);
+  return for_backend ? layer_attention_inputs(layer.data) : reference_layer(layer.data).attention;
+}
+
+WeightsView view_of(const ShowArgs& args, const CaseData& data, std::int64_t head) {
+  if (args.backend.empty() || args.backend == "reference") return reference_weights_view(data, args.batch, head);
+  auto backends = make_backends(std::vector<std::string>{args.backend});
+  return backend_weights_view(*backends.front(), data, args.batch, head, {args.threads});
+}
+
+void draw_heatmap(const ShowArgs& args, const FixtureHeader& header, const CaseData& data) {
+  const Problem& p = data.problem;
+  nlohmann::json spec;
+  spec["title"] = fmt::format("{} (batch {}, {})", header.name, args.batch, args.backend.empty() ? "reference" : args.backend);
+  spec["heads"] = nlohmann::json::array();
+  for (std::int64_t h = 0; h < p.heads_q; ++h) {
+    if (args.head >= 0 && h != args.head) continue;
+    WeightsView view = view_of(args, data, h);
+    nlohmann::json weights = nlohmann::json::array(), hidden = nlohmann::json::array();
+    for (std::int64_t i = 0; i < view.queries; ++i) {
+      nlohmann::json row = nlohmann::json::array(), hidden_row = nlohmann::json::array();
+      for (std::int64_t j = 0; j < view.keys; ++j) {
+        row.push_back(view.weights[static_cast<std::size_t>(i * view.keys + j)]);
+        hidden_row.push_back(view.hidden[static_cast<std::size_t>(i * view.keys + j)] != 0);
+      }
+      weights.push_back(row);
+      hidden.push_back(hidden_row);
+    }
+    spec["heads"].push_back({{"label", fmt::format("head {}", h)}, {"weights", weights}, {"hidden", hidden}});
+  }
+  char path[] = "/tmp/attn_heatmap_XXXXXX.json";
+  int fd = mkstemps(path, 5);
+  if (fd < 0) throw Error("cannot create a temporary file for the heatmap");
+  close(fd);
+  std::ofstream(path) << spec.dump();
+  const char* python = std::getenv("ATTN_PYTHON");
+  std::string command = fmt::format("'{}' '{}' '{}' '{}'", python ? python : "/usr/bin/python3",
+                                    ATTN_SOURCE_DIR "/reports/heatmap.py", path, args.heatmap);
+  int status = std::system(command.c_str());
+  std::remove(path);
+  if (status != 0) {
+    throw Error(fmt::format("drawing the heatmap failed (exit {}): {} (needs python3-matplotlib; "
+                            "scripts/install-deps installs it)", WEXITSTATUS(status), command));
+  }
+  fmt::print("wrote {}\n", args.heatmap);
+}
+
+}  // namespace
+
+Runner add_show_command(CLI::App& app) {
+  auto args = std::make_shared<ShowArgs>();
+  CLI::App* cmd = app.add_subcommand("show", "Show the attention weights of a case (sdpa or layer) as a table or a heatmap");
+  cmd->add_option("file", args->file, "Fixture file")->required();
+  cmd->add_flag("--weights", args->weights, "Print the weights as a table (the default)");
+  cmd->add_option("--heatmap", args->heatmap, "Draw the weights as a PNG heatmap, one panel per head");
+  cmd->add_option("--batch", args->batch, "Batch entry (default 0)");
+  cmd->add_option("--head", args->head, "Query head (default: 0 for the table, all for the heatmap)");
+  cmd->add_option("--backend", args->backend, "Weights from this backend instead of the float64 reference");
+  cmd->add_option("--threads", args->threads, "Threads for the backend");
+  return [args]() {
+    FixtureHeader header = read_fixture_header(args->file);
+    const bool from_backend = !args->backend.empty() && args->backend != "reference";
+    CaseData data = attention_inputs(header, from_backend);
+    if (!args->heatmap.empty()) {
+      draw_heatmap(*args, header, data);
+      if (!args->weights) return 0;
+    }
+    const std::int64_t head = std::max<std::int64_t>(args->head, 0);
+    fmt::print("{}: attention weights, batch {}, head {}, from {} (queries down, keys across; '-' = hidden)\n",
+               header.name, args->batch, head, from_backend ? args->backend : "the float64 reference");
+    fmt::print("{}", format_weights_table(view_of(*args, data, head)));
+    return 0;
+  };
+}
+
+}  // namespace attn::cli

@@ -1,0 +1,71 @@
+#include "reference/layer.hpp"
+
+#include <cmath>
+
+namespace attn {
+
+namespace {
+
+// out += a * b exactly split (Dot2), then Neumaier.
+struct Sum {
+  double sum = 0, carry = 0;
+  void add(double x) {
+    double t = sum + x;
+    carry += std::fabs(sum) >= std::fabs(x) ? (sum - t) + x : (x - t) + sum;
+    sum = t;
+  }
+  void add_product(double a, double b) {
+    double p = a * b;
+    carry += std::fma(a, b, -p);
+    add(p);
+  }
+  double value() const { return sum + carry; }
+};
+
+CaseData exact_attention_inputs(const LayerData& layer) {
+  const Problem& p = layer.problem;
+  const std::int64_t m = layer.model_dim;
+  CaseData data = layer.masking;
+  data.problem = p;
+  data.q = split_heads(reference_projection(layer.x_q, p.batch * p.seq_q, m, layer.w_q, layer.q_width(), layer.b_q),
+                       p.batch, p.seq_q, p.heads_q, p.head_dim);
+  data.k = split_heads(reference_projection(layer.x_k, p.batch * p.seq_k, m, layer.w_k, layer.k_width(), layer.b_k),
+                       p.batch, p.seq_k, p.heads_kv, p.head_dim);
+  data.v = split_heads(reference_projection(layer.x_v, p.batch * p.seq_k, m, layer.w_v, layer.v_width(), layer.b_v),
+                       p.batch, p.seq_k, p.heads_kv, p.head_dim_v);
+  return data;
+}
+
+}  // namespace
+
+std::vector<double> reference_projection(const std::vector<double>& x, std::int64_t rows, std::int64_t inner,
+                                         const std::vector<double>& w, std::int64_t cols,
+                                         const std::vector<double>& bias) {
+  std::vector<double> out(static_cast<std::size_t>(rows * cols));
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) {
+      Sum s;
+      for (std::int64_t k = 0; k < inner; ++k) {
+        s.add_product(x[static_cast<std::size_t>(r * inner + k)], w[static_cast<std::size_t>(k * cols + c)]);
+      }
+      if (!bias.empty()) s.add(bias[static_cast<std::size_t>(c)]);
+      out[static_cast<std::size_t>(r * cols + c)] = s.value();
+    }
+  return out;
+}
+
+LayerReference reference_layer(const LayerData& layer) {
+  const Problem& p = layer.problem;
+  LayerReference ref;
+  ref.attention = exact_attention_inputs(layer);
+  ref.result = reference_attention(ref.attention, &ref.stats);
+  std::vector<double> merged = merge_heads(ref.result.out, p.batch, p.heads_q, p.seq_q, p.head_dim_v);
+  ref.y = reference_projection(merged, p.batch * p.seq_q, layer.o_width(), layer.w_o, layer.model_dim, layer.b_o);
+  return ref;
+}
+
+std::vector<double> reference_layer_weights(const LayerData& layer, std::int64_t b, std::int64_t h) {
+  return reference_weights(exact_attention_inputs(layer), b, h);
+}
+
+}  // namespace attn

@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""Draws attention weights as heatmaps, one panel per head, with query and key
+labels and a colour bar. Input: a JSON file written by `attn show --heatmap`:
+{"title": str, "heads": [{"label": str, "weights": [[...]], "hidden": [[bool]]}]}.
+Panels wrap after four heads; the image is exactly
+(3.2 * columns + 1.2) x (3.2 * rows + 0.6) inches at 100 dpi."""
+import json
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def layout(heads):
+    columns = min(heads, 4)
+    rows = (heads + columns - 1) // columns
+    return columns, rows
+
+
+def figure_size(heads):
+    columns, rows = layout(heads)
+    return 3.2 * columns + 1.2, 3.2 * rows + 0.6
+
+
+def draw(spec, out_path):
+    heads = spec["heads"]
+    width, height = figure_size(len(heads))
+    columns, rows = layout(len(heads))
+    fig = plt.figure(figsize=(width, height), dpi=100)
+    grid = fig.add_gridspec(rows, columns + 1, width_ratios=[3.2] * columns + [0.2], wspace=0.35, hspace=0.45,
+                            left=0.07, right=0.93, top=1 - 0.5 / height, bottom=0.45 / height)
+    image = None
+    for n, head in enumerate(heads):
+        ax = fig.add_subplot(grid[n // columns, n % columns])
+        weights = np.ma.masked_array(np.array(head["weights"], dtype=float), mask=np.array(head["hidden"], dtype=bool))
+        cmap = matplotlib.colormaps["viridis"].copy()
+        cmap.set_bad("#d9d9d9")  # hidden keys in grey
+        image = ax.imshow(weights, cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
+        rows, cols = weights.shape
+        step_r, step_c = max(1, rows // 8), max(1, cols // 8)
+        ax.set_yticks(range(0, rows, step_r), [f"q{i}" for i in range(0, rows, step_r)], fontsize=7)
+        ax.set_xticks(range(0, cols, step_c), [f"k{j}" for j in range(0, cols, step_c)], fontsize=7)
+        ax.set_xlabel("key")
+        if n % columns == 0:
+            ax.set_ylabel("query")
+        ax.set_title(head["label"], fontsize=9)
+    colorbar = fig.add_subplot(grid[:, columns])
+    fig.colorbar(image, cax=colorbar, label="weight")
+    fig.suptitle(spec.get("title", "attention weights"), fontsize=10)
+    fig.savefig(out_path, dpi=100)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit("usage: heatmap.py WEIGHTS.json OUT.png")
+    with open(sys.argv[1]) as f:
+        draw(json.load(f), sys.argv[2])

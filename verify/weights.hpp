@@ -1,0 +1,29 @@
+// Attention weights of one (batch, query head) of a case, from the reference
+// or from any backend: the backend runs the case with V replaced by the
+// identity (head_dim_v = seq_k), so its output rows are its weights.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/backend.hpp"
+#include "core/case_data.hpp"
+
+namespace attn {
+
+struct WeightsView {
+  std::int64_t queries = 0, keys = 0;
+  std::vector<double> weights;  // [queries, keys]
+  std::vector<char> hidden;     // [queries, keys]: 1 where the key is not visible
+};
+
+// `data` holds the attention inputs (for a layer: the projected Q, K, V).
+WeightsView reference_weights_view(const CaseData& data, std::int64_t b, std::int64_t h);
+// Throws Error with the backend's reason when it cannot run the identity case.
+WeightsView backend_weights_view(const Backend& backend, const CaseData& data, std::int64_t b, std::int64_t h,
+                                 const RunOptions& options);
+
+// The table: query rows, key columns, 3 decimals, hidden keys as '-'.
+std::string format_weights_table(const WeightsView& view);
+
+}  // namespace attn
