@@ -25,6 +25,18 @@ std::vector<Problem> benchmark_problems(const std::string& preset) {
     }
     shapes.push_back(shape("f32", 8, 8, 4096, 4096, 64, "bottom_right"));
     shapes.push_back(shape("f32", 8, 8, 1, 65536, 64, "none"));
+  } else if (preset == "gpu") {
+    // The GPU check: seq 1024 to 16384 at 16k tokens per batch, head_dim 64 and
+    // 128, bfloat16 and float16, causal and not.
+    for (const char* dtype : {"bf16", "f16"})
+      for (const char* causal : {"none", "bottom_right"})
+        for (int head_dim : {64, 128})
+          for (int seq : {1024, 2048, 4096, 8192, 16384}) {
+            std::string s = fmt::format("dtype={},b={},hq={},hkv={},sq={},sk={},d={}", dtype, 16384 / seq, 2048 / head_dim,
+                                        2048 / head_dim, seq, seq, head_dim);
+            if (std::string_view(causal) != "none") s += fmt::format(",causal={}", causal);
+            shapes.push_back(s);
+          }
   } else if (preset == "standard" || preset == "full") {
     const bool full = preset == "full";
     std::vector<int> seqs = full ? std::vector<int>{512, 1024, 2048, 4096, 8192, 16384} : std::vector<int>{512, 1024, 2048, 4096, 8192};
@@ -43,7 +55,7 @@ std::vector<Problem> benchmark_problems(const std::string& preset) {
     for (int seq_k : {4096, 16384, 65536})
       for (int heads_kv : {8, 1}) shapes.push_back(shape("f32", 8, heads_kv, 1, seq_k, 64, "none"));
   } else {
-    throw Error(fmt::format("unknown preset '{}' (quick, standard, full)", preset));
+    throw Error(fmt::format("unknown preset '{}' (quick, standard, full, gpu)", preset));
   }
   std::vector<Problem> problems;
   for (const auto& s : shapes) problems.push_back(Problem::parse(s));

@@ -54,6 +54,9 @@ class Plan {
  public:
   virtual ~Plan() = default;
   virtual void run() = 0;
+  // run(), timed: wall-clock seconds by default; device backends override it
+  // with their own clock (CUDA events), so benchmarks time the kernels.
+  virtual double run_timed();
   virtual void read_output() {}
   virtual bool has_lse() const { return false; }
   // Bytes this plan holds beyond the inputs and outputs (scratch, packed copies).
