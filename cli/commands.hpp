@@ -15,5 +15,6 @@ Runner add_verify_command(CLI::App& app);
 Runner add_fixtures_command(CLI::App& app);
 Runner add_bench_command(CLI::App& app);
 Runner add_show_command(CLI::App& app);
+Runner add_peak_command(CLI::App& app);
 
 }  // namespace attn::cli

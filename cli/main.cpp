@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   add(attn::cli::add_fixtures_command);
   add(attn::cli::add_bench_command);
   add(attn::cli::add_show_command);
+  add(attn::cli::add_peak_command);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
