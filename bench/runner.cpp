@@ -3,6 +3,8 @@
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -10,6 +12,7 @@
 
 #include "bench/alloc_tracker.hpp"
 #include "bench/matrix.hpp"
+#include "bench/peak.hpp"
 #include "core/case_data.hpp"
 #include "core/rng.hpp"
 #include "core/thread_pool.hpp"
@@ -68,6 +71,22 @@ double estimate_seconds(const Backend& backend, const Problem& p, const RunOptio
   return seconds * useful_flops(p) / std::max(useful_flops(small), 1.0);
 }
 
+// "case n of N, elapsed, about M s left" on stderr when it is a terminal.
+struct Progress {
+  int total = 0, done = 0;
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  bool tty = isatty(2) != 0;
+  void next(const std::string& name) {
+    ++done;
+    if (!tty) return;
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double left = done > 1 ? elapsed / (done - 1) * (total - done + 1) : 0.0;
+    fmt::print(stderr, "\r\033[K[{}/{}] {:.0f} s elapsed, about {:.0f} s left: {}", done, total, elapsed, left,
+               name.substr(0, 60));
+    if (done == total) fmt::print(stderr, "\n");
+  }
+};
+
 void run_one(benchmark::State& state, const Backend& backend, const Problem& p, const BenchOptions& options) {
   Status ok = backend.available();
   if (ok) ok = backend.supports(p);
@@ -99,7 +118,7 @@ void run_one(benchmark::State& state, const Backend& backend, const Problem& p, 
   if (p.seq_q == 1) state.counters["KV_bytes/s"] = benchmark::Counter(kv_bytes(p), benchmark::Counter::kIsIterationInvariantRate);
   if (AllocTracker::available()) state.counters["extra_MiB"] = extra / (1 << 20);
   state.counters["workspace_MiB"] = static_cast<double>(prepared->plan->workspace_bytes()) / (1 << 20);
-  state.counters["threads"] = resolve_threads(options.threads);
+  state.counters["attn_threads"] = resolve_threads(options.threads);
 }
 
 }  // namespace
@@ -109,17 +128,35 @@ int run_benchmarks(const std::vector<std::unique_ptr<Backend>>& backends, const 
   std::vector<char*> argv;
   std::string program = "attn bench";
   argv.push_back(program.data());
+  if (!options.out.empty()) {
+    benchmark_args.push_back("--benchmark_out=" + options.out);
+    benchmark_args.push_back("--benchmark_out_format=json");
+  }
   for (auto& a : benchmark_args) argv.push_back(a.data());
   int argc = static_cast<int>(argv.size());
   benchmark::Initialize(&argc, argv.data());
   if (benchmark::ReportUnrecognizedArguments(argc, argv.data())) return 2;
   benchmark::AddCustomContext("attn_threads", std::to_string(resolve_threads(options.threads)));
   benchmark::AddCustomContext("attn_preset", options.preset);
-  for (const Problem& p : benchmark_problems(options.preset)) {
+  for (const auto& [key, value] : options.context) benchmark::AddCustomContext(key, value);
+  if (options.measure_peak) {
+    MachinePeak peak = measure_peak(options.threads);
+    benchmark::AddCustomContext("attn_peak_fp32_gflops", fmt::format("{:.1f}", peak.fp32_gflops));
+    benchmark::AddCustomContext("attn_peak_bf16_gflops", fmt::format("{:.1f}", peak.bf16_gflops));
+    benchmark::AddCustomContext("attn_peak_bandwidth_gbs", fmt::format("{:.1f}", peak.bandwidth_gbs));
+  }
+  static Progress progress;
+  const std::vector<Problem> problems = benchmark_problems(options.preset);
+  progress.total = static_cast<int>(problems.size() * backends.size());
+  for (const Problem& p : problems) {
     for (const auto& backend : backends) {
       const Backend* b = backend.get();
-      benchmark::RegisterBenchmark(fmt::format("{}/{}", b->name(), p.to_string()).c_str(),
-                                   [b, p, &options](benchmark::State& state) { run_one(state, *b, p, options); })
+      std::string name = fmt::format("{}/{}", b->name(), p.to_string());
+      benchmark::RegisterBenchmark(name.c_str(),
+                                   [b, p, name, &options](benchmark::State& state) {
+                                     progress.next(name);
+                                     run_one(state, *b, p, options);
+                                   })
           ->UseManualTime()
           ->Unit(benchmark::kMillisecond);
     }

@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/backend.hpp"
@@ -18,6 +19,10 @@ struct BenchOptions {
   // (the naive backend at long sequences), with the reason. 0: by preset
   // (quick 2 s, standard 10 s, full 60 s).
   double max_seconds_per_call = 0;
+  std::string out;           // Google Benchmark JSON to this file (with the context block)
+  bool measure_peak = true;  // put this machine's peaks in the context
+  // Extra context entries (library versions and the like) from the caller.
+  std::vector<std::pair<std::string, std::string>> context;
 };
 
 // argv holds only Google Benchmark's own flags (--benchmark_*).

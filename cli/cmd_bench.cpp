@@ -1,11 +1,51 @@
 // attn bench: the Google Benchmark suite; --benchmark_* flags pass through.
 #include <fmt/format.h>
 
+#include <fstream>
+
 #include "bench/runner.hpp"
+#include "fixtures/h5.hpp"
 #include "cli/commands.hpp"
 #include "core/registry.hpp"
 
 namespace attn::cli {
+
+namespace {
+
+std::string read_first(const char* path, const char* key) {
+  std::ifstream file(path);
+  std::string line;
+  while (std::getline(file, line)) {
+    if (line.rfind(key, 0) == 0) {
+      auto colon = line.find(':');
+      return colon == std::string::npos ? line : line.substr(colon + 2);
+    }
+  }
+  return "unknown";
+}
+
+// What a reader of the results needs to know about where they came from.
+std::vector<std::pair<std::string, std::string>> environment_context(const std::vector<std::unique_ptr<Backend>>& backends) {
+  std::vector<std::pair<std::string, std::string>> context;
+  context.emplace_back("attn_cpu_model", read_first("/proc/cpuinfo", "model name"));
+  std::string flags = read_first("/proc/cpuinfo", "flags"), isa;
+  for (const char* f : {"avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16"}) {
+    if ((" " + flags + " ").find(std::string(" ") + f + " ") != std::string::npos) isa += std::string(isa.empty() ? "" : " ") + f;
+  }
+  context.emplace_back("attn_cpu_isa", isa);
+  context.emplace_back("attn_compiler", fmt::format("gcc {}", __VERSION__));
+  context.emplace_back("attn_build_type", ATTN_BUILD_TYPE);
+  context.emplace_back("attn_git_commit", ATTN_GIT_COMMIT);
+  context.emplace_back("attn_hdf5", h5::library_version());
+  for (const auto& backend : backends) {
+    Status available = backend->available();
+    context.emplace_back(fmt::format("attn_backend_{}", backend->name()),
+                         available ? std::string(backend->description()) : fmt::format("unavailable: {}", available.reason));
+  }
+  return context;
+}
+
+}  // namespace
 
 Runner add_bench_command(CLI::App& app) {
   auto options = std::make_shared<bench::BenchOptions>();
@@ -15,10 +55,13 @@ Runner add_bench_command(CLI::App& app) {
       ->check(CLI::IsMember({"quick", "standard", "full", "gpu"}));
   cmd->add_option("--backend", *names, "Backends to time (default: all)");
   cmd->add_option("--threads", options->threads, "Threads per backend (default: OMP_NUM_THREADS or all cores)");
+  cmd->add_option("--out", options->out, "Write Google Benchmark JSON (with the environment context) to this file");
+  cmd->add_flag("!--no-peak", options->measure_peak, "Skip measuring the machine's peaks for the context");
   cmd->add_option("--max-seconds", options->max_seconds_per_call, "Skip a case whose estimated time per call is above this (default by preset: 2, 10, 60 s)");
   cmd->allow_extras();
   return [cmd, options, names]() {
     auto backends = make_backends(*names);
+    options->context = environment_context(backends);
     return bench::run_benchmarks(backends, *options, cmd->remaining());
   };
 }

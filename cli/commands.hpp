@@ -16,5 +16,6 @@ Runner add_fixtures_command(CLI::App& app);
 Runner add_bench_command(CLI::App& app);
 Runner add_show_command(CLI::App& app);
 Runner add_peak_command(CLI::App& app);
+Runner add_report_command(CLI::App& app);
 
 }  // namespace attn::cli

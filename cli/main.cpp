@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   add(attn::cli::add_bench_command);
   add(attn::cli::add_show_command);
   add(attn::cli::add_peak_command);
+  add(attn::cli::add_report_command);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,142 @@
+"""Assembling the report: a self-contained HTML page (plots embedded as data
+URIs, no network needed) and a Markdown summary beside it."""
+import base64
+import html
+import math
+import os
+
+from . import plots
+from .results import verify_summary
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1400px; color: #222; }
+h1 { font-size: 1.6em; } h2 { font-size: 1.2em; margin-top: 2em; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; font-size: 0.85em; } td, th { border: 1px solid #ddd; padding: 3px 8px; }
+th { background: #f4f4f4; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+.fail { background: #f8d0d0; } .pass { background: #d8f0d8; } .note { color: #666; font-size: 0.9em; }
+img.plot { max-width: 100%; border: 1px solid #eee; }
+"""
+
+
+def _img(png, alt):
+    data = base64.b64encode(png).decode("ascii")
+    return f'<img class="plot" alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+
+
+def _peaks(files):
+    peaks, bandwidths = {}, {}
+    for f in files:
+        peaks[f.host] = {"fp32": f.peak("fp32_gflops"), "bf16": f.peak("bf16_gflops")}
+        bandwidths[f.host] = f.peak("bandwidth_gbs")
+    return peaks, bandwidths
+
+
+def figures(files, measurements):
+    """(key, title, png or None, note) for every plot, in report order."""
+    peaks, bandwidths = _peaks(files)
+    return [
+        ("gflops", "Throughput against sequence length", plots.gflops_vs_seq(measurements, peaks),
+         "Useful GFLOP/s (causal counts only visible pairs); dotted: the machine's peak from `attn peak`."),
+        ("memory", "Peak extra memory", plots.memory_vs_seq(measurements),
+         "Heap growth of prepare plus the first call (log-log): O(S^2) backends climb twice as steeply."),
+        ("speedup", "Speedup heatmap", plots.speedup_heatmap(measurements),
+         "Median time of naive (top) or of the fastest backend (bottom) over this backend's; grey: not measured."),
+        ("decode", "Decode bandwidth", plots.decode_bandwidth(measurements, bandwidths),
+         "K and V bytes read once per call, against the measured read bandwidth."),
+        ("threads", "Thread scaling", plots.thread_scaling(measurements),
+         "Only drawn when the results hold several thread counts for one benchmark."),
+    ]
+
+
+def _verify_rows(results):
+    rows = []
+    for (backend, dtype), row in sorted(verify_summary(results).items()):
+        worst = row["worst"]
+        worst_text = "-" if worst is None else ("inf" if math.isinf(worst) else f"{worst:.3f}")
+        rows.append((backend, dtype, row["PASS"], row["FAIL"], row["SKIP"], row["MISTRUSTED"], worst_text))
+    return rows
+
+
+def _table(headers, rows, classes=None):
+    out = ["<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in headers) + "</tr>"]
+    for n, row in enumerate(rows):
+        cls = f' class="{classes[n]}"' if classes and classes[n] else ""
+        cells = "".join(f'<td class="num">{html.escape(str(c))}</td>' if isinstance(c, (int, float)) or
+                        str(c).replace(".", "", 1).isdigit() else f"<td>{html.escape(str(c))}</td>" for c in row)
+        out.append(f"<tr{cls}>{cells}</tr>")
+    out.append("</table>")
+    return "\n".join(out)
+
+
+def _best_rows(measurements):
+    best = {}
+    for m in measurements:
+        if not m.median_seconds:
+            continue
+        key = (m.host, m.problem.text)
+        if key not in best or m.median_seconds < best[key].median_seconds:
+            best[key] = m
+    rows = []
+    for (host, _), m in sorted(best.items(), key=lambda kv: (kv[0][0], kv[1].problem.shape_label)):
+        rows.append((host, m.problem.shape_label, m.backend, f"{m.median_seconds * 1e3:.2f}",
+                     f"{m.gflops:.1f}" if m.gflops else "-", f"{m.kv_gbs:.1f}" if m.kv_gbs else "-"))
+    return rows
+
+
+def write_report(files, measurements, verify_results, weights_png, out_dir):
+    """Writes out_dir/report.html (self-contained), out_dir/summary.md and the
+    plots as out_dir/plots/*.png. Returns the list of plot keys drawn."""
+    os.makedirs(os.path.join(out_dir, "plots"), exist_ok=True)
+    drawn = []
+    body = ["<h1>attnbench report</h1>"]
+    md = ["# attnbench report", ""]
+    hosts = ", ".join(sorted({f.host for f in files}))
+    body.append(f'<p class="note">Results from {html.escape(hosts)}; {len(measurements)} benchmarks.</p>')
+    for key, title, png, note in figures(files, measurements):
+        if png is None:
+            continue
+        drawn.append(key)
+        with open(os.path.join(out_dir, "plots", f"{key}.png"), "wb") as f:
+            f.write(png)
+        body += [f"<h2>{html.escape(title)}</h2>", f'<p class="note">{html.escape(note)}</p>', _img(png, title)]
+        md += [f"## {title}", "", note, "", f"![{title}](plots/{key}.png)", ""]
+    best = _best_rows(measurements)
+    if best:
+        headers = ["host", "shape", "fastest backend", "median ms", "GFLOP/s", "KV GB/s"]
+        body += ["<h2>Fastest backend per shape</h2>", _table(headers, best)]
+        md += ["## Fastest backend per shape", "", "| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
+        md += ["| " + " | ".join(str(c) for c in row) + " |" for row in best] + [""]
+    skipped = sorted({(m.backend, m.skipped) for m in measurements if m.skipped})
+    if skipped:
+        body += ["<h2>Skipped</h2>", _table(["backend", "reason"], skipped)]
+    if verify_results is not None:
+        rows = _verify_rows(verify_results)
+        headers = ["backend", "dtype", "PASS", "FAIL", "SKIP", "MISTRUSTED", "worst error/bound"]
+        classes = ["fail" if r[3] else ("pass" if r[2] else "") for r in rows]
+        body += ["<h2>Verification</h2>", '<p class="note">From <code>attn verify --json</code>.</p>',
+                 _table(headers, rows, classes)]
+        md += ["## Verification", "", "| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
+        md += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows] + [""]
+    if weights_png:
+        drawn.append("weights")
+        with open(os.path.join(out_dir, "plots", "weights.png"), "wb") as f:
+            f.write(weights_png)
+        body += ["<h2>Attention weights of a small case</h2>",
+                 '<p class="note">Which key each query attends to, one panel per head (grey: hidden).</p>',
+                 _img(weights_png, "attention weights")]
+        md += ["## Attention weights of a small case", "", "![weights](plots/weights.png)", ""]
+    for f in files:
+        rows = sorted((k, v) for k, v in f.context.items() if not isinstance(v, (list, dict)))
+        body += [f"<h2>Environment: {html.escape(f.host)}</h2>", _table(["key", "value"], rows)]
+        md += [f"## Environment: {f.host}", ""] + [f"- {k}: {v}" for k, v in rows] + [""]
+    # Marks each figure once it has decoded, so a headless browser can check that every plot drew.
+    script = ("<script>window.addEventListener('load', () => { for (const img of document.images) "
+              "img.dataset.drawn = (img.complete && img.naturalWidth > 0) ? '1' : '0'; "
+              "document.body.dataset.figures = document.images.length; });</script>")
+    page = ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>attnbench report</title>"
+            f"<style>{_CSS}</style>{script}</head><body>" + "\n".join(body) + "</body></html>")
+    with open(os.path.join(out_dir, "report.html"), "w") as f:
+        f.write(page)
+    with open(os.path.join(out_dir, "summary.md"), "w") as f:
+        f.write("\n".join(md))
+    return drawn

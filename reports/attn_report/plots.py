@@ -1,0 +1,205 @@
+"""The report's figures, each a function from parsed results to PNG bytes
+(None when the results hold nothing to draw)."""
+import io
+import math
+from collections import defaultdict
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+_STYLE = {"naive": "#999999", "blocked": "#1f77b4", "streaming": "#d62728", "openblas": "#2ca02c",
+          "onednn": "#9467bd", "cuda-cublas": "#8c564b", "cuda-flash": "#e377c2"}
+
+
+def _color(backend):
+    return _STYLE.get(backend, None)
+
+
+def _png(fig):
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def _label(m, hosts):
+    return m.backend if len(hosts) == 1 else f"{m.backend} @ {m.host}"
+
+
+def gflops_vs_seq(measurements, peaks):
+    """GFLOP/s against sequence length, one panel per head_dim x causal x dtype,
+    each host's peak drawn as a dashed line. peaks: host -> {'fp32': x, 'bf16': y}."""
+    rows = [m for m in measurements if m.gflops and not m.problem.decode and m.problem.seq_q == m.problem.seq_k]
+    if not rows:
+        return None
+    hosts = sorted({m.host for m in rows})
+    panels = sorted({(m.problem.head_dim, m.problem.causal, m.problem.dtype) for m in rows})
+    columns = min(3, len(panels))
+    grid_rows = math.ceil(len(panels) / columns)
+    fig, axes = plt.subplots(grid_rows, columns, figsize=(5.2 * columns, 3.8 * grid_rows), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.axis("off")
+    for ax, (head_dim, causal, dtype) in zip(axes.flat, panels):
+        lines = defaultdict(list)
+        for m in rows:
+            if (m.problem.head_dim, m.problem.causal, m.problem.dtype) == (head_dim, causal, dtype):
+                lines[(m.backend, m.host, m.problem.heads_q, m.problem.heads_kv)].append((m.problem.seq_q, m.gflops))
+        for (backend, host, hq, hkv), points in sorted(lines.items()):
+            points.sort()
+            label = backend if len(hosts) == 1 else f"{backend} @ {host}"
+            if hkv != hq:
+                label += f" (GQA {hq}:{hkv})"
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", ms=4, color=_color(backend),
+                    linestyle="--" if hkv != hq else "-", label=label)
+        for host in hosts:
+            peak = peaks.get(host, {}).get("bf16" if dtype == "bf16" else "fp32")
+            if peak:
+                ax.axhline(peak, color="black", linestyle=":", linewidth=1)
+                ax.annotate(f"peak {peak:.0f}" + ("" if len(hosts) == 1 else f" @ {host}"), (0.01, peak),
+                            xycoords=("axes fraction", "data"), fontsize=7, va="bottom")
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{dtype}, head_dim {head_dim}, causal {causal}", fontsize=10)
+        ax.set_xlabel("sequence length")
+        ax.set_ylabel("useful GFLOP/s")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def memory_vs_seq(measurements):
+    """Peak extra memory against sequence length, log-log, with O(S) and O(S^2) guides."""
+    rows = [m for m in measurements if m.extra_mib and m.extra_mib > 0 and not m.problem.decode]
+    if not rows:
+        return None
+    hosts = sorted({m.host for m in rows})
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    lines = defaultdict(list)
+    for m in rows:
+        lines[(_label(m, hosts), m.backend)].append((m.problem.seq_q, m.extra_mib))
+    for (label, backend), points in sorted(lines.items()):
+        by_seq = defaultdict(list)
+        for s, v in points:
+            by_seq[s].append(v)
+        xs = sorted(by_seq)
+        ax.plot(xs, [max(by_seq[x]) for x in xs], marker="o", ms=4, color=_color(backend), label=label)
+    seqs = sorted({m.problem.seq_q for m in rows})
+    if len(seqs) > 1:
+        base = min(m.extra_mib for m in rows)
+        xs = np.array([seqs[0], seqs[-1]], dtype=float)
+        ax.plot(xs, base * xs / xs[0], color="black", linestyle=":", linewidth=1, label="O(S) guide")
+        ax.plot(xs, base * (xs / xs[0]) ** 2, color="black", linestyle="--", linewidth=1, label="O(S^2) guide")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length")
+    ax.set_ylabel("peak extra memory (MiB)")
+    ax.set_title("memory beyond inputs and output (largest over shapes)", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def speedup_heatmap(measurements):
+    """Backend x shape: speedup against naive and against the best backend."""
+    rows = [m for m in measurements if m.median_seconds]
+    if not rows:
+        return None
+    shapes = sorted({(m.host, m.problem.text) for m in rows})
+    backends = sorted({m.backend for m in rows}, key=lambda b: list(_STYLE).index(b) if b in _STYLE else 99)
+    time = {(m.backend, m.host, m.problem.text): m.median_seconds for m in rows}
+    vs_naive = np.full((len(backends), len(shapes)), np.nan)
+    vs_best = np.full((len(backends), len(shapes)), np.nan)
+    for c, (host, shape) in enumerate(shapes):
+        times = {b: time.get((b, host, shape)) for b in backends}
+        best = min(t for t in times.values() if t)
+        for r, b in enumerate(backends):
+            if times[b]:
+                if times.get("naive"):
+                    vs_naive[r, c] = times["naive"] / times[b]
+                vs_best[r, c] = best / times[b]
+    labels = []
+    for host, shape in shapes:
+        p = next(m.problem for m in rows if m.problem.text == shape)
+        labels.append(p.shape_label + ("" if len({h for h, _ in shapes}) == 1 else f" @ {host}"))
+    fig, axes = plt.subplots(2, 1, figsize=(max(7.0, 0.42 * len(shapes) + 2.5), 2.2 + 0.9 * len(backends)))
+    for ax, data, title, cmap in ((axes[0], vs_naive, "speedup over naive (x)", "viridis"),
+                                  (axes[1], vs_best, "fraction of the best backend's speed", "RdYlGn")):
+        finite = data[np.isfinite(data)]
+        if finite.size == 0:
+            ax.text(0.5, 0.5, "naive was not measured on these shapes", ha="center", va="center")
+            ax.axis("off")
+            continue
+        masked = np.ma.masked_invalid(data)
+        cm = matplotlib.colormaps[cmap].copy()
+        cm.set_bad("#dddddd")
+        norm = matplotlib.colors.LogNorm(vmin=max(finite.min(), 1e-3), vmax=max(finite.max(), 1.0001)) \
+            if title.startswith("speedup") else matplotlib.colors.Normalize(vmin=0, vmax=1)
+        image = ax.imshow(masked, aspect="auto", cmap=cm, norm=norm)
+        for r in range(data.shape[0]):
+            for c in range(data.shape[1]):
+                if np.isfinite(data[r, c]):
+                    ax.text(c, r, f"{data[r, c]:.2g}", ha="center", va="center", fontsize=6)
+        ax.set_yticks(range(len(backends)), backends, fontsize=8)
+        ax.set_xticks(range(len(labels)), labels, rotation=60, ha="right", fontsize=6)
+        ax.set_title(title, fontsize=10)
+        fig.colorbar(image, ax=ax, fraction=0.03)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def decode_bandwidth(measurements, bandwidths):
+    """KV bytes/s on decode shapes against each host's measured bandwidth."""
+    rows = [m for m in measurements if m.kv_gbs and m.problem.decode]
+    if not rows:
+        return None
+    hosts = sorted({m.host for m in rows})
+    shapes = sorted({(m.host, m.problem.text) for m in rows})
+    backends = sorted({m.backend for m in rows})
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(shapes) + 2), 4.2))
+    width = 0.8 / len(backends)
+    for n, backend in enumerate(backends):
+        values = []
+        for host, shape in shapes:
+            m = next((m for m in rows if m.backend == backend and m.host == host and m.problem.text == shape), None)
+            values.append(m.kv_gbs if m else 0)
+        ax.bar(np.arange(len(shapes)) + n * width, values, width, label=backend, color=_color(backend))
+    for host in hosts:
+        limit = bandwidths.get(host)
+        if limit:
+            ax.axhline(limit, color="black", linestyle=":", linewidth=1)
+            ax.annotate(f"measured bandwidth {limit:.0f} GB/s" + ("" if len(hosts) == 1 else f" @ {host}"),
+                        (0.01, limit), xycoords=("axes fraction", "data"), fontsize=7, va="bottom")
+    labels = [next(m.problem for m in rows if m.problem.text == s).shape_label for _, s in shapes]
+    ax.set_xticks(np.arange(len(shapes)) + 0.4 - width / 2, labels, rotation=20, ha="right", fontsize=7)
+    ax.set_ylabel("K and V read, GB/s")
+    ax.set_title("decode: bandwidth against the memory limit", fontsize=10)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def thread_scaling(measurements):
+    """GFLOP/s against thread count, when the results hold several."""
+    groups = defaultdict(dict)
+    for m in measurements:
+        if m.gflops:
+            groups[(m.backend, m.problem.text)][m.threads] = m.gflops
+    groups = {k: v for k, v in groups.items() if len(v) > 1}
+    if not groups:
+        return None
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for (backend, problem), points in sorted(groups.items()):
+        xs = sorted(points)
+        ax.plot(xs, [points[x] for x in xs], marker="o", color=_color(backend), label=f"{backend} {problem[:40]}")
+    ax.set_xlabel("threads")
+    ax.set_ylabel("useful GFLOP/s")
+    ax.set_title("thread scaling", fontsize=10)
+    ax.legend(fontsize=6)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return _png(fig)

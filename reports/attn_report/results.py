@@ -1,0 +1,175 @@
+"""Parsing `attn bench` (Google Benchmark JSON) and `attn verify --json` files."""
+import json
+import statistics
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Problem:
+    dtype: str
+    batch: int
+    heads_q: int
+    heads_kv: int
+    seq_q: int
+    seq_k: int
+    head_dim: int
+    head_dim_v: int
+    causal: str = "none"
+    text: str = ""
+
+    @property
+    def decode(self):
+        return self.seq_q == 1
+
+    @property
+    def shape_label(self):
+        label = f"{self.dtype} h{self.heads_q}"
+        if self.heads_kv != self.heads_q:
+            label += f":{self.heads_kv}"
+        label += f" q{self.seq_q} k{self.seq_k} d{self.head_dim}"
+        if self.causal != "none":
+            label += " causal"
+        return label
+
+
+def parse_problem(text):
+    """The canonical problem string of core/problem.hpp, e.g.
+    'dtype=f16,b=2,hq=4,hkv=2,sq=17,sk=33,d=64,dv=64,scale=0.125,causal=bottom_right'."""
+    fields = {}
+    for token in text.split(","):
+        key, _, value = token.partition("=")
+        fields[key] = value
+    try:
+        return Problem(dtype=fields["dtype"], batch=int(fields["b"]), heads_q=int(fields["hq"]),
+                       heads_kv=int(fields["hkv"]), seq_q=int(fields["sq"]), seq_k=int(fields["sk"]),
+                       head_dim=int(fields["d"]), head_dim_v=int(fields.get("dv", fields["d"])),
+                       causal=fields.get("causal", "none"), text=text)
+    except (KeyError, ValueError) as error:
+        raise ValueError(f"not an attn problem string: {text!r} ({error})") from None
+
+
+@dataclass
+class Measurement:
+    """One benchmark (backend x problem) of one results file, over its repetitions."""
+    host: str
+    backend: str
+    problem: Problem
+    name: str
+    threads: int
+    seconds: list = field(default_factory=list)  # per repetition
+    flops: list = field(default_factory=list)    # FLOP/s per repetition
+    kv_bytes: list = field(default_factory=list)
+    extra_mib: float = None
+    skipped: str = None
+
+    @property
+    def median_seconds(self):
+        return statistics.median(self.seconds) if self.seconds else None
+
+    @property
+    def gflops(self):
+        return statistics.median(self.flops) / 1e9 if self.flops else None
+
+    @property
+    def kv_gbs(self):
+        return statistics.median(self.kv_bytes) / 1e9 if self.kv_bytes else None
+
+
+@dataclass
+class BenchFile:
+    path: str
+    host: str
+    context: dict
+    measurements: list
+
+    def peak(self, key):
+        value = self.context.get(f"attn_peak_{key}")
+        return float(value) if value not in (None, "") else None
+
+
+_UNIT = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+def load_bench(path, data=None):
+    """Reads one Google Benchmark JSON file written by `attn bench`."""
+    if data is None:
+        with open(path) as f:
+            data = json.load(f)
+    if "benchmarks" not in data or "context" not in data:
+        raise ValueError(f"{path}: not Google Benchmark JSON (no 'benchmarks' and 'context')")
+    context = data["context"]
+    host = context.get("host_name", "host")
+    by_name = {}
+    for entry in data["benchmarks"]:
+        if entry.get("run_type", "iteration") != "iteration":
+            continue  # mean/median/stddev aggregates: we compute our own
+        name = entry.get("run_name", entry["name"])
+        parts = name.split("/")
+        if len(parts) < 2:
+            continue
+        backend, problem = parts[0], parse_problem(parts[1])
+        m = by_name.get(name)
+        if m is None:
+            threads = int(entry.get("attn_threads", context.get("attn_threads", 1)))
+            m = by_name[name] = Measurement(host, backend, problem, name, threads)
+        if entry.get("error_occurred"):
+            m.skipped = entry.get("error_message", "skipped")
+            continue
+        m.seconds.append(entry["real_time"] * _UNIT[entry.get("time_unit", "ns")])
+        if "FLOP/s" in entry:
+            m.flops.append(entry["FLOP/s"])
+        if "KV_bytes/s" in entry:
+            m.kv_bytes.append(entry["KV_bytes/s"])
+        if "extra_MiB" in entry:
+            m.extra_mib = entry["extra_MiB"]
+    return BenchFile(path, host, context, list(by_name.values()))
+
+
+def merge(files):
+    """Several result files (a CPU host, a GPU host, ...) into one list; hosts
+    with the same name are told apart by their file."""
+    seen = {}
+    for f in files:
+        if f.host in seen and seen[f.host] != f.path:
+            f.host = f"{f.host} ({f.path.rsplit('/', 1)[-1]})"
+            for m in f.measurements:
+                m.host = f.host
+        seen[f.host] = f.path
+    return [m for f in files for m in f.measurements]
+
+
+def load_verify(path, data=None):
+    """Reads `attn verify --json` output: a list of result dicts."""
+    if data is None:
+        with open(path) as f:
+            data = json.load(f)
+    if data.get("schema") != "attn-verify-1":
+        raise ValueError(f"{path}: not `attn verify --json` output (schema {data.get('schema')!r})")
+    return data["results"]
+
+
+def verify_summary(results):
+    """Per (backend, dtype): counts of each verdict and the worst error/bound."""
+    table = {}
+    for r in results:
+        problem = r["problem"].split(",model=")[0]
+        dtype = parse_problem(problem).dtype
+        row = table.setdefault((r["backend"], dtype), {"PASS": 0, "FAIL": 0, "SKIP": 0, "MISTRUSTED": 0, "worst": None})
+        row[r["verdict"]] += 1
+        ratio = r.get("error_over_bound")
+        if r["verdict"] != "SKIP" and ratio is not None:
+            row["worst"] = ratio if row["worst"] is None else max(row["worst"], ratio)
+        elif r["verdict"] == "FAIL" and ratio is None:
+            row["worst"] = float("inf")
+    return table
+
+
+def detect(path):
+    """'bench' or 'verify', from the file's content."""
+    with open(path) as f:
+        data = json.load(f)
+    if data.get("schema") == "attn-verify-1":
+        return "verify", data
+    if "benchmarks" in data:
+        return "bench", data
+    raise ValueError(f"{path}: neither `attn bench` nor `attn verify --json` output")

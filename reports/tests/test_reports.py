@@ -1,0 +1,165 @@
+"""Tests of the report code, fed by stored JSON in tests/data (real `attn bench`
+and `attn verify --json` output from this project, trimmed, plus small
+hand-made files for a second host and for comparisons)."""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+from attn_report import compare, html, results  # noqa: E402
+
+DATA = os.path.join(HERE, "data")
+REPORT = os.path.join(os.path.dirname(HERE), "report.py")
+
+
+def data(name):
+    return os.path.join(DATA, name)
+
+
+class Results(unittest.TestCase):
+    def test_problem_strings(self):
+        p = results.parse_problem("dtype=bf16,b=2,hq=16,hkv=2,sq=1,sk=4096,d=128,dv=64,scale=0.1,causal=bottom_right")
+        self.assertEqual((p.dtype, p.batch, p.heads_q, p.heads_kv, p.seq_q, p.seq_k), ("bf16", 2, 16, 2, 1, 4096))
+        self.assertEqual((p.head_dim, p.head_dim_v, p.causal), (128, 64, "bottom_right"))
+        self.assertTrue(p.decode)
+        self.assertEqual(p.shape_label, "bf16 h16:2 q1 k4096 d128 causal")
+        with self.assertRaises(ValueError):
+            results.parse_problem("b=1,hq=1")
+
+    def test_bench_file(self):
+        f = results.load_bench(data("bench_cpu.json"))
+        self.assertEqual(f.host, "vm")
+        self.assertGreater(f.peak("fp32_gflops"), 100)
+        by = {(m.backend, m.problem.text): m for m in f.measurements}
+        streaming = by[("streaming", "dtype=f32,b=1,hq=8,hkv=8,sq=4096,sk=4096,d=64,dv=64,scale=0.125")]
+        self.assertGreater(streaming.gflops, 50)
+        self.assertGreater(streaming.extra_mib, 0)
+        skipped = [m for m in f.measurements if m.skipped]
+        self.assertTrue(any("no CUDA device" in m.skipped for m in skipped))
+        self.assertTrue(all(not m.seconds for m in skipped))
+
+    def test_repetitions_and_aggregates(self):
+        f = results.load_bench(data("compare_new.json"))
+        self.assertEqual(len(f.measurements), 2)  # aggregates are not measurements
+        slow = next(m for m in f.measurements if m.backend == "streaming")
+        self.assertEqual(len(slow.seconds), 5)
+        self.assertAlmostEqual(slow.median_seconds, 12.0e-3)
+
+    def test_merging_hosts(self):
+        files = [results.load_bench(data("bench_cpu.json")), results.load_bench(data("bench_gpu.json"))]
+        merged = results.merge(files)
+        self.assertEqual({m.host for m in merged}, {"vm", "gpu-host"})
+        twice = [results.load_bench(data("bench_cpu.json")), results.load_bench(data("compare_base.json"))]
+        self.assertEqual(len({m.host for m in results.merge(twice)}), 2)  # same host name, told apart
+
+    def test_verify_summary(self):
+        summary = results.verify_summary(results.load_verify(data("verify.json")))
+        naive_f32 = summary[("naive", "f32")]
+        self.assertGreater(naive_f32["PASS"], 0)
+        self.assertEqual(naive_f32["FAIL"], 0)
+        self.assertLess(naive_f32["worst"], 1)
+        self.assertEqual(summary[("blocked", "f64")]["SKIP"], 1)
+        self.assertEqual(summary[("broken", "bf16")]["FAIL"], 1)
+
+    def test_detect_and_errors(self):
+        self.assertEqual(results.detect(data("verify.json"))[0], "verify")
+        self.assertEqual(results.detect(data("bench_gpu.json"))[0], "bench")
+        with self.assertRaises(ValueError):
+            results.load_verify(data("bench_gpu.json"))
+        with self.assertRaises(ValueError):
+            results.load_bench(data("verify.json"))
+
+
+class Compare(unittest.TestCase):
+    def test_significant_slowdown_is_a_regression(self):
+        base = results.load_bench(data("compare_base.json")).measurements
+        new = results.load_bench(data("compare_new.json")).measurements
+        changes = {c.name.split("/")[0]: c for c in compare.compare(base, new)}
+        self.assertAlmostEqual(changes["streaming"].change_pct, 20.0, places=6)
+        self.assertTrue(changes["streaming"].significant)
+        self.assertEqual(changes["streaming"].verdict, "slower")
+        self.assertFalse(changes["blocked"].significant)
+        self.assertEqual(changes["blocked"].verdict, "same")
+        self.assertEqual([c.name.split("/")[0] for c in compare.regressions(changes.values(), 10)], ["streaming"])
+        self.assertEqual(compare.regressions(changes.values(), 25), [])
+
+    def test_single_runs_decide_by_the_median(self):
+        cpu = results.load_bench(data("bench_cpu.json")).measurements
+        changes = compare.compare(cpu, cpu)
+        self.assertTrue(changes)
+        self.assertTrue(all(c.p_value is None and c.verdict == "too few repetitions" for c in changes))
+        self.assertIn("benchmark", compare.format_table(changes))
+
+    def test_command_line_exit_codes(self):
+        run = lambda *args: subprocess.run([sys.executable, REPORT, "compare", *args], capture_output=True, text=True)
+        self.assertEqual(run(data("compare_base.json"), data("compare_new.json")).returncode, 0)
+        failing = run(data("compare_base.json"), data("compare_new.json"), "--fail-on-regression", "10")
+        self.assertEqual(failing.returncode, 1)
+        self.assertIn("slower by more than 10.0%", failing.stdout)
+        self.assertEqual(run(data("compare_base.json"), data("compare_new.json"), "--fail-on-regression", "30").returncode, 0)
+        self.assertEqual(run(data("verify.json"), data("compare_new.json")).returncode, 2)
+
+
+class Report(unittest.TestCase):
+    def setUp(self):
+        self.out = tempfile.mkdtemp()
+
+    def tearDown(self):
+        shutil.rmtree(self.out)
+
+    def write(self, names, verify=True, weights=None):
+        files = [results.load_bench(data(n)) for n in names]
+        verify_results = results.load_verify(data("verify.json")) if verify else None
+        return html.write_report(files, results.merge(files), verify_results, weights, self.out)
+
+    def test_every_plot_is_drawn_and_embedded(self):
+        png = b"\x89PNG\r\n\x1a\n" + b"0" * 64
+        drawn = self.write(["bench_cpu.json", "bench_gpu.json"], weights=png)
+        self.assertEqual(drawn, ["gflops", "memory", "speedup", "decode", "weights"])
+        with open(os.path.join(self.out, "report.html")) as f:
+            page = f.read()
+        self.assertEqual(page.count('<img class="plot"'), len(drawn))
+        self.assertNotRegex(page, r"(src|href)=\"https?:")  # self-contained: nothing fetched
+        for key in drawn:
+            with open(os.path.join(self.out, "plots", f"{key}.png"), "rb") as f:
+                self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+        self.assertIn("gpu-host", page)
+        self.assertIn("Verification", page)
+        self.assertIn("attn_peak_fp32_gflops", page)  # the environment context
+        with open(os.path.join(self.out, "summary.md")) as f:
+            summary = f.read()
+        self.assertIn("![Throughput against sequence length](plots/gflops.png)", summary)
+        self.assertRegex(summary, r"\| broken \| bf16 \| 0 \| 1 \|")
+
+    def test_thread_scaling_appears_with_several_thread_counts(self):
+        one = results.load_bench(data("bench_cpu.json"))
+        two = results.load_bench(data("bench_cpu.json"))
+        for m in two.measurements:
+            m.threads = 1
+            m.flops = [f / 1.8 for f in m.flops]
+        two.host = one.host
+        drawn = html.write_report([one], one.measurements + two.measurements, None, None, self.out)
+        self.assertIn("threads", drawn)
+
+    def test_headless_chromium_draws_every_plot(self):
+        browser = shutil.which("chromium") or shutil.which("chromium-browser")
+        if not browser:
+            self.skipTest("chromium is not installed: the rendering check needs Debian's chromium")
+        self.write(["bench_cpu.json"], weights=None)
+        page = os.path.join(self.out, "report.html")
+        dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=10000",
+                              "--dump-dom", f"file://{page}"], capture_output=True, text=True, timeout=120).stdout
+        images = re.findall(r"<img[^>]*>", dom)
+        self.assertEqual(len(images), 4)
+        for img in images:
+            self.assertIn('data-drawn="1"', img)
+
+
+if __name__ == "__main__":
+    unittest.main()
