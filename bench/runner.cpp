@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -128,6 +129,9 @@ int run_benchmarks(const std::vector<std::unique_ptr<Backend>>& backends, const 
   std::vector<char*> argv;
   std::string program = "attn bench";
   argv.push_back(program.data());
+  const bool min_time_given = std::any_of(benchmark_args.begin(), benchmark_args.end(),
+                                          [](const std::string& a) { return a.rfind("--benchmark_min_time", 0) == 0; });
+  if (!min_time_given && options.preset == "quick") benchmark_args.push_back("--benchmark_min_time=0.2");
   if (!options.out.empty()) {
     benchmark_args.push_back("--benchmark_out=" + options.out);
     benchmark_args.push_back("--benchmark_out_format=json");
