@@ -34,9 +34,13 @@ class StreamingPlan final : public Plan {
     tiles_ = p.batch * p.heads_kv * g_.query_tiles;
     // Few tiles and long rows (decode): split the keys so every thread works.
     if (tiles_ < threads_ && g_.key_blocks >= 2 * threads_) chunks_ = threads_;
+    // Few rows against float32 K and V in place (decode): packing would cost as
+    // much as the whole computation, so the kernels read K and V directly.
+    direct_ = g_.tile_rows <= kDirectRows && p.dtype == DType::f32 && io.k.strides[3] == 1 && io.v.strides[3] == 1 &&
+              p.head_dim_v == g_.dv_pad;
     scratch_.resize(static_cast<std::size_t>(threads_));
     for (Scratch& s : scratch_) {
-      s.pack.reserve(p, g_);
+      if (!direct_) s.pack.reserve(p, g_);
       const auto rows = static_cast<std::size_t>(g_.tile_rows);
       if (g_.bf16_kernels) {
         s.q_bf16.assign(rows * static_cast<std::size_t>(g_.head_dim_pairs * 2), bf16{});
@@ -90,10 +94,7 @@ class StreamingPlan final : public Plan {
     const std::int64_t per_chunk = (g_.key_blocks + chunks_ - 1) / chunks_;
     const std::int64_t first = std::min(chunk * per_chunk, g_.key_blocks);
     const std::int64_t last = std::min(first + per_chunk, g_.key_blocks);
-    // Few rows against float32 K and V in place (decode): packing would cost as
-    // much as the whole computation, so the kernels read K and V directly.
-    const bool direct = rows <= kDirectRows && p_.dtype == DType::f32 && io_.k.strides[3] == 1 &&
-                        io_.v.strides[3] == 1 && p_.head_dim_v == g_.dv_pad;
+    const bool direct = direct_;
     if (!direct) s.pack.pack(p_, g_, io_, t.b, t.kv_head, first, last);
     cpu::pack_queries(p_, g_, io_, t, s.q.data(), s.q_bf16.data());
     std::fill_n(s.m.begin(), rows, kNegInf);
@@ -187,6 +188,7 @@ class StreamingPlan final : public Plan {
   const cpu::Kernels& kernels_;
   StreamingFlaws flaws_;
   int threads_ = 1;
+  bool direct_ = false;  // every tile reads K and V in place
   std::int64_t tiles_ = 0, chunks_ = 1;
   std::vector<Scratch> scratch_;
   std::vector<float> partial_o_, partial_m_, partial_l_;
