@@ -232,8 +232,8 @@ class OneDnnBackend final : public Backend {
  public:
   OneDnnBackend() {
     const dnnl_version_t* v = dnnl_version();
-    description_ = fmt::format("oneDNN {}.{}.{} matmul + softmax primitives, bf16 matmuls for bfloat16", v->major,
-                               v->minor, v->patch);
+    description_ = fmt::format("oneDNN {}.{}.{} matmul + softmax primitives (ISA {}), bf16 matmuls for bfloat16",
+                               v->major, v->minor, v->patch, isa_name(dnnl::get_effective_cpu_isa()));
   }
   std::string_view name() const override { return "onednn"; }
   std::string_view description() const override { return description_; }
@@ -249,6 +249,18 @@ class OneDnnBackend final : public Backend {
   }
 
  private:
+  // The instruction set oneDNN dispatches to on this CPU.
+  static std::string isa_name(dnnl::cpu_isa isa) {
+    switch (isa) {
+      case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx";
+      case dnnl::cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
+      case dnnl::cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
+      case dnnl::cpu_isa::avx512_core: return "avx512_core";
+      case dnnl::cpu_isa::avx2_vnni: return "avx2_vnni";
+      case dnnl::cpu_isa::avx2: return "avx2";
+      default: return fmt::format("code {}", static_cast<int>(isa));
+    }
+  }
   std::string description_;
 };
 
