@@ -60,16 +60,25 @@ std::unique_ptr<Prepared> prepare(const Backend& backend, const Problem& p, cons
   return prepared;
 }
 
-// Seconds per call, extrapolated from a run on at most 256 x 256 of the problem.
+// Seconds per call, extrapolated from runs on at most 256 and 512 rows and
+// keys of the problem: t = fixed + per_flop * flops, so backends with a large
+// fixed cost per call are not overestimated.
 double estimate_seconds(const Backend& backend, const Problem& p, const RunOptions& options) {
-  Problem small = p;
-  small.seq_q = std::min<std::int64_t>(p.seq_q, 256);
-  small.seq_k = std::min<std::int64_t>(p.seq_k, 256);
-  auto prepared = prepare(backend, small, options);
-  auto start = std::chrono::steady_clock::now();
-  prepared->plan->run();
-  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return seconds * useful_flops(p) / std::max(useful_flops(small), 1.0);
+  auto time_at = [&](std::int64_t size, double& flops) {
+    Problem small = p;
+    small.seq_q = std::min<std::int64_t>(p.seq_q, size);
+    small.seq_k = std::min<std::int64_t>(p.seq_k, size);
+    flops = useful_flops(small);
+    auto prepared = prepare(backend, small, options);
+    prepared->plan->run();  // warm up
+    return prepared->plan->run_timed();
+  };
+  double flops_small = 0, flops_large = 0;
+  const double t_small = time_at(256, flops_small), t_large = time_at(512, flops_large);
+  if (flops_large <= flops_small) return t_large;
+  const double per_flop = std::max(0.0, (t_large - t_small) / (flops_large - flops_small));
+  const double fixed = std::max(0.0, t_small - per_flop * flops_small);
+  return fixed + per_flop * useful_flops(p);
 }
 
 // "case n of N, elapsed, about M s left" on stderr when it is a terminal.
