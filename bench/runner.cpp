@@ -106,7 +106,7 @@ void run_one(benchmark::State& state, const Backend& backend, const Problem& p, 
   }
   RunOptions run{options.threads};
   double limit = options.max_seconds_per_call;
-  if (limit <= 0) limit = options.preset == "quick" ? 2.0 : options.preset == "full" ? 60.0 : 10.0;
+  if (limit <= 0) limit = options.preset == "quick" ? 2.0 : options.preset == "full" ? 60.0 : 5.0;
   double estimate = estimate_seconds(backend, p, run);
   if (estimate > limit) {
     state.SkipWithError(fmt::format("SKIP: about {:.0f} s per call, above the {:.0f} s limit", estimate, limit).c_str());
@@ -141,6 +141,7 @@ int run_benchmarks(const std::vector<std::unique_ptr<Backend>>& backends, const 
   const bool min_time_given = std::any_of(benchmark_args.begin(), benchmark_args.end(),
                                           [](const std::string& a) { return a.rfind("--benchmark_min_time", 0) == 0; });
   if (!min_time_given && options.preset == "quick") benchmark_args.push_back("--benchmark_min_time=0.2");
+  if (!min_time_given && options.preset == "standard") benchmark_args.push_back("--benchmark_min_time=0.1");
   if (!options.out.empty()) {
     benchmark_args.push_back("--benchmark_out=" + options.out);
     benchmark_args.push_back("--benchmark_out_format=json");

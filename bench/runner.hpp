@@ -17,7 +17,7 @@ struct BenchOptions {
   int threads = 0;
   // Skip a backend on a problem whose estimated time per call exceeds this
   // (the naive backend at long sequences), with the reason. 0: by preset
-  // (quick 2 s, standard 10 s, full 60 s).
+  // (quick 2 s, standard 5 s, full 60 s).
   double max_seconds_per_call = 0;
   std::string out;           // Google Benchmark JSON to this file (with the context block)
   bool measure_peak = true;  // put this machine's peaks in the context

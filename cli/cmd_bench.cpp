@@ -57,7 +57,7 @@ Runner add_bench_command(CLI::App& app) {
   cmd->add_option("--threads", options->threads, "Threads per backend (default: OMP_NUM_THREADS or all cores)");
   cmd->add_option("--out", options->out, "Write Google Benchmark JSON (with the environment context) to this file");
   cmd->add_flag("!--no-peak", options->measure_peak, "Skip measuring the machine's peaks for the context");
-  cmd->add_option("--max-seconds", options->max_seconds_per_call, "Skip a case whose estimated time per call is above this (default by preset: 2, 10, 60 s)");
+  cmd->add_option("--max-seconds", options->max_seconds_per_call, "Skip a case whose estimated time per call is above this (default by preset: 2, 5, 60 s)");
   cmd->allow_extras();
   return [cmd, options, names]() {
     auto backends = make_backends(*names);

@@ -87,6 +87,15 @@ struct Problem {
     }
     return true;
   }
+  // Keys [0, key_end) may be visible to query i: the causal rule and kv_len
+  // (kv_len_b: this batch entry's kv_len, or seq_k when there is none). Masks
+  // and bias may hide more inside that range, never beyond it.
+  std::int64_t key_end(std::int64_t i, std::int64_t kv_len_b) const {
+    std::int64_t end = kv_len_b < seq_k ? kv_len_b : seq_k;
+    if (causal == Causal::top_left && i + 1 < end) end = i + 1;
+    if (causal == Causal::bottom_right && i + seq_k - seq_q + 1 < end) end = i + seq_k - seq_q + 1;
+    return end > 0 ? end : 0;
+  }
   // Number of (query, key) pairs the causal rule leaves visible per head.
   std::int64_t causal_visible_pairs() const;
 };

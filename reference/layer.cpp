@@ -1,26 +1,14 @@
 #include "reference/layer.hpp"
 
+#include "reference/compensated_sum.hpp"
+
 #include <cmath>
 
 namespace attn {
 
 namespace {
 
-// out += a * b exactly split (Dot2), then Neumaier.
-struct Sum {
-  double sum = 0, carry = 0;
-  void add(double x) {
-    double t = sum + x;
-    carry += std::fabs(sum) >= std::fabs(x) ? (sum - t) + x : (x - t) + sum;
-    sum = t;
-  }
-  void add_product(double a, double b) {
-    double p = a * b;
-    carry += std::fma(a, b, -p);
-    add(p);
-  }
-  double value() const { return sum + carry; }
-};
+using Sum = CompensatedSum;
 
 CaseData exact_attention_inputs(const LayerData& layer) {
   const Problem& p = layer.problem;

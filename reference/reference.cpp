@@ -5,30 +5,11 @@
 #include <thread>
 
 #include "core/detmath.hpp"
+#include "reference/compensated_sum.hpp"
 
 namespace attn {
 
 namespace {
-
-// Neumaier's compensated sum.
-struct CompensatedSum {
-  double sum = 0, carry = 0;
-  void add(double x) {
-    double t = sum + x;
-    if (std::fabs(sum) >= std::fabs(x)) carry += (sum - t) + x;
-    else carry += (x - t) + sum;
-    sum = t;
-  }
-  // Adds a * b exactly split into its rounded product and the error (fma is
-  // correctly rounded by IEEE 754, so this is deterministic).
-  void add_product(double a, double b) {
-    double p = a * b;
-    double e = std::fma(a, b, -p);
-    add(p);
-    carry += e;
-  }
-  double value() const { return sum + carry; }
-};
 
 std::int64_t idx4(std::int64_t a, std::int64_t b, std::int64_t c, std::int64_t d, std::int64_t nb, std::int64_t nc,
                   std::int64_t nd) {

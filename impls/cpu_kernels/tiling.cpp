@@ -33,11 +33,7 @@ inline bf16 read_bf16(const TensorView& v, std::int64_t b, std::int64_t h, std::
 }
 
 std::int64_t row_key_end(const Problem& p, const AttentionIO& io, std::int64_t b, std::int64_t i) {
-  std::int64_t end = p.seq_k;
-  if (io.kv_len) end = std::min(end, io.kv_len[b]);
-  if (p.causal == Causal::top_left) end = std::min(end, i + 1);
-  if (p.causal == Causal::bottom_right) end = std::min(end, i + p.seq_k - p.seq_q + 1);
-  return std::max<std::int64_t>(end, 0);
+  return p.key_end(i, io.kv_len ? io.kv_len[b] : p.seq_k);
 }
 
 }  // namespace

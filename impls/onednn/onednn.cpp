@@ -180,11 +180,7 @@ class OneDnnPlan final : public Plan {
   void hide_keys(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t rows, std::vector<char>& hidden_rows) {
     for (std::int64_t r = 0; r < rows; ++r) {
       const std::int64_t i = i0 + r;
-      std::int64_t end = p_.seq_k;
-      if (io_.kv_len) end = std::min(end, io_.kv_len[b]);
-      if (p_.causal == Causal::top_left) end = std::min(end, i + 1);
-      if (p_.causal == Causal::bottom_right) end = std::min(end, i + p_.seq_k - p_.seq_q + 1);
-      end = std::max<std::int64_t>(end, 0);
+      const std::int64_t end = p_.key_end(i, io_.kv_len ? io_.kv_len[b] : p_.seq_k);
       float* row = s_.data() + r * p_.seq_k;
       std::fill(row + end, row + p_.seq_k, kNegInf);
       bool any = false;

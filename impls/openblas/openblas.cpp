@@ -93,11 +93,7 @@ class OpenBlasPlan final : public Plan {
   // Scores of one row in the log2 domain, hidden keys -inf, then exp2 and sum.
   void softmax_row(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t r) {
     float* row = s_.data() + r * p_.seq_k;
-    std::int64_t end = p_.seq_k;
-    if (io_.kv_len) end = std::min(end, io_.kv_len[b]);
-    if (p_.causal == Causal::top_left) end = std::min(end, i + 1);
-    if (p_.causal == Causal::bottom_right) end = std::min(end, i + p_.seq_k - p_.seq_q + 1);
-    end = std::max<std::int64_t>(end, 0);
+    const std::int64_t end = p_.key_end(i, io_.kv_len ? io_.kv_len[b] : p_.seq_k);
     const float scale = static_cast<float>(p_.scale) * kLog2e;
     float m = kNegInf;
     for (std::int64_t j = 0; j < p_.seq_k; ++j) {

@@ -47,13 +47,15 @@ def gflops_vs_seq(measurements, peaks):
         for m in rows:
             if (m.problem.head_dim, m.problem.causal, m.problem.dtype) == (head_dim, causal, dtype):
                 lines[(m.backend, m.host, m.problem.heads_q, m.problem.heads_kv)].append((m.problem.seq_q, m.gflops))
+        head_configs = {(hq, hkv) for (_, _, hq, hkv) in lines}
         for (backend, host, hq, hkv), points in sorted(lines.items()):
             points.sort()
             label = backend if len(hosts) == 1 else f"{backend} @ {host}"
-            if hkv != hq:
-                label += f" (GQA {hq}:{hkv})"
+            if len(head_configs) > 1:  # tell the head counts apart
+                label += f" ({hq} heads" + (f", GQA {hq}:{hkv})" if hkv != hq else ")")
+            style = "--" if hkv != hq else (":" if len(head_configs) > 1 and hq != min(h for h, _ in head_configs) else "-")
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", ms=4, color=_color(backend),
-                    linestyle="--" if hkv != hq else "-", label=label)
+                    linestyle=style, label=label)
         for host in hosts:
             peak = peaks.get(host, {}).get("bf16" if dtype == "bf16" else "fp32")
             if peak:
