@@ -45,6 +45,28 @@ template <typename Ptr> std::int64_t BasicTensorView<Ptr>::extent() const {
   return last + 1;
 }
 
+// Element `at` (an offset from the view's strides) widened to float, and a
+// float rounded into the view's dtype: for backends that widen inputs or
+// narrow results element by element.
+inline float load_float(const TensorView& v, std::int64_t at) {
+  switch (v.dtype) {
+    case DType::f32: return static_cast<const float*>(v.data)[at];
+    case DType::f16: return f16_to_float(static_cast<const f16*>(v.data)[at]);
+    case DType::bf16: return bf16_to_float(static_cast<const bf16*>(v.data)[at]);
+    case DType::f64: break;
+  }
+  return static_cast<float>(static_cast<const double*>(v.data)[at]);
+}
+inline void store_float(const MutableTensorView& v, std::int64_t at, float value) {
+  switch (v.dtype) {
+    case DType::f32: static_cast<float*>(v.data)[at] = value; return;
+    case DType::f16: static_cast<f16*>(v.data)[at] = float_to_f16(value); return;
+    case DType::bf16: static_cast<bf16*>(v.data)[at] = float_to_bf16(value); return;
+    case DType::f64: break;
+  }
+  static_cast<double*>(v.data)[at] = value;
+}
+
 // A uint8 mask (non-zero = attend) seen as [batch, heads_q, seq_q, seq_k].
 struct MaskView {
   const std::uint8_t* data = nullptr;

@@ -18,14 +18,7 @@ template <typename T> const T* typed(const TensorView& v) { return static_cast<c
 
 // Reads element (b, h, s, d) of a view as float.
 inline float read(const TensorView& v, std::int64_t b, std::int64_t h, std::int64_t s, std::int64_t d) {
-  const std::int64_t at = v.offset(b, h, s, d);
-  switch (v.dtype) {
-    case DType::f32: return typed<float>(v)[at];
-    case DType::f16: return f16_to_float(typed<f16>(v)[at]);
-    case DType::bf16: return bf16_to_float(typed<bf16>(v)[at]);
-    case DType::f64: return static_cast<float>(typed<double>(v)[at]);
-  }
-  return 0;
+  return load_float(v, v.offset(b, h, s, d));
 }
 
 inline bf16 read_bf16(const TensorView& v, std::int64_t b, std::int64_t h, std::int64_t s, std::int64_t d) {
@@ -176,13 +169,7 @@ void write_rows(const Problem& p, const Geometry& g, const AttentionIO& io, cons
     const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
     for (std::int64_t c = 0; c < p.head_dim_v; ++c) {
       const float value = o[r * g.dv_pad + c] * inv;
-      const std::int64_t at = out.offset(t.b, h, i, c);
-      switch (p.dtype) {
-        case DType::f32: static_cast<float*>(out.data)[at] = value; break;
-        case DType::f16: static_cast<f16*>(out.data)[at] = float_to_f16(value); break;
-        case DType::bf16: static_cast<bf16*>(out.data)[at] = float_to_bf16(value); break;
-        case DType::f64: static_cast<double*>(out.data)[at] = value; break;
-      }
+      store_float(out, out.offset(t.b, h, i, c), value);
     }
     if (io.lse) {
       const std::int64_t row = (t.b * p.heads_q + h) * p.seq_q + i;

@@ -34,15 +34,6 @@ template <typename Fn> auto checked(const char* what, Fn&& fn) {
   }
 }
 
-float read(const TensorView& v, std::int64_t at) {
-  switch (v.dtype) {
-    case DType::f32: return static_cast<const float*>(v.data)[at];
-    case DType::f16: return f16_to_float(static_cast<const f16*>(v.data)[at]);
-    case DType::bf16: return bf16_to_float(static_cast<const bf16*>(v.data)[at]);
-    case DType::f64: return static_cast<float>(static_cast<const double*>(v.data)[at]);
-  }
-  return 0;
-}
 
 // The two matmuls and the softmax for one block height.
 struct Primitives {
@@ -116,7 +107,7 @@ class OneDnnPlan final : public Plan {
         for (std::int64_t h = 0; h < v.shape[1]; ++h)
           for (std::int64_t s = 0; s < v.shape[2]; ++s)
             for (std::int64_t d = 0; d < v.shape[3]; ++d)
-              out[static_cast<std::size_t>(b * c[0] + h * c[1] + s * c[2] + d)] = read(v, v.offset(b, h, s, d));
+              out[static_cast<std::size_t>(b * c[0] + h * c[1] + s * c[2] + d)] = load_float(v, v.offset(b, h, s, d));
     };
     widen(io_.q, q32_);
     widen(io_.k, k32_);
@@ -187,7 +178,7 @@ class OneDnnPlan final : public Plan {
       for (std::int64_t j = 0; j < end; ++j) {
         if (!io_.mask.empty() && io_.mask.at(b, h, i, j) == 0) row[j] = kNegInf;
         if (!io_.bias.empty() && row[j] != kNegInf) {
-          const float bias = read(io_.bias, io_.bias.offset(b, h, i, j));
+          const float bias = load_float(io_.bias, io_.bias.offset(b, h, i, j));
           row[j] = std::isinf(bias) && bias < 0 ? kNegInf : row[j] + bias;
         }
         any = any || row[j] != kNegInf;
@@ -201,13 +192,7 @@ class OneDnnPlan final : public Plan {
       const bool hidden = !hidden_rows || (*hidden_rows)[static_cast<std::size_t>(r)];
       for (std::int64_t c = 0; c < p_.head_dim_v; ++c) {
         const float value = hidden ? 0.0f : o_[static_cast<std::size_t>(r * p_.head_dim_v + c)];
-        const std::int64_t at = io_.out.offset(b, h, i0 + r, c);
-        switch (p_.dtype) {
-          case DType::f32: static_cast<float*>(io_.out.data)[at] = value; break;
-          case DType::f16: static_cast<f16*>(io_.out.data)[at] = float_to_f16(value); break;
-          case DType::bf16: static_cast<bf16*>(io_.out.data)[at] = float_to_bf16(value); break;
-          case DType::f64: break;
-        }
+        store_float(io_.out, io_.out.offset(b, h, i0 + r, c), value);
       }
     }
   }

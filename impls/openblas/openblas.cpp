@@ -22,20 +22,11 @@ constexpr std::int64_t kRowBlock = 256;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kLog2e = 1.4426950408889634f;
 
-float read(const TensorView& v, std::int64_t at) {
-  switch (v.dtype) {
-    case DType::f32: return static_cast<const float*>(v.data)[at];
-    case DType::f16: return f16_to_float(static_cast<const f16*>(v.data)[at]);
-    case DType::bf16: return bf16_to_float(static_cast<const bf16*>(v.data)[at]);
-    case DType::f64: return static_cast<float>(static_cast<const double*>(v.data)[at]);
-  }
-  return 0;
-}
 
 // Copies [rows, cols] of head (b, h) into a dense float32 matrix.
 void widen(const TensorView& v, std::int64_t b, std::int64_t h, std::int64_t rows, std::int64_t cols, float* out) {
   for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t c = 0; c < cols; ++c) out[r * cols + c] = read(v, v.offset(b, h, r, c));
+    for (std::int64_t c = 0; c < cols; ++c) out[r * cols + c] = load_float(v, v.offset(b, h, r, c));
 }
 
 class OpenBlasPlan final : public Plan {
@@ -100,7 +91,7 @@ class OpenBlasPlan final : public Plan {
       float s = j < end ? row[j] * scale : kNegInf;
       if (j < end && !io_.mask.empty() && io_.mask.at(b, h, i, j) == 0) s = kNegInf;
       if (j < end && !io_.bias.empty()) {
-        const float bias = read(io_.bias, io_.bias.offset(b, h, i, j));
+        const float bias = load_float(io_.bias, io_.bias.offset(b, h, i, j));
         s = std::isinf(bias) && bias < 0 ? kNegInf : s + bias * kLog2e;
       }
       row[j] = s;
@@ -121,13 +112,7 @@ class OpenBlasPlan final : public Plan {
       const float inv = l > 0 ? 1.0f / l : 0.0f;
       for (std::int64_t c = 0; c < p_.head_dim_v; ++c) {
         const float value = o_[static_cast<std::size_t>(r * p_.head_dim_v + c)] * inv;
-        const std::int64_t at = io_.out.offset(b, h, i0 + r, c);
-        switch (p_.dtype) {
-          case DType::f32: static_cast<float*>(io_.out.data)[at] = value; break;
-          case DType::f16: static_cast<f16*>(io_.out.data)[at] = float_to_f16(value); break;
-          case DType::bf16: static_cast<bf16*>(io_.out.data)[at] = float_to_bf16(value); break;
-          case DType::f64: break;
-        }
+        store_float(io_.out, io_.out.offset(b, h, i0 + r, c), value);
       }
       if (io_.lse) {
         io_.lse[(b * p_.heads_q + h) * p_.seq_q + i0 + r] =
