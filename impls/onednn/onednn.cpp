@@ -39,6 +39,7 @@ template <typename Fn> auto checked(const char* what, Fn&& fn) {
 struct Primitives {
   dnnl::matmul scores, values;
   dnnl::softmax_forward softmax;
+  dnnl::reorder to_compute_type;  // P from float32 to bf16 (bfloat16 cases only)
   memory::desc q_md, k_md, s_md, p_md, v_md, o_md;
 };
 
@@ -96,6 +97,9 @@ class OneDnnPlan final : public Plan {
       pr.softmax = dnnl::softmax_forward(dnnl::softmax_forward::primitive_desc(
           dnnl::softmax_forward::desc(dnnl::prop_kind::forward_inference, pr.s_md, 1), engine_));
       pr.values = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(pr.p_md, pr.v_md, pr.o_md), engine_));
+      if (compute_type_ == memory::data_type::bf16) {
+        pr.to_compute_type = dnnl::reorder(dnnl::reorder::primitive_desc(engine_, pr.s_md, engine_, pr.p_md));
+      }
       return pr;
     });
   }
@@ -156,7 +160,7 @@ class OneDnnPlan final : public Plan {
     if (compute_type_ == memory::data_type::bf16) {
       p_mem = memory(pr.p_md, engine_, p16_.data());
       checked("reorder P to bf16", [&] {
-        dnnl::reorder(s_mem, p_mem).execute(stream_, s_mem, p_mem);
+        pr.to_compute_type.execute(stream_, s_mem, p_mem);
         stream_.wait();
       });
     }
