@@ -188,17 +188,20 @@ def decode_bandwidth(measurements, bandwidths):
 def thread_scaling(measurements):
     """GFLOP/s against thread count, when the results hold several."""
     groups = defaultdict(dict)
+    labels = {}
     for m in measurements:
         if m.gflops:
             groups[(m.backend, m.problem.text)][m.threads] = m.gflops
+            labels[m.problem.text] = m.problem.shape_label
     groups = {k: v for k, v in groups.items() if len(v) > 1}
     if not groups:
         return None
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for (backend, problem), points in sorted(groups.items()):
         xs = sorted(points)
-        ax.plot(xs, [points[x] for x in xs], marker="o", color=_color(backend), label=f"{backend} {problem[:40]}")
+        ax.plot(xs, [points[x] for x in xs], marker="o", color=_color(backend), label=f"{backend}: {labels[problem]}")
     ax.set_xlabel("threads")
+    ax.set_xticks(sorted({t for points in groups.values() for t in points}))
     ax.set_ylabel("useful GFLOP/s")
     ax.set_title("thread scaling", fontsize=10)
     ax.legend(fontsize=6)
