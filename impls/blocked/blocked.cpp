@@ -19,11 +19,7 @@ using cpu::QueryTile;
 constexpr std::int64_t kMaxTileRows = 48;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-struct Scratch {
-  cpu::HeadPack pack;
-  std::vector<float> q, scores, o, m, l, block_max;  // scores: [key_blocks][rows][64]
-  std::vector<bf16> q_bf16, p_bf16;
-};
+using Scratch = cpu::TileScratch;
 
 class BlockedPlan final : public Plan {
  public:
@@ -31,21 +27,7 @@ class BlockedPlan final : public Plan {
       : p_(p), io_(io), g_(Geometry::of(p, kMaxTileRows)), kernels_(cpu::best_kernels()), flaws_(flaws) {
     threads_ = resolve_threads(options.threads);
     scratch_.resize(static_cast<std::size_t>(threads_));
-    const auto rows = static_cast<std::size_t>(g_.tile_rows);
-    for (Scratch& s : scratch_) {
-      s.pack.reserve(p, g_);
-      if (g_.bf16_kernels) {
-        s.q_bf16.assign(rows * static_cast<std::size_t>(g_.head_dim_pairs * 2), bf16{});
-        s.p_bf16.assign(rows * kKeyBlock, bf16{});
-      } else {
-        s.q.assign(rows * static_cast<std::size_t>(p.head_dim), 0.0f);
-      }
-      s.scores.assign(rows * kKeyBlock * static_cast<std::size_t>(std::max<std::int64_t>(g_.key_blocks, 1)), 0.0f);
-      s.o.assign(rows * static_cast<std::size_t>(g_.dv_pad), 0.0f);
-      s.m.assign(rows, 0.0f);
-      s.l.assign(rows, 0.0f);
-      s.block_max.assign(rows, 0.0f);
-    }
+    for (Scratch& s : scratch_) s.reserve(p, g_, true, g_.key_blocks);  // scores of every key block
   }
 
   void run() override {
@@ -56,10 +38,7 @@ class BlockedPlan final : public Plan {
   bool has_lse() const override { return true; }
   std::size_t workspace_bytes() const override {
     std::size_t bytes = 0;
-    for (const Scratch& s : scratch_) {
-      bytes += s.pack.bytes() + (s.q.size() + s.scores.size() + s.o.size() + 3 * s.m.size()) * sizeof(float) +
-               (s.q_bf16.size() + s.p_bf16.size()) * sizeof(bf16);
-    }
+    for (const Scratch& s : scratch_) bytes += s.bytes();
     return bytes;
   }
 
@@ -128,10 +107,7 @@ class BlockedBackend final : public Backend {
   std::string_view capabilities() const override {
     return "float32, float16, bfloat16; every mask rule, GQA/MQA, any head_dim; lse; not float64";
   }
-  Status supports(const Problem& p) const override {
-    if (p.dtype == DType::f64) return Status::no("float64 is not implemented: the kernels accumulate in float32");
-    return Status::yes();
-  }
+  Status supports(const Problem& p) const override { return cpu::kernels_support(p); }
   std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& options) const override {
     return std::make_unique<BlockedPlan>(p, io, options, flaws_);
   }

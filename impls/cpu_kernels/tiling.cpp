@@ -106,6 +106,32 @@ void HeadPack::pack(const Problem& p, const Geometry& g, const AttentionIO& io, 
   }
 }
 
+Status kernels_support(const Problem& p) {
+  if (p.dtype == DType::f64) return Status::no("float64 is not implemented: the kernels accumulate in float32");
+  return Status::yes();
+}
+
+void TileScratch::reserve(const Problem& p, const Geometry& g, bool pack_kv, std::int64_t score_blocks) {
+  if (pack_kv) pack.reserve(p, g);
+  const auto rows = static_cast<std::size_t>(g.tile_rows);
+  if (g.bf16_kernels) {
+    q_bf16.assign(rows * static_cast<std::size_t>(g.head_dim_pairs * 2), bf16{});
+    p_bf16.assign(rows * kKeyBlock, bf16{});
+  } else {
+    q.assign(rows * static_cast<std::size_t>(p.head_dim), 0.0f);
+  }
+  scores.assign(rows * kKeyBlock * static_cast<std::size_t>(std::max<std::int64_t>(score_blocks, 1)), 0.0f);
+  o.assign(rows * static_cast<std::size_t>(g.dv_pad), 0.0f);
+  m.assign(rows, 0.0f);
+  l.assign(rows, 0.0f);
+  block_max.assign(rows, 0.0f);
+}
+
+std::size_t TileScratch::bytes() const {
+  return pack.bytes() + (q.size() + scores.size() + o.size() + m.size() + l.size() + block_max.size()) * sizeof(float) +
+         (q_bf16.size() + p_bf16.size()) * sizeof(bf16);
+}
+
 std::int64_t QueryTile::rows() const { return queries * group; }
 
 QueryTile query_tile(const Problem& p, const Geometry& g, std::int64_t index) {

@@ -50,6 +50,22 @@ class HeadPack {
   std::int64_t packed_b_ = -1, packed_g_ = -1, packed_first_ = -1, packed_end_ = -1;
 };
 
+// Whether the shared kernels handle a problem: everything but float64 (they
+// accumulate in float32). Both CPU tile backends answer supports() with this.
+Status kernels_support(const Problem& p);
+
+// One thread's scratch for tiles: packed K/V, the tile's Q, scores (one
+// 64-key block, or `score_blocks` of them side by side), P in bfloat16, the
+// output accumulators and per-row max, sum and block max. Allocated and
+// touched once in prepare.
+struct TileScratch {
+  HeadPack pack;
+  std::vector<float> q, scores, o, m, l, block_max;
+  std::vector<bf16> q_bf16, p_bf16;
+  void reserve(const Problem& p, const Geometry& g, bool pack_kv, std::int64_t score_blocks);
+  std::size_t bytes() const;
+};
+
 // The query rows of one tile: rows r = position * group + head-in-group.
 struct QueryTile {
   std::int64_t b = 0, kv_head = 0, first_query = 0, queries = 0;

@@ -20,11 +20,7 @@ constexpr std::int64_t kMaxTileRows = 96;
 constexpr std::int64_t kDirectRows = 8;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-struct Scratch {
-  cpu::HeadPack pack;
-  std::vector<float> q, s, o, m, l, block_max;
-  std::vector<bf16> q_bf16, p_bf16;
-};
+using Scratch = cpu::TileScratch;
 
 class StreamingPlan final : public Plan {
  public:
@@ -39,21 +35,7 @@ class StreamingPlan final : public Plan {
     direct_ = g_.tile_rows <= kDirectRows && p.dtype == DType::f32 && io.k.strides[3] == 1 && io.v.strides[3] == 1 &&
               p.head_dim_v == g_.dv_pad;
     scratch_.resize(static_cast<std::size_t>(threads_));
-    for (Scratch& s : scratch_) {
-      if (!direct_) s.pack.reserve(p, g_);
-      const auto rows = static_cast<std::size_t>(g_.tile_rows);
-      if (g_.bf16_kernels) {
-        s.q_bf16.assign(rows * static_cast<std::size_t>(g_.head_dim_pairs * 2), bf16{});
-        s.p_bf16.assign(rows * kKeyBlock, bf16{});
-      } else {
-        s.q.assign(rows * static_cast<std::size_t>(p.head_dim), 0.0f);
-      }
-      s.s.assign(rows * kKeyBlock, 0.0f);
-      s.o.assign(rows * static_cast<std::size_t>(g_.dv_pad), 0.0f);
-      s.m.assign(rows, 0.0f);
-      s.l.assign(rows, 0.0f);
-      s.block_max.assign(rows, 0.0f);
-    }
+    for (Scratch& s : scratch_) s.reserve(p, g_, !direct_, 1);
     if (chunks_ > 1) {
       const auto n = static_cast<std::size_t>(tiles_ * chunks_ * g_.tile_rows);
       partial_o_.assign(n * static_cast<std::size_t>(g_.dv_pad), 0.0f);
@@ -76,10 +58,7 @@ class StreamingPlan final : public Plan {
 
   std::size_t workspace_bytes() const override {
     std::size_t bytes = (partial_o_.size() + partial_m_.size() + partial_l_.size()) * sizeof(float);
-    for (const Scratch& s : scratch_) {
-      bytes += s.pack.bytes() + (s.q.size() + s.s.size() + s.o.size() + s.m.size() + s.l.size()) * sizeof(float) +
-               (s.q_bf16.size() + s.p_bf16.size()) * sizeof(bf16);
-    }
+    for (const Scratch& s : scratch_) bytes += s.bytes();
     return bytes;
   }
 
@@ -105,20 +84,20 @@ class StreamingPlan final : public Plan {
       const std::int64_t j0 = block * kKeyBlock;
       const std::int64_t keys = std::min(kKeyBlock, p_.seq_k - j0);
       if (direct) {
-        kernels_.qk_f32_direct(s.q.data(), rows, p_.head_dim, k_row(t, j0), io_.k.strides[2], keys, s.s.data());
+        kernels_.qk_f32_direct(s.q.data(), rows, p_.head_dim, k_row(t, j0), io_.k.strides[2], keys, s.scores.data());
       } else if (g_.bf16_kernels) {
-        kernels_.qk_bf16(s.q_bf16.data(), rows, g_.head_dim_pairs, s.pack.k_bf16(block), s.s.data());
+        kernels_.qk_bf16(s.q_bf16.data(), rows, g_.head_dim_pairs, s.pack.k_bf16(block), s.scores.data());
       } else {
-        kernels_.qk_f32(s.q.data(), rows, p_.head_dim, s.pack.k_f32(block), s.s.data());
+        kernels_.qk_f32(s.q.data(), rows, p_.head_dim, s.pack.k_f32(block), s.scores.data());
       }
-      cpu::finish_scores(p_, g_, io_, kernels_, t, j0, s.s.data(), s.block_max.data());
+      cpu::finish_scores(p_, g_, io_, kernels_, t, j0, s.scores.data(), s.block_max.data());
       for (std::int64_t r = 0; r < rows; ++r) online_softmax_row(s, r);
       if (g_.bf16_kernels) {
-        kernels_.to_bf16(s.s.data(), rows * kKeyBlock, s.p_bf16.data());
+        kernels_.to_bf16(s.scores.data(), rows * kKeyBlock, s.p_bf16.data());
         kernels_.pv_bf16(s.p_bf16.data(), rows, (keys + 1) / 2 * 2, s.pack.v_bf16(j0), g_.dv_pad, s.o.data());
       } else {
         const float* v = direct ? static_cast<const float*>(io_.v.data) + io_.v.offset(t.b, t.kv_head, j0, 0) : s.pack.v_f32(j0);
-        kernels_.pv_f32(s.s.data(), rows, keys, v, direct ? io_.v.strides[2] : s.pack.ldv(), g_.dv_pad, s.o.data());
+        kernels_.pv_f32(s.scores.data(), rows, keys, v, direct ? io_.v.strides[2] : s.pack.ldv(), g_.dv_pad, s.o.data());
       }
     }
     if (chunks_ == 1) {
@@ -136,9 +115,9 @@ class StreamingPlan final : public Plan {
   }
 
   // Folds the scores of one row of the current block into the running max,
-  // sum and output; the row of s.s becomes the block's probabilities.
+  // sum and output; the row of s.scores becomes the block's probabilities.
   void online_softmax_row(Scratch& s, std::int64_t r) {
-    float* row = s.s.data() + r * kKeyBlock;
+    float* row = s.scores.data() + r * kKeyBlock;
     const float block_max = s.block_max[static_cast<std::size_t>(r)];
     const float m_old = s.m[static_cast<std::size_t>(r)];
     const float m_new = std::max(m_old, block_max);
@@ -204,10 +183,7 @@ class StreamingBackend final : public Backend {
   std::string_view capabilities() const override {
     return "float32, float16, bfloat16; every mask rule, GQA/MQA, any head_dim; lse; not float64";
   }
-  Status supports(const Problem& p) const override {
-    if (p.dtype == DType::f64) return Status::no("float64 is not implemented: the kernels accumulate in float32");
-    return Status::yes();
-  }
+  Status supports(const Problem& p) const override { return cpu::kernels_support(p); }
   std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& options) const override {
     return std::make_unique<StreamingPlan>(p, io, options, flaws_);
   }
