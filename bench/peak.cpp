@@ -18,48 +18,54 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// 16 independent accumulators: enough to cover the FMA latency on two pipes.
-ATTN_AVX512 double fma_loop(std::int64_t iterations) {
-  __m512 a0 = _mm512_set1_ps(0.1f), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-  __m512 a8 = a0, a9 = a0, a10 = a0, a11 = a0, a12 = a0, a13 = a0, a14 = a0, a15 = a0;
-  const __m512 b = _mm512_set1_ps(0.9999f), c = _mm512_set1_ps(1e-6f);
-  for (std::int64_t n = 0; n < iterations; ++n) {
-    a0 = _mm512_fmadd_ps(a0, b, c); a1 = _mm512_fmadd_ps(a1, b, c); a2 = _mm512_fmadd_ps(a2, b, c);
-    a3 = _mm512_fmadd_ps(a3, b, c); a4 = _mm512_fmadd_ps(a4, b, c); a5 = _mm512_fmadd_ps(a5, b, c);
-    a6 = _mm512_fmadd_ps(a6, b, c); a7 = _mm512_fmadd_ps(a7, b, c); a8 = _mm512_fmadd_ps(a8, b, c);
-    a9 = _mm512_fmadd_ps(a9, b, c); a10 = _mm512_fmadd_ps(a10, b, c); a11 = _mm512_fmadd_ps(a11, b, c);
-    a12 = _mm512_fmadd_ps(a12, b, c); a13 = _mm512_fmadd_ps(a13, b, c); a14 = _mm512_fmadd_ps(a14, b, c);
-    a15 = _mm512_fmadd_ps(a15, b, c);
+// N independent accumulator chains, enough to cover the latency on every
+// pipe. Each chain starts from a value the compiler cannot see (the empty asm
+// below), so it cannot prove the chains equal and fold them into one: an
+// earlier version started them all from the same constant, GCC computed a
+// single chain, and the "peak" came out 16 times too high.
+template <int N> ATTN_AVX512 inline void opaque_start(__m512 (&acc)[N]) {
+  for (int i = 0; i < N; ++i) {
+    acc[i] = _mm512_set1_ps(0.001f * static_cast<float>(i + 1));
+    __asm__("" : "+v"(acc[i]));
   }
-  __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
-                           _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
-  s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)),
-                                     _mm512_add_ps(_mm512_add_ps(a12, a13), _mm512_add_ps(a14, a15))));
+}
+
+template <int N> ATTN_AVX512 inline double reduce(__m512 (&acc)[N]) {
+  __m512 s = acc[0];
+  for (int i = 1; i < N; ++i) s = _mm512_add_ps(s, acc[i]);
   return _mm512_reduce_add_ps(s);
 }
 
+constexpr int kChains = 24;
+
+ATTN_AVX512 double fma_loop(std::int64_t iterations) {
+  __m512 acc[kChains];
+  opaque_start(acc);
+  const __m512 b = _mm512_set1_ps(0.9999f), c = _mm512_set1_ps(1e-6f);
+  for (std::int64_t n = 0; n < iterations; ++n) {
+#pragma GCC unroll 24
+    for (int i = 0; i < kChains; ++i) acc[i] = _mm512_fmadd_ps(acc[i], b, c);
+  }
+  return reduce(acc);
+}
+
 ATTN_AVX512 double dot_loop(std::int64_t iterations) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-  __m512 a8 = a0, a9 = a0, a10 = a0, a11 = a0, a12 = a0, a13 = a0, a14 = a0, a15 = a0;
+  __m512 acc[kChains];
+  opaque_start(acc);
   const __m512bh b = (__m512bh)_mm512_set1_epi32(0x3C003C00);  // pairs of bf16 2^-7
   for (std::int64_t n = 0; n < iterations; ++n) {
-    a0 = _mm512_dpbf16_ps(a0, b, b); a1 = _mm512_dpbf16_ps(a1, b, b); a2 = _mm512_dpbf16_ps(a2, b, b);
-    a3 = _mm512_dpbf16_ps(a3, b, b); a4 = _mm512_dpbf16_ps(a4, b, b); a5 = _mm512_dpbf16_ps(a5, b, b);
-    a6 = _mm512_dpbf16_ps(a6, b, b); a7 = _mm512_dpbf16_ps(a7, b, b); a8 = _mm512_dpbf16_ps(a8, b, b);
-    a9 = _mm512_dpbf16_ps(a9, b, b); a10 = _mm512_dpbf16_ps(a10, b, b); a11 = _mm512_dpbf16_ps(a11, b, b);
-    a12 = _mm512_dpbf16_ps(a12, b, b); a13 = _mm512_dpbf16_ps(a13, b, b); a14 = _mm512_dpbf16_ps(a14, b, b);
-    a15 = _mm512_dpbf16_ps(a15, b, b);
+#pragma GCC unroll 24
+    for (int i = 0; i < kChains; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], b, b);
   }
-  __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
-                           _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
-  s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)),
-                                     _mm512_add_ps(_mm512_add_ps(a12, a13), _mm512_add_ps(a14, a15))));
-  return _mm512_reduce_add_ps(s);
+  return reduce(acc);
 }
 
 double portable_fma_loop(std::int64_t iterations) {
   float a[64];
-  for (float& x : a) x = 0.1f;
+  for (int i = 0; i < 64; ++i) {
+    a[i] = 0.001f * static_cast<float>(i + 1);
+    __asm__("" : "+m"(a[i]));
+  }
   for (std::int64_t n = 0; n < iterations; ++n)
     for (float& x : a) x = x * 0.9999f + 1e-6f;
   double s = 0;
@@ -108,10 +114,13 @@ MachinePeak measure_peak(int threads, double seconds_per_test) {
   peak.threads = resolve_threads(threads);
   ThreadPool& pool = ThreadPool::get(peak.threads);
   const bool avx512 = cpu::avx512_kernels() != nullptr;
-  peak.isa = avx512 ? "avx512_bf16" : "portable";
+  peak.isa = cpu::best_kernels().isa;
   if (avx512) {
-    peak.fp32_gflops = throughput(pool, seconds_per_test, 16.0 * 16 * 2, fma_loop) / 1e9;
-    peak.bf16_gflops = throughput(pool, seconds_per_test, 16.0 * 16 * 4, dot_loop) / 1e9;
+    peak.fp32_gflops = throughput(pool, seconds_per_test, kChains * 16.0 * 2, fma_loop) / 1e9;
+    peak.bf16_gflops = throughput(pool, seconds_per_test, kChains * 16.0 * 4, dot_loop) / 1e9;
+    if (cpu::amx_kernels()) {
+      peak.amx_bf16_gflops = throughput(pool, seconds_per_test, 4 * 16.0 * 16 * 32 * 2, cpu::amx_peak_loop) / 1e9;
+    }
   } else {
     peak.fp32_gflops = throughput(pool, seconds_per_test, 64.0 * 2, portable_fma_loop) / 1e9;
   }

@@ -157,6 +157,7 @@ int run_benchmarks(const std::vector<std::unique_ptr<Backend>>& backends, const 
     MachinePeak peak = measure_peak(options.threads);
     benchmark::AddCustomContext("attn_peak_fp32_gflops", fmt::format("{:.1f}", peak.fp32_gflops));
     benchmark::AddCustomContext("attn_peak_bf16_gflops", fmt::format("{:.1f}", peak.bf16_gflops));
+    benchmark::AddCustomContext("attn_peak_amx_bf16_gflops", fmt::format("{:.1f}", peak.amx_bf16_gflops));
     benchmark::AddCustomContext("attn_peak_bandwidth_gbs", fmt::format("{:.1f}", peak.bandwidth_gbs));
   }
   static Progress progress;

@@ -21,10 +21,12 @@ Runner add_peak_command(CLI::App& app) {
     fmt::print("threads              {}\nkernels              {}\nfp32 FMA peak        {:.1f} GFLOP/s\n", peak.threads,
                peak.isa, peak.fp32_gflops);
     if (peak.bf16_gflops > 0) fmt::print("bf16 dot peak        {:.1f} GFLOP/s\n", peak.bf16_gflops);
+    if (peak.amx_bf16_gflops > 0) fmt::print("bf16 AMX peak        {:.1f} GFLOP/s\n", peak.amx_bf16_gflops);
     fmt::print("memory bandwidth     {:.1f} GB/s\n", peak.bandwidth_gbs);
     if (!out->empty()) {
       nlohmann::json doc = {{"threads", peak.threads}, {"isa", peak.isa}, {"fp32_gflops", peak.fp32_gflops},
-                            {"bf16_gflops", peak.bf16_gflops}, {"bandwidth_gbs", peak.bandwidth_gbs}};
+                            {"bf16_gflops", peak.bf16_gflops},
+                            {"amx_bf16_gflops", peak.amx_bf16_gflops}, {"bandwidth_gbs", peak.bandwidth_gbs}};
       std::ofstream file(*out);
       if (!file) throw Error(fmt::format("{}: cannot write", *out));
       file << doc.dump(2) << "\n";

@@ -84,6 +84,75 @@ TEST(CpuBackends, StreamingIsBitwiseReproducibleAtAFixedThreadCount) {
   }
 }
 
+// The decode kernel reduces 16 dot products at once and scatters them: every
+// row count (1, 2, 4 and 8 per group, partial groups) and key tail must land
+// each sum in its own place, and leave the columns past `keys` alone.
+TEST(CpuKernels, DirectDecodeKernelAgreesWithPortable) {
+  const cpu::Kernels* avx = cpu::avx512_kernels();
+  if (!avx) GTEST_SKIP() << "this CPU lacks AVX-512 BF16: only the portable kernels run here";
+  const cpu::Kernels& portable = cpu::portable_kernels();
+  std::mt19937 gen(5);
+  std::normal_distribution<float> normal;
+  const std::int64_t head_dim = 40, ldk = 48;
+  std::vector<float> q(13 * head_dim), k(64 * ldk);
+  for (auto* a : {&q, &k})
+    for (float& x : *a) x = normal(gen);
+  for (std::int64_t rows : {1, 2, 3, 4, 5, 8, 9, 13}) {
+    for (std::int64_t keys : {1, 7, 16, 33, 64}) {
+      std::vector<float> s1(rows * 64, 7.0f), s2(rows * 64, 7.0f);
+      avx->qk_f32_direct(q.data(), rows, head_dim, k.data(), ldk, keys, s1.data());
+      portable.qk_f32_direct(q.data(), rows, head_dim, k.data(), ldk, keys, s2.data());
+      for (std::int64_t r = 0; r < rows; ++r) {
+        for (std::int64_t j = 0; j < 64; ++j) {
+          const std::size_t e = static_cast<std::size_t>(r * 64 + j);
+          if (j >= keys) EXPECT_EQ(s1[e], 7.0f) << "rows " << rows << " keys " << keys << " wrote past keys at " << r << "," << j;
+          else EXPECT_NEAR(s1[e], s2[e], 1e-4f) << "rows " << rows << " keys " << keys << " at " << r << "," << j;
+        }
+      }
+    }
+  }
+}
+
+// AMX products work on whole 16-row tiles and 16-pair steps; with the padding
+// Geometry gives them (zero pairs past head_dim, room for 16-row tiles) they
+// must agree with the AVX-512 vdpbf16ps kernels on every real row.
+TEST(CpuKernels, AmxAndAvx512Agree) {
+  const cpu::Kernels* amx = cpu::amx_kernels();
+  if (!amx) GTEST_SKIP() << "no AMX-BF16 here (or Linux refused the tile state): the AVX-512 kernels run instead";
+  const cpu::Kernels& avx = *cpu::avx512_kernels();
+  EXPECT_EQ(amx->bf16_rows_align, 16);
+  EXPECT_EQ(amx->bf16_pairs_align, 16);
+  std::mt19937 gen(11);
+  std::normal_distribution<float> normal;
+  const std::int64_t pairs = 48, dv_pad = 80;  // head_dim 90 padded to 96; dv 80 = 2.5 column pairs
+  for (std::int64_t rows : {1, 13, 16, 17, 40, 96}) {
+    const std::int64_t padded = (rows + 15) / 16 * 16;
+    std::vector<float> qf(padded * pairs * 2), kf(pairs * 2 * 64), pf(padded * 64), vf(64 * dv_pad);
+    for (auto* a : {&qf, &kf, &pf, &vf})
+      for (float& x : *a) x = normal(gen);
+    for (std::int64_t r = 0; r < padded; ++r)
+      for (std::int64_t d = 90; d < pairs * 2; ++d) qf[r * pairs * 2 + d] = 0.0f;
+    std::vector<bf16> qb(qf.size()), kb(kf.size()), pb(pf.size()), vb(vf.size());
+    avx.to_bf16(qf.data(), static_cast<std::int64_t>(qf.size()), qb.data());
+    avx.to_bf16(kf.data(), static_cast<std::int64_t>(kf.size()), kb.data());
+    avx.to_bf16(pf.data(), static_cast<std::int64_t>(pf.size()), pb.data());
+    avx.to_bf16(vf.data(), static_cast<std::int64_t>(vf.size()), vb.data());
+    std::vector<float> s1(padded * 64), s2(padded * 64);
+    amx->qk_bf16(qb.data(), rows, pairs, kb.data(), s1.data());
+    avx.qk_bf16(qb.data(), rows, pairs, kb.data(), s2.data());
+    for (std::int64_t e = 0; e < rows * 64; ++e) EXPECT_NEAR(s1[e], s2[e], 1e-3f * (1 + std::abs(s2[e]))) << rows << " rows, at " << e;
+    for (std::int64_t keys : {64, 38, 2}) {
+      std::vector<float> o1(padded * dv_pad, 0.25f), o2(padded * dv_pad, 0.25f);
+      std::vector<bf16> p = pb;
+      for (std::int64_t r = 0; r < padded; ++r)
+        for (std::int64_t j = keys; j < 64; ++j) p[r * 64 + j] = bf16{};  // P is 0 past the block's keys
+      amx->pv_bf16(p.data(), rows, keys, vb.data(), dv_pad, o1.data());
+      avx.pv_bf16(p.data(), rows, keys, vb.data(), dv_pad, o2.data());
+      for (std::int64_t e = 0; e < rows * dv_pad; ++e) EXPECT_NEAR(o1[e], o2[e], 1e-3f * (1 + std::abs(o2[e]))) << rows << " rows, " << keys << " keys, at " << e;
+    }
+  }
+}
+
 TEST(CpuKernels, Avx512AndPortableAgree) {
   const cpu::Kernels* avx = cpu::avx512_kernels();
   if (!avx) GTEST_SKIP() << "this CPU lacks AVX-512 BF16: only the portable kernels run here";

@@ -24,7 +24,7 @@ using Scratch = cpu::TileScratch;
 class BlockedPlan final : public Plan {
  public:
   BlockedPlan(const Problem& p, const AttentionIO& io, const RunOptions& options, const BlockedFlaws& flaws)
-      : p_(p), io_(io), g_(Geometry::of(p, kMaxTileRows)), kernels_(cpu::best_kernels()), flaws_(flaws) {
+      : p_(p), io_(io), kernels_(cpu::best_kernels()), g_(Geometry::of(p, kMaxTileRows, kernels_)), flaws_(flaws) {
     threads_ = resolve_threads(options.threads);
     scratch_.resize(static_cast<std::size_t>(threads_));
     for (Scratch& s : scratch_) s.reserve(p, g_, true, g_.key_blocks);  // scores of every key block
@@ -52,7 +52,7 @@ class BlockedPlan final : public Plan {
     std::fill_n(s.m.begin(), rows, kNegInf);
     // Pass 1: every score of the row block, and the exact row maxima.
     for (std::int64_t block = 0; block < end_block; ++block) {
-      float* tile_scores = s.scores.data() + block * g_.tile_rows * kKeyBlock;
+      float* tile_scores = s.scores.data() + block * g_.scratch_rows * kKeyBlock;
       if (g_.bf16_kernels) kernels_.qk_bf16(s.q_bf16.data(), rows, g_.head_dim_pairs, s.pack.k_bf16(block), tile_scores);
       else kernels_.qk_f32(s.q.data(), rows, p_.head_dim, s.pack.k_f32(block), tile_scores);
       const bool tail = block * kKeyBlock + kKeyBlock > p_.seq_k;
@@ -70,7 +70,7 @@ class BlockedPlan final : public Plan {
     std::fill_n(s.l.begin(), rows, 0.0f);
     std::fill_n(s.o.begin(), rows * g_.dv_pad, 0.0f);
     for (std::int64_t block = 0; block < end_block; ++block) {
-      float* tile_scores = s.scores.data() + block * g_.tile_rows * kKeyBlock;
+      float* tile_scores = s.scores.data() + block * g_.scratch_rows * kKeyBlock;
       for (std::int64_t r = 0; r < rows; ++r) {
         float* row = tile_scores + r * kKeyBlock;
         if (s.m[r] == kNegInf) std::fill_n(row, kKeyBlock, 0.0f);
@@ -79,7 +79,7 @@ class BlockedPlan final : public Plan {
       const std::int64_t j0 = block * kKeyBlock;
       const std::int64_t keys = std::min(kKeyBlock, p_.seq_k - j0);
       if (g_.bf16_kernels) {
-        kernels_.to_bf16(tile_scores, rows * kKeyBlock, s.p_bf16.data());
+        cpu::probabilities_bf16(kernels_, g_, tile_scores, rows, s.p_bf16.data());
         kernels_.pv_bf16(s.p_bf16.data(), rows, (keys + 1) / 2 * 2, s.pack.v_bf16(j0), g_.dv_pad, s.o.data());
       } else {
         kernels_.pv_f32(tile_scores, rows, keys, s.pack.v_f32(j0), s.pack.ldv(), g_.dv_pad, s.o.data());
@@ -90,8 +90,8 @@ class BlockedPlan final : public Plan {
 
   Problem p_;
   AttentionIO io_;
-  Geometry g_;
   const cpu::Kernels& kernels_;
+  Geometry g_;
   BlockedFlaws flaws_;
   int threads_ = 1;
   std::vector<Scratch> scratch_;

@@ -1,8 +1,9 @@
 // Micro-kernels shared by the blocked and streaming CPU backends: a tile of
 // Q K^T, a tile of P V, and exp2 with a row sum, in float32 and (for Q K^T and
-// P V) bfloat16 dot products. Two implementations: AVX-512 (+BF16) intrinsics
-// and portable C++; `best_kernels()` picks one at run time from the CPU's
-// features (ATTN_CPU_ISA=portable forces the portable one).
+// P V) bfloat16 dot products. Three implementations: AMX tiles for the
+// bfloat16 products (with AVX-512 for the rest), AVX-512 (+BF16) intrinsics,
+// and portable C++; `best_kernels()` picks the first the CPU and OS allow
+// (ATTN_CPU_ISA=avx512 or =portable forces one of the others).
 //
 // Layouts (kKeyBlock = 64 keys per tile):
 //   Q   float32 [rows][head_dim], or bfloat16 [rows][head_dim_pairs * 2]
@@ -26,7 +27,10 @@ struct Kernels {
   const char* isa;
   // S[r][j] = sum_d Q[r][d] * Kp[d][j] for r < rows, j < 64.
   void (*qk_f32)(const float* q, std::int64_t rows, std::int64_t head_dim, const float* kp, float* s);
-  // Same over bfloat16 pairs; head_dim_pairs = ceil(head_dim / 2).
+  // Same over bfloat16 pairs; head_dim_pairs = ceil(head_dim / 2) rounded up to
+  // bf16_pairs_align (the padding is zero in Q and Kp). The bfloat16 kernels
+  // work on round_up(rows, bf16_rows_align) rows: q, s, p and o must have room
+  // for them (what they compute there is never read).
   void (*qk_bf16)(const bf16* q, std::int64_t rows, std::int64_t head_dim_pairs, const bf16* kp, float* s);
   // O[r][c] += sum_{j < keys} P[r][j] * V[j][c] for c < dv_pad.
   void (*pv_f32)(const float* p, std::int64_t rows, std::int64_t keys, const float* v, std::int64_t ldv,
@@ -43,10 +47,17 @@ struct Kernels {
   float (*scale_row)(float* x, float scale, std::int64_t visible);
   // out[j] = bfloat16(x[j]), round to nearest even, j < n.
   void (*to_bf16)(const float* x, std::int64_t n, bf16* out);
+  std::int64_t bf16_rows_align = 1;
+  std::int64_t bf16_pairs_align = 1;
 };
 
 const Kernels& best_kernels();
 const Kernels& portable_kernels();
 const Kernels* avx512_kernels();  // nullptr when the CPU lacks AVX-512F/BW/BF16
+const Kernels* amx_kernels();     // nullptr without AMX-BF16, or when Linux refuses the tile state
+
+// For `attn peak` only: `iterations` x 4 back-to-back TDPBF16PS (16 x 16 x 32
+// products each); call only when amx_kernels() is not nullptr.
+double amx_peak_loop(std::int64_t iterations);
 
 }  // namespace attn::cpu

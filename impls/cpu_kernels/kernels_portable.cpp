@@ -5,6 +5,11 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
 
 #include "impls/cpu_kernels/kernels.hpp"
 
@@ -100,11 +105,19 @@ const Kernels kPortable{"portable", qk_f32, qk_bf16, pv_f32, pv_bf16, exp2_sum, 
 const Kernels& portable_kernels() { return kPortable; }
 
 const Kernels& best_kernels() {
-  static const Kernels* chosen = [] {
-    const char* forced = std::getenv("ATTN_CPU_ISA");
-    if (forced && std::strcmp(forced, "portable") == 0) return &kPortable;
+  static const Kernels* chosen = []() -> const Kernels* {
+    const char* env = std::getenv("ATTN_CPU_ISA");
+    const std::string forced = env ? env : "";
+    const Kernels* amx = amx_kernels();
     const Kernels* avx = avx512_kernels();
-    return avx ? avx : &kPortable;
+    if (forced.empty()) return amx ? amx : avx ? avx : &kPortable;
+    if (forced == "portable") return &kPortable;
+    if (forced == "avx512" && avx) return avx;
+    if (forced == "amx" && amx) return amx;
+    if (forced == "avx512" || forced == "amx") {
+      throw Error(fmt::format("ATTN_CPU_ISA={}: this CPU (or the OS) does not allow it; leave it unset to pick the best", forced));
+    }
+    throw Error(fmt::format("ATTN_CPU_ISA={}: expected amx, avx512 or portable", forced));
   }();
   return *chosen;
 }

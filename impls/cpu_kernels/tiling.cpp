@@ -16,13 +16,31 @@ std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m *
 
 template <typename T> const T* typed(const TensorView& v) { return static_cast<const T*>(v.data); }
 
-// Reads element (b, h, s, d) of a view as float.
-inline float read(const TensorView& v, std::int64_t b, std::int64_t h, std::int64_t s, std::int64_t d) {
-  return load_float(v, v.offset(b, h, s, d));
-}
-
-inline bf16 read_bf16(const TensorView& v, std::int64_t b, std::int64_t h, std::int64_t s, std::int64_t d) {
-  return typed<bf16>(v)[v.offset(b, h, s, d)];
+// Row (b, h, s) of a view, its first n elements widened to float. One offset
+// per row and a switch per row, not per element: packing runs once per head
+// and would otherwise cost as much as the products it feeds.
+void read_row(const TensorView& v, std::int64_t b, std::int64_t h, std::int64_t s, std::int64_t n, float* out) {
+  const std::int64_t base = v.offset(b, h, s, 0), step = v.strides[3];
+  switch (v.dtype) {
+    case DType::f32: {
+      const float* x = typed<float>(v) + base;
+      if (step == 1) std::memcpy(out, x, static_cast<std::size_t>(n) * sizeof(float));
+      else for (std::int64_t d = 0; d < n; ++d) out[d] = x[d * step];
+      return;
+    }
+    case DType::f16: {
+      const f16* x = typed<f16>(v) + base;
+      for (std::int64_t d = 0; d < n; ++d) out[d] = f16_to_float(x[d * step]);
+      return;
+    }
+    case DType::bf16: {
+      const bf16* x = typed<bf16>(v) + base;
+      for (std::int64_t d = 0; d < n; ++d) out[d] = bf16_to_float(x[d * step]);
+      return;
+    }
+    default:
+      for (std::int64_t d = 0; d < n; ++d) out[d] = load_float(v, base + d * step);
+  }
 }
 
 std::int64_t row_key_end(const Problem& p, const AttentionIO& io, std::int64_t b, std::int64_t i) {
@@ -31,16 +49,21 @@ std::int64_t row_key_end(const Problem& p, const AttentionIO& io, std::int64_t b
 
 }  // namespace
 
-Geometry Geometry::of(const Problem& p, std::int64_t max_tile_rows) {
+Geometry Geometry::of(const Problem& p, std::int64_t max_tile_rows, const Kernels& kernels) {
   Geometry g;
   g.group = p.group_size();
   g.tile_queries = std::clamp<std::int64_t>(max_tile_rows / g.group, 1, p.seq_q);
   g.tile_rows = g.tile_queries * g.group;
   g.query_tiles = (p.seq_q + g.tile_queries - 1) / g.tile_queries;
   g.key_blocks = (p.seq_k + kKeyBlock - 1) / kKeyBlock;
-  g.head_dim_pairs = (p.head_dim + 1) / 2;
-  g.dv_pad = round_up(p.head_dim_v, 16);
   g.bf16_kernels = p.dtype == DType::bf16;
+  g.head_dim_pairs = (p.head_dim + 1) / 2;
+  g.scratch_rows = g.tile_rows;
+  if (g.bf16_kernels) {
+    g.head_dim_pairs = round_up(g.head_dim_pairs, kernels.bf16_pairs_align);
+    g.scratch_rows = round_up(g.tile_rows, kernels.bf16_rows_align);
+  }
+  g.dv_pad = round_up(p.head_dim_v, 16);
   g.score_scale = static_cast<float>(p.scale * 1.4426950408889634);
   return g;
 }
@@ -54,13 +77,14 @@ void HeadPack::reserve(const Problem& p, const Geometry& g) {
   } else {
     k_stride_ = p.head_dim;
     k_f32_.assign(static_cast<std::size_t>(keys * p.head_dim), 0.0f);
+    row_.assign(static_cast<std::size_t>(p.head_dim), 0.0f);
     const bool direct = p.dtype == DType::f32 && p.head_dim_v == g.dv_pad;
     if (!direct) v_f32_.assign(static_cast<std::size_t>(keys * g.dv_pad), 0.0f);
   }
 }
 
 std::size_t HeadPack::bytes() const {
-  return (k_f32_.size() + v_f32_.size()) * sizeof(float) + (k_bf16_.size() + v_bf16_.size()) * sizeof(bf16);
+  return (k_f32_.size() + v_f32_.size() + row_.size()) * sizeof(float) + (k_bf16_.size() + v_bf16_.size()) * sizeof(bf16);
 }
 
 void HeadPack::pack(const Problem& p, const Geometry& g, const AttentionIO& io, std::int64_t b, std::int64_t kv_head,
@@ -69,28 +93,35 @@ void HeadPack::pack(const Problem& p, const Geometry& g, const AttentionIO& io, 
   packed_b_ = b, packed_g_ = kv_head, packed_first_ = first_block, packed_end_ = end_block;
   first_ = first_block;
   const std::int64_t j_begin = first_block * kKeyBlock, j_end = end_block * kKeyBlock;
+  const std::int64_t j_real = std::min(j_end, p.seq_k);
+  // Padding columns (dims past head_dim, V columns past head_dim_v) are zero
+  // from reserve() and never written; keys past seq_k are zeroed here, since
+  // another range may have put a real key in the same slot.
   if (g.bf16_kernels) {
     ldv_ = g.dv_pad;
+    const std::int64_t ks = io.k.strides[3], vs = io.v.strides[3];
     for (std::int64_t j = j_begin; j < j_end; ++j) {
-      const bool real = j < p.seq_k;
+      const std::int64_t slot = j % kKeyBlock;
       bf16* kblock = k_bf16_.data() + ((j / kKeyBlock) - first_) * kKeyBlock * k_stride_ * 2;
-      for (std::int64_t d = 0; d < k_stride_ * 2; ++d) {
-        kblock[(d / 2) * kKeyBlock * 2 + (j % kKeyBlock) * 2 + (d % 2)] =
-            real && d < p.head_dim ? read_bf16(io.k, b, kv_head, j, d) : bf16{};
+      bf16* vpair = v_bf16_.data() + ((j - j_begin) / 2) * g.dv_pad * 2 + (j % 2);
+      if (j >= j_real) {
+        for (std::int64_t d = 0; d < p.head_dim; ++d) kblock[(d / 2) * kKeyBlock * 2 + slot * 2 + (d % 2)] = bf16{};
+        for (std::int64_t c = 0; c < p.head_dim_v; ++c) vpair[c * 2] = bf16{};
+        continue;
       }
-      bf16* vpair = v_bf16_.data() + ((j - j_begin) / 2) * g.dv_pad * 2;
-      for (std::int64_t c = 0; c < g.dv_pad; ++c) {
-        vpair[c * 2 + (j % 2)] = real && c < p.head_dim_v ? read_bf16(io.v, b, kv_head, j, c) : bf16{};
-      }
+      const bf16* krow = typed<bf16>(io.k) + io.k.offset(b, kv_head, j, 0);
+      for (std::int64_t d = 0; d < p.head_dim; ++d) kblock[(d / 2) * kKeyBlock * 2 + slot * 2 + (d % 2)] = krow[d * ks];
+      const bf16* vrow = typed<bf16>(io.v) + io.v.offset(b, kv_head, j, 0);
+      for (std::int64_t c = 0; c < p.head_dim_v; ++c) vpair[c * 2] = vrow[c * vs];
     }
     return;
   }
+  float* row = row_.data();
   for (std::int64_t j = j_begin; j < j_end; ++j) {
-    const bool real = j < p.seq_k;
-    float* kblock = k_f32_.data() + ((j / kKeyBlock) - first_) * kKeyBlock * k_stride_;
-    for (std::int64_t d = 0; d < p.head_dim; ++d) {
-      kblock[d * kKeyBlock + (j % kKeyBlock)] = real ? read(io.k, b, kv_head, j, d) : 0.0f;
-    }
+    float* kblock = k_f32_.data() + ((j / kKeyBlock) - first_) * kKeyBlock * k_stride_ + j % kKeyBlock;
+    if (j < j_real) read_row(io.k, b, kv_head, j, p.head_dim, row);
+    else std::fill_n(row, p.head_dim, 0.0f);
+    for (std::int64_t d = 0; d < p.head_dim; ++d) kblock[d * kKeyBlock] = row[d];
   }
   if (v_f32_.empty() && io.v.strides[3] == 1) {
     v_direct_ = typed<float>(io.v) + io.v.offset(b, kv_head, 0, 0);
@@ -101,8 +132,9 @@ void HeadPack::pack(const Problem& p, const Geometry& g, const AttentionIO& io, 
   if (v_f32_.empty()) v_f32_.assign(static_cast<std::size_t>(g.key_blocks * kKeyBlock * g.dv_pad), 0.0f);
   ldv_ = g.dv_pad;
   for (std::int64_t j = j_begin; j < j_end; ++j) {
-    float* row = v_f32_.data() + (j - j_begin) * g.dv_pad;
-    for (std::int64_t c = 0; c < g.dv_pad; ++c) row[c] = j < p.seq_k && c < p.head_dim_v ? read(io.v, b, kv_head, j, c) : 0.0f;
+    float* vrow = v_f32_.data() + (j - j_begin) * g.dv_pad;
+    if (j < j_real) read_row(io.v, b, kv_head, j, p.head_dim_v, vrow);
+    else std::fill_n(vrow, p.head_dim_v, 0.0f);
   }
 }
 
@@ -113,7 +145,7 @@ Status kernels_support(const Problem& p) {
 
 void TileScratch::reserve(const Problem& p, const Geometry& g, bool pack_kv, std::int64_t score_blocks) {
   if (pack_kv) pack.reserve(p, g);
-  const auto rows = static_cast<std::size_t>(g.tile_rows);
+  const auto rows = static_cast<std::size_t>(g.scratch_rows);
   if (g.bf16_kernels) {
     q_bf16.assign(rows * static_cast<std::size_t>(g.head_dim_pairs * 2), bf16{});
     p_bf16.assign(rows * kKeyBlock, bf16{});
@@ -150,12 +182,12 @@ void pack_queries(const Problem& p, const Geometry& g, const AttentionIO& io, co
                   bf16* q_bf16) {
   for (std::int64_t r = 0; r < t.rows(); ++r) {
     const std::int64_t h = t.head(g, r), i = t.query(g, r);
-    if (g.bf16_kernels) {
+    if (g.bf16_kernels) {  // the padding past head_dim stays zero from TileScratch::reserve
+      const bf16* x = typed<bf16>(io.q) + io.q.offset(t.b, h, i, 0);
       bf16* row = q_bf16 + r * g.head_dim_pairs * 2;
-      for (std::int64_t d = 0; d < g.head_dim_pairs * 2; ++d) row[d] = d < p.head_dim ? read_bf16(io.q, t.b, h, i, d) : bf16{};
+      for (std::int64_t d = 0; d < p.head_dim; ++d) row[d] = x[d * io.q.strides[3]];
     } else {
-      float* row = q_f32 + r * p.head_dim;
-      for (std::int64_t d = 0; d < p.head_dim; ++d) row[d] = read(io.q, t.b, h, i, d);
+      read_row(io.q, t.b, h, i, p.head_dim, q_f32 + r * p.head_dim);
     }
   }
 }
@@ -179,7 +211,7 @@ void finish_scores(const Problem& p, const Geometry& g, const AttentionIO& io, c
     }
     if (!io.bias.empty()) {
       for (std::int64_t j = 0; j < end; ++j) {
-        const float bias = read(io.bias, t.b, h, i, j0 + j);
+        const float bias = load_float(io.bias, io.bias.offset(t.b, h, i, j0 + j));
         row[j] = std::isinf(bias) && bias < 0 ? kNegInf : row[j] + bias * kLog2e;
       }
     }
@@ -187,15 +219,29 @@ void finish_scores(const Problem& p, const Geometry& g, const AttentionIO& io, c
   }
 }
 
+void probabilities_bf16(const Kernels& kernels, const Geometry& g, const float* p, std::int64_t rows, bf16* out) {
+  kernels.to_bf16(p, rows * kKeyBlock, out);
+  std::fill(out + rows * kKeyBlock, out + g.scratch_rows * kKeyBlock, bf16{});
+}
+
 void write_rows(const Problem& p, const Geometry& g, const AttentionIO& io, const QueryTile& t, const float* o,
                 const float* m, const float* l) {
   const MutableTensorView& out = io.out;
+  const std::int64_t step = out.strides[3];
   for (std::int64_t r = 0; r < t.rows(); ++r) {
     const std::int64_t h = t.head(g, r), i = t.query(g, r);
     const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
-    for (std::int64_t c = 0; c < p.head_dim_v; ++c) {
-      const float value = o[r * g.dv_pad + c] * inv;
-      store_float(out, out.offset(t.b, h, i, c), value);
+    const float* acc = o + r * g.dv_pad;
+    const std::int64_t base = out.offset(t.b, h, i, 0);
+    switch (out.dtype) {
+      case DType::f32:
+        for (std::int64_t c = 0; c < p.head_dim_v; ++c) static_cast<float*>(out.data)[base + c * step] = acc[c] * inv;
+        break;
+      case DType::bf16:
+        for (std::int64_t c = 0; c < p.head_dim_v; ++c) static_cast<bf16*>(out.data)[base + c * step] = float_to_bf16(acc[c] * inv);
+        break;
+      default:
+        for (std::int64_t c = 0; c < p.head_dim_v; ++c) store_float(out, base + c * step, acc[c] * inv);
     }
     if (io.lse) {
       const std::int64_t row = (t.b * p.heads_q + h) * p.seq_q + i;

@@ -17,13 +17,14 @@ struct Geometry {
   std::int64_t group = 1;          // query heads per kv head
   std::int64_t tile_queries = 1;   // query positions per tile; rows = tile_queries * group
   std::int64_t tile_rows = 1;      // max rows of a tile
+  std::int64_t scratch_rows = 1;   // tile_rows rounded up to what the kernels touch
   std::int64_t query_tiles = 1;    // per (batch, kv head)
   std::int64_t key_blocks = 0;     // ceil(seq_k / 64)
   std::int64_t head_dim_pairs = 1; // bfloat16 pairs along head_dim
   std::int64_t dv_pad = 16;        // head_dim_v rounded up to 16
   bool bf16_kernels = false;       // bfloat16 dot products (else float32)
   float score_scale = 1;           // scale * log2(e): scores live in the log2 domain
-  static Geometry of(const Problem& p, std::int64_t max_tile_rows);
+  static Geometry of(const Problem& p, std::int64_t max_tile_rows, const Kernels& kernels);
 };
 
 // K and V of one (batch, kv head) in the kernels' layouts, for keys
@@ -43,7 +44,7 @@ class HeadPack {
   std::size_t bytes() const;
 
  private:
-  std::vector<float> k_f32_, v_f32_;
+  std::vector<float> k_f32_, v_f32_, row_;
   std::vector<bf16> k_bf16_, v_bf16_;
   const float* v_direct_ = nullptr;
   std::int64_t ldv_ = 0, k_stride_ = 0, first_ = 0;
@@ -91,6 +92,10 @@ std::int64_t visible_key_end(const Problem& p, const AttentionIO& io, const Quer
 // row's maximum to row_max.
 void finish_scores(const Problem& p, const Geometry& g, const AttentionIO& io, const Kernels& kernels,
                    const QueryTile& t, std::int64_t j0, float* s, float* row_max);
+
+// P in bfloat16 for the P V kernel: rows x 64 probabilities converted, and the
+// padding rows up to scratch_rows zeroed (the AMX kernels read them).
+void probabilities_bf16(const Kernels& kernels, const Geometry& g, const float* p, std::int64_t rows, bf16* out);
 
 // out = O / l in the dtype; lse = (m + log2 l) ln 2, or 0 and -inf for rows with l = 0.
 void write_rows(const Problem& p, const Geometry& g, const AttentionIO& io, const QueryTile& t, const float* o,

@@ -25,7 +25,7 @@ using Scratch = cpu::TileScratch;
 class StreamingPlan final : public Plan {
  public:
   StreamingPlan(const Problem& p, const AttentionIO& io, const RunOptions& options, const StreamingFlaws& flaws)
-      : p_(p), io_(io), g_(Geometry::of(p, kMaxTileRows)), kernels_(cpu::best_kernels()), flaws_(flaws) {
+      : p_(p), io_(io), kernels_(cpu::best_kernels()), g_(Geometry::of(p, kMaxTileRows, kernels_)), flaws_(flaws) {
     threads_ = resolve_threads(options.threads);
     tiles_ = p.batch * p.heads_kv * g_.query_tiles;
     // Few tiles and long rows (decode): split the keys so every thread works.
@@ -93,7 +93,7 @@ class StreamingPlan final : public Plan {
       cpu::finish_scores(p_, g_, io_, kernels_, t, j0, s.scores.data(), s.block_max.data());
       for (std::int64_t r = 0; r < rows; ++r) online_softmax_row(s, r);
       if (g_.bf16_kernels) {
-        kernels_.to_bf16(s.scores.data(), rows * kKeyBlock, s.p_bf16.data());
+        cpu::probabilities_bf16(kernels_, g_, s.scores.data(), rows, s.p_bf16.data());
         kernels_.pv_bf16(s.p_bf16.data(), rows, (keys + 1) / 2 * 2, s.pack.v_bf16(j0), g_.dv_pad, s.o.data());
       } else {
         const float* v = direct ? static_cast<const float*>(io_.v.data) + io_.v.offset(t.b, t.kv_head, j0, 0) : s.pack.v_f32(j0);
@@ -163,8 +163,8 @@ class StreamingPlan final : public Plan {
 
   Problem p_;
   AttentionIO io_;
-  Geometry g_;
   const cpu::Kernels& kernels_;
+  Geometry g_;
   StreamingFlaws flaws_;
   int threads_ = 1;
   bool direct_ = false;  // every tile reads K and V in place
