@@ -99,11 +99,12 @@ class BlockedPlan final : public Plan {
 
 class BlockedBackend final : public Backend {
  public:
-  BlockedBackend(std::string name, const BlockedFlaws& flaws) : name_(std::move(name)), flaws_(flaws) {}
-  std::string_view name() const override { return name_; }
-  std::string_view description() const override {
-    return "materialised scores per row block, exact two-pass softmax, cache-blocked AVX-512 micro-kernels";
+  BlockedBackend(std::string name, const BlockedFlaws& flaws) : name_(std::move(name)), flaws_(flaws) {
+    description_ = "materialised scores per row block, exact two-pass softmax, cache-blocked micro-kernels (" +
+                   std::string(cpu::best_kernels().isa) + ")";
   }
+  std::string_view name() const override { return name_; }
+  std::string_view description() const override { return description_; }
   std::string_view capabilities() const override {
     return "float32, float16, bfloat16; every mask rule, GQA/MQA, any head_dim; lse; not float64";
   }
@@ -113,7 +114,7 @@ class BlockedBackend final : public Backend {
   }
 
  private:
-  std::string name_;
+  std::string name_, description_;
   BlockedFlaws flaws_;
 };
 

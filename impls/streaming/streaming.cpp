@@ -175,11 +175,12 @@ class StreamingPlan final : public Plan {
 
 class StreamingBackend final : public Backend {
  public:
-  StreamingBackend(std::string name, const StreamingFlaws& flaws) : name_(std::move(name)), flaws_(flaws) {}
-  std::string_view name() const override { return name_; }
-  std::string_view description() const override {
-    return "FlashAttention-2 on the CPU: tiled online softmax, O(seq) memory, bf16 dot products, split-K decode";
+  StreamingBackend(std::string name, const StreamingFlaws& flaws) : name_(std::move(name)), flaws_(flaws) {
+    description_ = "FlashAttention-2 on the CPU: tiled online softmax, O(seq) memory, split-K decode; micro-kernels: " +
+                   std::string(cpu::best_kernels().isa);
   }
+  std::string_view name() const override { return name_; }
+  std::string_view description() const override { return description_; }
   std::string_view capabilities() const override {
     return "float32, float16, bfloat16; every mask rule, GQA/MQA, any head_dim; lse; not float64";
   }
@@ -189,7 +190,7 @@ class StreamingBackend final : public Backend {
   }
 
  private:
-  std::string name_;
+  std::string name_, description_;
   StreamingFlaws flaws_;
 };
 

@@ -26,7 +26,8 @@ def _img(png, alt):
 def _peaks(files):
     peaks, bandwidths = {}, {}
     for f in files:
-        peaks[f.host] = {"fp32": f.peak("fp32_gflops"), "bf16": f.peak("bf16_gflops")}
+        peaks[f.host] = {"fp32": f.peak("fp32_gflops"), "bf16": f.peak("bf16_gflops"),
+                         "amx_bf16": f.peak("amx_bf16_gflops")}
         bandwidths[f.host] = f.peak("bandwidth_gbs")
     return peaks, bandwidths
 

@@ -31,7 +31,8 @@ def _label(m, hosts):
 
 def gflops_vs_seq(measurements, peaks):
     """GFLOP/s against sequence length, one panel per head_dim x causal x dtype,
-    each host's peak drawn as a dashed line. peaks: host -> {'fp32': x, 'bf16': y}."""
+    each host's peak drawn as a dashed line. peaks: host -> {'fp32': x, 'bf16': y,
+    'amx_bf16': z}; the AMX peak (often 20x the others) is written, not drawn."""
     rows = [m for m in measurements if m.gflops and not m.problem.decode and m.problem.seq_q == m.problem.seq_k]
     if not rows:
         return None
@@ -62,6 +63,10 @@ def gflops_vs_seq(measurements, peaks):
                 ax.axhline(peak, color="black", linestyle=":", linewidth=1)
                 ax.annotate(f"peak {peak:.0f}" + ("" if len(hosts) == 1 else f" @ {host}"), (0.01, peak),
                             xycoords=("axes fraction", "data"), fontsize=7, va="bottom")
+            amx = peaks.get(host, {}).get("amx_bf16") if dtype == "bf16" else None
+            if amx:
+                ax.text(0.99, 0.02, f"AMX peak {amx:.0f}" + ("" if len(hosts) == 1 else f" @ {host}") + " (off scale)",
+                        transform=ax.transAxes, fontsize=7, ha="right", va="bottom")
         ax.set_xscale("log", base=2)
         ax.set_title(f"{dtype}, head_dim {head_dim}, causal {causal}", fontsize=10)
         ax.set_xlabel("sequence length")
