@@ -1,15 +1,16 @@
-// cuda-flash: a fused FlashAttention-style kernel. One thread block per
-// (64-query block, query head, batch); K and V tiles of 16 keys are staged in
-// shared memory as float; each thread owns one query row and keeps its running
-// max, sum and output (online softmax), so the scores never reach global
-// memory. Key tiles past the block's last visible key (causal, kv_len) are
-// skipped. Every masking rule, GQA, head_dim and head_dim_v up to 256, lse.
-//
-// This first version accumulates with scalar float FMAs; the tensor-core path
-// (mma.sync for float16/bfloat16) is future work, see the README. The kernel
-// is in flash_kernel.cu.
+// cuda-flash: a fused FlashAttention-style kernel, in two versions.
+//  - float16 and bfloat16 (flash_wmma_kernel.cu): tensor cores through WMMA;
+//    one block of 4 warps per (64 queries, head, batch), Q resident in shared
+//    memory, K/V tiles of 64 keys (32 for head dims over 128) staged there,
+//    S = Q K^T and O += P V as 16x16x16 tile products with float32
+//    accumulation, online softmax per row in between.
+//  - float32 (flash_kernel.cu): CUDA-core FMAs, one thread per query row,
+//    K/V tiles of 16 keys; held to float32 bounds, so no TF32.
+// Both skip key tiles past the block's last visible key (causal, kv_len) and
+// implement every masking rule, GQA, head_dim and head_dim_v up to 256, lse.
 #include <fmt/format.h>
 
+#include "core/error.hpp"
 #include "impls/cuda/device_case.hpp"
 #include "impls/cuda/kernels.hpp"
 
@@ -21,9 +22,23 @@ using cuda::DeviceArgs;
 
 class FlashPlan final : public Plan {
  public:
-  FlashPlan(const Problem& p, const AttentionIO& io) : p_(p), io_(io) { device_.upload(p, io); }
+  FlashPlan(const Problem& p, const AttentionIO& io) : p_(p), io_(io) {
+    tensor_cores_ = p.dtype == DType::f16 || p.dtype == DType::bf16;
+    if (tensor_cores_) {
+      int device = 0, limit = 0;
+      ATTN_CUDA(cudaGetDevice(&device));
+      ATTN_CUDA(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+      const std::size_t need = cuda::flash_tensor_core_smem_bytes(static_cast<int>(p.head_dim), static_cast<int>(p.head_dim_v));
+      if (need > static_cast<std::size_t>(limit)) {
+        throw Error(fmt::format("cuda-flash: head_dim {} / head_dim_v {} need {} bytes of shared memory per block; this "
+                                "device allows {}", p.head_dim, p.head_dim_v, need, limit));
+      }
+    }
+    device_.upload(p, io);
+  }
   void run() override {
-    cuda::launch_flash(device_.args(), p_.dtype);
+    if (tensor_cores_) cuda::launch_flash_tensor_cores(device_.args(), p_.dtype);
+    else cuda::launch_flash(device_.args(), p_.dtype);
   }
   void read_output() override { device_.download(p_, io_); }
   bool has_lse() const override { return true; }
@@ -32,6 +47,7 @@ class FlashPlan final : public Plan {
  private:
   Problem p_;
   AttentionIO io_;
+  bool tensor_cores_ = false;
   cuda::DeviceCase device_;
 };
 
@@ -39,7 +55,8 @@ class FlashBackend final : public Backend {
  public:
   std::string_view name() const override { return "cuda-flash"; }
   std::string_view description() const override {
-    return "fused FlashAttention-style kernel: K/V tiles in shared memory, online softmax per query row";
+    return "fused FlashAttention-2-style kernel: tensor cores (WMMA) for float16/bfloat16, CUDA cores for float32; "
+           "K/V tiles in shared memory, online softmax";
   }
   std::string_view capabilities() const override {
     return "float32, float16, bfloat16; every mask rule, GQA/MQA, head_dim and head_dim_v <= 256; lse; needs a CUDA device";
