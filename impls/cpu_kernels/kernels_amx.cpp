@@ -14,7 +14,6 @@
 #include <unistd.h>
 
 #include <cstdint>
-#include <cstring>
 
 #include "impls/cpu_kernels/kernels.hpp"
 
@@ -180,7 +179,6 @@ ATTN_AMX double amx_peak_loop(std::int64_t iterations) {
 namespace {
 
 bool cpu_has_amx_bf16() {
-  __builtin_cpu_init();
   unsigned eax, ebx, ecx, edx;
   if (__get_cpuid_max(0, nullptr) < 7) return false;
   __cpuid_count(7, 0, eax, ebx, ecx, edx);
