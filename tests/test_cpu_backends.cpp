@@ -163,10 +163,14 @@ TEST(CpuKernels, Avx512AndPortableAgree) {
   std::vector<float> q(rows * head_dim), kp(head_dim * 64), p(rows * 64), v(keys * dv_pad);
   for (auto* a : {&q, &kp, &p, &v})
     for (float& x : *a) x = normal(gen);
-  std::vector<float> s1(rows * 64), s2(rows * 64);
-  avx->qk_f32(q.data(), rows, head_dim, kp.data(), s1.data());
-  portable.qk_f32(q.data(), rows, head_dim, kp.data(), s2.data());
+  std::vector<float> s1(rows * 64), s2(rows * 64), max1(rows), max2(rows);
+  avx->qk_f32(q.data(), rows, head_dim, kp.data(), s1.data(), max1.data());
+  portable.qk_f32(q.data(), rows, head_dim, kp.data(), s2.data(), max2.data());
   for (std::size_t e = 0; e < s1.size(); ++e) EXPECT_NEAR(s1[e], s2[e], 1e-4f);
+  for (std::int64_t r = 0; r < rows; ++r) {  // each kernel's maximum is the maximum of what it wrote
+    EXPECT_EQ(max1[r], *std::max_element(s1.begin() + r * 64, s1.begin() + (r + 1) * 64)) << "row " << r;
+    EXPECT_EQ(max2[r], *std::max_element(s2.begin() + r * 64, s2.begin() + (r + 1) * 64)) << "row " << r;
+  }
   std::vector<bf16> qb(rows * pairs * 2), kb(pairs * 64 * 2), pb(rows * 64), vb(keys * dv_pad);
   avx->to_bf16(q.data(), static_cast<std::int64_t>(qb.size()), qb.data());
   for (std::size_t e = 0; e < qb.size(); ++e) EXPECT_EQ(qb[e].bits, float_to_bf16(q[e]).bits);  // RNE, as the scalar path
@@ -194,6 +198,18 @@ TEST(CpuKernels, Avx512AndPortableAgree) {
   EXPECT_NEAR(sum1, sum2, 1e-6f * sum2);
   EXPECT_EQ(x1[5], 0.0f);
   for (std::size_t e = 0; e < x1.size(); ++e) EXPECT_NEAR(x1[e], x2[e], 2e-7f * x2[e] + 1e-30f);
+  // The maximum itself weighs exactly 1, far below the range gives exactly 0,
+  // and a tail that is not a multiple of 16 is neither read past nor skipped.
+  std::vector<float> y(19, 3.0f);
+  y[1] = -1000.0f;
+  y[2] = -INFINITY;
+  y[18] = 2.0f;
+  EXPECT_NEAR(avx->exp2_sum(y.data(), 18, 3.0f), 16.0f, 1e-6f);
+  EXPECT_EQ(y[0], 1.0f);
+  EXPECT_EQ(y[1], 0.0f);
+  EXPECT_EQ(y[2], 0.0f);
+  EXPECT_EQ(y[17], 1.0f);
+  EXPECT_EQ(y[18], 2.0f) << "exp2_sum wrote past n";
   std::vector<float> r1(64, 2.0f), r2(64, 2.0f);
   r1[3] = r2[3] = 5.0f;
   EXPECT_EQ(avx->scale_row(r1.data(), 0.5f, 40), portable.scale_row(r2.data(), 0.5f, 40));

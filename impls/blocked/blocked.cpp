@@ -53,16 +53,20 @@ class BlockedPlan final : public Plan {
     // Pass 1: every score of the row block, and the exact row maxima.
     for (std::int64_t block = 0; block < end_block; ++block) {
       float* tile_scores = s.scores.data() + block * g_.scratch_rows * kKeyBlock;
-      if (g_.bf16_kernels) kernels_.qk_bf16(s.q_bf16.data(), rows, g_.head_dim_pairs, s.pack.k_bf16(block), tile_scores);
-      else kernels_.qk_f32(s.q.data(), rows, p_.head_dim, s.pack.k_f32(block), tile_scores);
+      if (g_.bf16_kernels) {
+        kernels_.qk_bf16(s.q_bf16.data(), rows, g_.head_dim_pairs, s.pack.k_bf16(block), tile_scores);
+      } else {
+        kernels_.qk_f32(s.q.data(), rows, p_.head_dim, s.pack.k_f32(block), tile_scores, s.block_max.data());
+      }
       const bool tail = block * kKeyBlock + kKeyBlock > p_.seq_k;
-      if (flaws_.wrong_tail && tail) {
-        for (std::int64_t e = 0; e < rows * kKeyBlock; ++e) tile_scores[e] *= g_.score_scale;
+      if (flaws_.wrong_tail && tail) {  // the zero scores of the padding keys count as real ones
         for (std::int64_t r = 0; r < rows; ++r) {
-          s.block_max[r] = *std::max_element(tile_scores + r * kKeyBlock, tile_scores + (r + 1) * kKeyBlock);
+          float* row = tile_scores + r * kKeyBlock;
+          if (!g_.q_prescaled) std::transform(row, row + kKeyBlock, row, [&](float x) { return x * g_.score_scale; });
+          s.block_max[r] = *std::max_element(row, row + kKeyBlock);
         }
       } else {
-        cpu::finish_scores(p_, g_, io_, kernels_, t, block * kKeyBlock, tile_scores, s.block_max.data());
+        cpu::finish_scores(p_, g_, io_, kernels_, t, block * kKeyBlock, tile_scores, s.block_max.data(), !g_.bf16_kernels);
       }
       for (std::int64_t r = 0; r < rows; ++r) s.m[r] = std::max(s.m[r], s.block_max[r]);
     }

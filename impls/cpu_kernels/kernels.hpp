@@ -25,8 +25,11 @@ inline constexpr std::int64_t kKeyBlock = 64;
 
 struct Kernels {
   const char* isa;
-  // S[r][j] = sum_d Q[r][d] * Kp[d][j] for r < rows, j < 64.
-  void (*qk_f32)(const float* q, std::int64_t rows, std::int64_t head_dim, const float* kp, float* s);
+  // S[r][j] = sum_d Q[r][d] * Kp[d][j] for r < rows, j < 64, and row_max[r] =
+  // max_j S[r][j] over all 64 columns (the zero padding past seq_k included):
+  // the maximum comes from the registers, so a fully visible block needs no
+  // second pass over its scores.
+  void (*qk_f32)(const float* q, std::int64_t rows, std::int64_t head_dim, const float* kp, float* s, float* row_max);
   // Same over bfloat16 pairs; head_dim_pairs = ceil(head_dim / 2) rounded up to
   // bf16_pairs_align (the padding is zero in Q and Kp). The bfloat16 kernels
   // work on round_up(rows, bf16_rows_align) rows: q, s, p and o must have room

@@ -17,7 +17,7 @@ namespace attn::cpu {
 
 namespace {
 
-void qk_f32(const float* q, std::int64_t rows, std::int64_t head_dim, const float* kp, float* s) {
+void qk_f32(const float* q, std::int64_t rows, std::int64_t head_dim, const float* kp, float* s, float* row_max) {
   for (std::int64_t r = 0; r < rows; ++r) {
     float acc[kKeyBlock] = {};
     for (std::int64_t d = 0; d < head_dim; ++d) {
@@ -26,6 +26,7 @@ void qk_f32(const float* q, std::int64_t rows, std::int64_t head_dim, const floa
       for (std::int64_t j = 0; j < kKeyBlock; ++j) acc[j] += qv * k[j];
     }
     std::memcpy(s + r * kKeyBlock, acc, sizeof acc);
+    row_max[r] = *std::max_element(acc, acc + kKeyBlock);
   }
 }
 

@@ -65,6 +65,7 @@ Geometry Geometry::of(const Problem& p, std::int64_t max_tile_rows, const Kernel
   }
   g.dv_pad = round_up(p.head_dim_v, 16);
   g.score_scale = static_cast<float>(p.scale * 1.4426950408889634);
+  g.q_prescaled = !g.bf16_kernels;
   return g;
 }
 
@@ -187,7 +188,9 @@ void pack_queries(const Problem& p, const Geometry& g, const AttentionIO& io, co
       bf16* row = q_bf16 + r * g.head_dim_pairs * 2;
       for (std::int64_t d = 0; d < p.head_dim; ++d) row[d] = x[d * io.q.strides[3]];
     } else {
-      read_row(io.q, t.b, h, i, p.head_dim, q_f32 + r * p.head_dim);
+      float* row = q_f32 + r * p.head_dim;
+      read_row(io.q, t.b, h, i, p.head_dim, row);
+      for (std::int64_t d = 0; d < p.head_dim; ++d) row[d] *= g.score_scale;
     }
   }
 }
@@ -197,13 +200,18 @@ std::int64_t visible_key_end(const Problem& p, const AttentionIO& io, const Quer
 }
 
 void finish_scores(const Problem& p, const Geometry& g, const AttentionIO& io, const Kernels& kernels,
-                   const QueryTile& t, std::int64_t j0, float* s, float* row_max) {
+                   const QueryTile& t, std::int64_t j0, float* s, float* row_max, bool kernel_max) {
+  const bool plain = io.mask.empty() && io.bias.empty();
+  // key_end grows with the query, so the tile's first query sees the fewest keys.
+  if (kernel_max && plain && row_key_end(p, io, t.b, t.first_query) >= j0 + kKeyBlock) return;
+  const float scale = g.q_prescaled ? 1.0f : g.score_scale;
   for (std::int64_t r = 0; r < t.rows(); ++r) {
     const std::int64_t h = t.head(g, r), i = t.query(g, r);
     const std::int64_t end = std::clamp<std::int64_t>(row_key_end(p, io, t.b, i) - j0, 0, kKeyBlock);
+    if (kernel_max && plain && end == kKeyBlock) continue;
     float* row = s + r * kKeyBlock;
-    row_max[r] = kernels.scale_row(row, g.score_scale, end);
-    if (io.mask.empty() && io.bias.empty()) continue;
+    row_max[r] = kernels.scale_row(row, scale, end);
+    if (plain) continue;
     if (!io.mask.empty()) {
       for (std::int64_t j = 0; j < end; ++j) {
         if (io.mask.at(t.b, h, i, j0 + j) == 0) row[j] = kNegInf;

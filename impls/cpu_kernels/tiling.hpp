@@ -24,6 +24,10 @@ struct Geometry {
   std::int64_t dv_pad = 16;        // head_dim_v rounded up to 16
   bool bf16_kernels = false;       // bfloat16 dot products (else float32)
   float score_scale = 1;           // scale * log2(e): scores live in the log2 domain
+  // float32 kernels: pack_queries multiplies Q by score_scale, so Q K^T comes
+  // out of the kernel already in the log2 domain (bfloat16 Q stays as given,
+  // since rounding a scaled Q to bfloat16 would add an error of its own).
+  bool q_prescaled = false;
   static Geometry of(const Problem& p, std::int64_t max_tile_rows, const Kernels& kernels);
 };
 
@@ -78,7 +82,8 @@ struct QueryTile {
 
 QueryTile query_tile(const Problem& p, const Geometry& g, std::int64_t index);  // index over b, kv head, tile
 
-// Q rows of a tile in the kernels' layout: float32 [rows][head_dim] or bfloat16 [rows][pairs * 2].
+// Q rows of a tile in the kernels' layout: float32 [rows][head_dim] (times
+// score_scale) or bfloat16 [rows][pairs * 2].
 void pack_queries(const Problem& p, const Geometry& g, const AttentionIO& io, const QueryTile& t, float* q_f32,
                   bf16* q_bf16);
 
@@ -86,12 +91,14 @@ void pack_queries(const Problem& p, const Geometry& g, const AttentionIO& io, co
 // blocks at or past end may be skipped.
 std::int64_t visible_key_end(const Problem& p, const AttentionIO& io, const QueryTile& t);
 
-// Turns raw dot products of the tile's rows against keys [j0, j0 + 64) into
-// log2-domain scores: s * scale * log2(e) + bias * log2(e), and -inf where a
-// key is hidden (mask, bias -inf, kv_len, causal, or past seq_k). Writes each
-// row's maximum to row_max.
+// Turns the dot products of the tile's rows against keys [j0, j0 + 64) into
+// log2-domain scores: s * scale * log2(e) + bias * log2(e) (the scale only
+// where Q was not prescaled), and -inf where a key is hidden (mask, bias -inf,
+// kv_len, causal, or past seq_k), and leaves each row's maximum in row_max.
+// kernel_max: row_max already holds the kernel's maxima (qk_f32); a row whose
+// 64 keys are all visible, with no mask and no bias, is then left untouched.
 void finish_scores(const Problem& p, const Geometry& g, const AttentionIO& io, const Kernels& kernels,
-                   const QueryTile& t, std::int64_t j0, float* s, float* row_max);
+                   const QueryTile& t, std::int64_t j0, float* s, float* row_max, bool kernel_max);
 
 // P in bfloat16 for the P V kernel: rows x 64 probabilities converted, and the
 // padding rows up to scratch_rows zeroed (the AMX kernels read them).

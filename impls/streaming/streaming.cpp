@@ -88,9 +88,10 @@ class StreamingPlan final : public Plan {
       } else if (g_.bf16_kernels) {
         kernels_.qk_bf16(s.q_bf16.data(), rows, g_.head_dim_pairs, s.pack.k_bf16(block), s.scores.data());
       } else {
-        kernels_.qk_f32(s.q.data(), rows, p_.head_dim, s.pack.k_f32(block), s.scores.data());
+        kernels_.qk_f32(s.q.data(), rows, p_.head_dim, s.pack.k_f32(block), s.scores.data(), s.block_max.data());
       }
-      cpu::finish_scores(p_, g_, io_, kernels_, t, j0, s.scores.data(), s.block_max.data());
+      const bool kernel_max = !direct && !g_.bf16_kernels;
+      cpu::finish_scores(p_, g_, io_, kernels_, t, j0, s.scores.data(), s.block_max.data(), kernel_max);
       for (std::int64_t r = 0; r < rows; ++r) online_softmax_row(s, r);
       if (g_.bf16_kernels) {
         cpu::probabilities_bf16(kernels_, g_, s.scores.data(), rows, s.p_bf16.data());
