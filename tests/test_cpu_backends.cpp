@@ -4,6 +4,8 @@
 // reproducible at a fixed thread count.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -150,6 +152,23 @@ TEST(CpuKernels, AmxAndAvx512Agree) {
       avx.pv_bf16(p.data(), rows, keys, vb.data(), dv_pad, o2.data());
       for (std::int64_t e = 0; e < rows * dv_pad; ++e) EXPECT_NEAR(o1[e], o2[e], 1e-3f * (1 + std::abs(o2[e]))) << rows << " rows, " << keys << " keys, at " << e;
     }
+  }
+}
+
+TEST(CpuKernels, WideningFloat16IsExactForEveryBitPattern) {
+  std::vector<f16> all(65536 + 5);  // 5 more: a tail that is not a multiple of 16
+  for (std::size_t e = 0; e < all.size(); ++e) all[e].bits = static_cast<std::uint16_t>(e);
+  std::vector<const cpu::Kernels*> sets{&cpu::portable_kernels()};
+  if (const cpu::Kernels* avx = cpu::avx512_kernels()) sets.push_back(avx);
+  for (const cpu::Kernels* k : sets) {
+    std::vector<float> out(all.size() + 1, 7.0f);
+    k->widen_f16(all.data(), static_cast<std::int64_t>(all.size()), out.data());
+    for (std::size_t e = 0; e < all.size(); ++e) {
+      const float want = f16_to_float(all[e]);
+      if (std::isnan(want)) EXPECT_TRUE(std::isnan(out[e])) << k->isa << " bits " << e;
+      else EXPECT_EQ(std::bit_cast<std::uint32_t>(out[e]), std::bit_cast<std::uint32_t>(want)) << k->isa << " bits " << e;
+    }
+    EXPECT_EQ(out.back(), 7.0f) << k->isa << " wrote past n";
   }
 }
 

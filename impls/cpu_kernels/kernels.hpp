@@ -50,6 +50,8 @@ struct Kernels {
   float (*scale_row)(float* x, float scale, std::int64_t visible);
   // out[j] = bfloat16(x[j]), round to nearest even, j < n.
   void (*to_bf16)(const float* x, std::int64_t n, bf16* out);
+  // out[j] = float(x[j]) for j < n (exact: every float16 is a float).
+  void (*widen_f16)(const f16* x, std::int64_t n, float* out);
   std::int64_t bf16_rows_align = 1;
   std::int64_t bf16_pairs_align = 1;
 };

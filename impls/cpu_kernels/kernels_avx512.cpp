@@ -53,12 +53,15 @@ ATTN_AVX512 void qk_f32_rows(const float* q, std::int64_t head_dim, const float*
 template <int NR>
 ATTN_AVX512 void qk_bf16_rows(const bf16* q, std::int64_t pairs, const bf16* kp, float* s) {
   __m512 acc[NR][4];
+#pragma GCC unroll 8
   for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 8
     for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
   for (std::int64_t dp = 0; dp < pairs; ++dp) {
     const bf16* k = kp + dp * kKeyBlock * 2;
     __m512bh k0 = (__m512bh)_mm512_loadu_si512(k), k1 = (__m512bh)_mm512_loadu_si512(k + 32),
              k2 = (__m512bh)_mm512_loadu_si512(k + 64), k3 = (__m512bh)_mm512_loadu_si512(k + 96);
+#pragma GCC unroll 8
     for (int r = 0; r < NR; ++r) {
       std::int32_t pair;
       std::memcpy(&pair, q + r * pairs * 2 + 2 * dp, sizeof pair);
@@ -69,7 +72,9 @@ ATTN_AVX512 void qk_bf16_rows(const bf16* q, std::int64_t pairs, const bf16* kp,
       acc[r][3] = _mm512_dpbf16_ps(acc[r][3], qb, k3);
     }
   }
+#pragma GCC unroll 8
   for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 8
     for (int c = 0; c < 4; ++c) _mm512_storeu_ps(s + r * kKeyBlock + 16 * c, acc[r][c]);
 }
 
@@ -77,37 +82,53 @@ ATTN_AVX512 void qk_bf16_rows(const bf16* q, std::int64_t pairs, const bf16* kp,
 template <int NR, int NV>
 ATTN_AVX512 void pv_f32_block(const float* p, std::int64_t keys, const float* v, std::int64_t ldv, std::int64_t dv_pad,
                               float* o) {
+  // Fully unrolled, so the accumulators live in registers from load to store
+  // (without the pragmas GCC keeps a copy of the array on the stack).
   __m512 acc[NR][NV];
+#pragma GCC unroll 8
   for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 4
     for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_loadu_ps(o + r * dv_pad + 16 * c);
   for (std::int64_t j = 0; j < keys; ++j) {
     __m512 vj[NV];
+#pragma GCC unroll 4
     for (int c = 0; c < NV; ++c) vj[c] = _mm512_loadu_ps(v + j * ldv + 16 * c);
+#pragma GCC unroll 8
     for (int r = 0; r < NR; ++r) {
       __m512 pb = _mm512_set1_ps(p[r * kKeyBlock + j]);
+#pragma GCC unroll 4
       for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_fmadd_ps(pb, vj[c], acc[r][c]);
     }
   }
+#pragma GCC unroll 8
   for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 4
     for (int c = 0; c < NV; ++c) _mm512_storeu_ps(o + r * dv_pad + 16 * c, acc[r][c]);
 }
 
 template <int NR, int NV>
 ATTN_AVX512 void pv_bf16_block(const bf16* p, std::int64_t keys, const bf16* vp, std::int64_t dv_pad, float* o) {
   __m512 acc[NR][NV];
+#pragma GCC unroll 8
   for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 8
     for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_loadu_ps(o + r * dv_pad + 16 * c);
   for (std::int64_t jp = 0; jp < keys / 2; ++jp) {
     __m512bh vj[NV];
+#pragma GCC unroll 8
     for (int c = 0; c < NV; ++c) vj[c] = (__m512bh)_mm512_loadu_si512(vp + jp * dv_pad * 2 + 32 * c);
+#pragma GCC unroll 8
     for (int r = 0; r < NR; ++r) {
       std::int32_t pair;
       std::memcpy(&pair, p + r * kKeyBlock + 2 * jp, sizeof pair);
       __m512bh pb = (__m512bh)_mm512_set1_epi32(pair);
+#pragma GCC unroll 8
       for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], pb, vj[c]);
     }
   }
+#pragma GCC unroll 8
   for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 8
     for (int c = 0; c < NV; ++c) _mm512_storeu_ps(o + r * dv_pad + 16 * c, acc[r][c]);
 }
 
@@ -310,7 +331,15 @@ ATTN_AVX512 void to_bf16(const float* x, std::int64_t n, bf16* out) {
   for (; j < n; ++j) out[j] = float_to_bf16(x[j]);
 }
 
-const Kernels kAvx512{"avx512_bf16", qk_f32, qk_bf16, pv_f32, pv_bf16, exp2_sum, qk_f32_direct, scale_row, to_bf16};
+ATTN_AVX512 void widen_f16(const f16* x, std::int64_t n, float* out) {
+  for (std::int64_t j = 0; j < n; j += 16) {
+    const __mmask16 live = static_cast<__mmask16>(n - j >= 16 ? 0xFFFF : (1u << (n - j)) - 1);
+    const __m256i h = _mm256_maskz_loadu_epi16(live, x + j);
+    _mm512_mask_storeu_ps(out + j, live, _mm512_cvtph_ps(h));
+  }
+}
+
+const Kernels kAvx512{"avx512_bf16", qk_f32, qk_bf16, pv_f32, pv_bf16, exp2_sum, qk_f32_direct, scale_row, to_bf16, widen_f16};
 
 }  // namespace
 

@@ -99,7 +99,11 @@ void to_bf16(const float* x, std::int64_t n, bf16* out) {
   for (std::int64_t j = 0; j < n; ++j) out[j] = float_to_bf16(x[j]);
 }
 
-const Kernels kPortable{"portable", qk_f32, qk_bf16, pv_f32, pv_bf16, exp2_sum, qk_f32_direct, scale_row, to_bf16};
+void widen_f16(const f16* x, std::int64_t n, float* out) {
+  for (std::int64_t j = 0; j < n; ++j) out[j] = f16_to_float(x[j]);
+}
+
+const Kernels kPortable{"portable", qk_f32, qk_bf16, pv_f32, pv_bf16, exp2_sum, qk_f32_direct, scale_row, to_bf16, widen_f16};
 
 }  // namespace
 

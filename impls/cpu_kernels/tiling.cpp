@@ -30,7 +30,8 @@ void read_row(const TensorView& v, std::int64_t b, std::int64_t h, std::int64_t 
     }
     case DType::f16: {
       const f16* x = typed<f16>(v) + base;
-      for (std::int64_t d = 0; d < n; ++d) out[d] = f16_to_float(x[d * step]);
+      if (step == 1) best_kernels().widen_f16(x, n, out);
+      else for (std::int64_t d = 0; d < n; ++d) out[d] = f16_to_float(x[d * step]);
       return;
     }
     case DType::bf16: {
@@ -199,11 +200,15 @@ std::int64_t visible_key_end(const Problem& p, const AttentionIO& io, const Quer
   return row_key_end(p, io, t.b, t.first_query + t.queries - 1);
 }
 
+bool block_fully_visible(const Problem& p, const AttentionIO& io, const QueryTile& t, std::int64_t j0) {
+  // key_end grows with the query, so the tile's first query sees the fewest keys.
+  return io.mask.empty() && io.bias.empty() && row_key_end(p, io, t.b, t.first_query) >= j0 + kKeyBlock;
+}
+
 void finish_scores(const Problem& p, const Geometry& g, const AttentionIO& io, const Kernels& kernels,
                    const QueryTile& t, std::int64_t j0, float* s, float* row_max, bool kernel_max) {
+  if (kernel_max && block_fully_visible(p, io, t, j0)) return;
   const bool plain = io.mask.empty() && io.bias.empty();
-  // key_end grows with the query, so the tile's first query sees the fewest keys.
-  if (kernel_max && plain && row_key_end(p, io, t.b, t.first_query) >= j0 + kKeyBlock) return;
   const float scale = g.q_prescaled ? 1.0f : g.score_scale;
   for (std::int64_t r = 0; r < t.rows(); ++r) {
     const std::int64_t h = t.head(g, r), i = t.query(g, r);

@@ -91,6 +91,10 @@ void pack_queries(const Problem& p, const Geometry& g, const AttentionIO& io, co
 // blocks at or past end may be skipped.
 std::int64_t visible_key_end(const Problem& p, const AttentionIO& io, const QueryTile& t);
 
+// Whether every row of the tile sees all 64 keys [j0, j0 + 64): no mask, no
+// bias, and neither kv_len nor the causal rule hides any of them.
+bool block_fully_visible(const Problem& p, const AttentionIO& io, const QueryTile& t, std::int64_t j0);
+
 // Turns the dot products of the tile's rows against keys [j0, j0 + 64) into
 // log2-domain scores: s * scale * log2(e) + bias * log2(e) (the scale only
 // where Q was not prescaled), and -inf where a key is hidden (mask, bias -inf,
