@@ -219,14 +219,17 @@ TEST(CpuKernels, Avx512AndPortableAgree) {
   for (std::size_t e = 0; e < x1.size(); ++e) EXPECT_NEAR(x1[e], x2[e], 2e-7f * x2[e] + 1e-30f);
   // The maximum itself weighs exactly 1, far below the range gives exactly 0,
   // and a tail that is not a multiple of 16 is neither read past nor skipped.
+  // Just above -126 below the max is still a (normal) weight.
   std::vector<float> y(19, 3.0f);
   y[1] = -1000.0f;
   y[2] = -INFINITY;
+  y[3] = 3.0f - 125.5f;
   y[18] = 2.0f;
-  EXPECT_NEAR(avx->exp2_sum(y.data(), 18, 3.0f), 16.0f, 1e-6f);
+  EXPECT_NEAR(avx->exp2_sum(y.data(), 18, 3.0f), 15.0f, 1e-6f);
   EXPECT_EQ(y[0], 1.0f);
   EXPECT_EQ(y[1], 0.0f);
   EXPECT_EQ(y[2], 0.0f);
+  EXPECT_NEAR(y[3], std::exp2(-125.5f), 2e-7f * std::exp2(-125.5f));
   EXPECT_EQ(y[17], 1.0f);
   EXPECT_EQ(y[18], 2.0f) << "exp2_sum wrote past n";
   std::vector<float> r1(64, 2.0f), r2(64, 2.0f);

@@ -196,15 +196,19 @@ ATTN_AVX512 void pv_bf16(const bf16* p, std::int64_t rows, std::int64_t keys, co
   }
 }
 
-// 2^t for t <= 0 (or a little above): vscalefps scales by 2^floor(t), and
-// f = t - floor(t) in [0, 1) (vreduceps) goes through a degree-6 polynomial
-// with p(0) = 1, fitted to 2^f on [0, 1) for relative error (9e-8, about 1.5
-// ulp, measured over 400001 points). t is clamped at -200 first, so -inf
-// (a hidden key) gives exactly 0 without a mask: 2^-200 underflows to 0.
-// With the subtraction of the max, 10 instructions a vector, where rounding,
-// a separate fraction, a degree-7 polynomial and the -inf masks took 13.
-ATTN_AVX512 inline __m512 exp2_ps(__m512 t) {
-  t = _mm512_max_ps(t, _mm512_set1_ps(-200.0f));
+// 2^t for t = x - m > -126, exactly 0 below (where the true value is under
+// 2^-126 of the row's largest weight, 1) and for hidden keys (-inf).
+// vscalefps scales by 2^floor(t), and f = t - floor(t) in [0, 1) (vreduceps)
+// goes through a degree-6 polynomial with p(0) = 1, fitted to 2^f on [0, 1)
+// for relative error (9e-8, about 1.5 ulp, measured over 400001 points).
+// The masked vscalefps writes the zeros: letting vscalefps underflow (from
+// -inf, or from a large finite negative bias) costs a microcode assist per
+// vector, and causal runs spent a quarter of their time there.
+// 10 instructions a vector with the subtraction, where rounding, a separate
+// fraction, a degree-7 polynomial and the -inf masks took 13.
+ATTN_AVX512 inline __m512 exp2_live(__m512 x, __m512 m) {
+  const __m512 t = _mm512_sub_ps(x, m);
+  const __mmask16 live = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-126.0f), _CMP_GT_OQ);
   const __m512 f = _mm512_reduce_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
   __m512 p = _mm512_set1_ps(2.16138083e-04f);
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.24673767e-03f));
@@ -213,7 +217,7 @@ ATTN_AVX512 inline __m512 exp2_ps(__m512 t) {
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.40229324e-01f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.93147063e-01f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, t);
+  return _mm512_maskz_scalef_ps(live, p, t);
 }
 
 ATTN_AVX512 float exp2_sum(float* x, std::int64_t n, float m) {
@@ -221,18 +225,18 @@ ATTN_AVX512 float exp2_sum(float* x, std::int64_t n, float m) {
   __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
   std::int64_t j = 0;
   for (; j + 32 <= n; j += 32) {  // two independent chains
-    const __m512 e0 = exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(x + j), mv));
-    const __m512 e1 = exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(x + j + 16), mv));
+    const __m512 e0 = exp2_live(_mm512_loadu_ps(x + j), mv);
+    const __m512 e1 = exp2_live(_mm512_loadu_ps(x + j + 16), mv);
     _mm512_storeu_ps(x + j, e0);
     _mm512_storeu_ps(x + j + 16, e1);
     sum0 = _mm512_add_ps(sum0, e0);
     sum1 = _mm512_add_ps(sum1, e1);
   }
   for (; j < n; j += 16) {
-    const __mmask16 live = static_cast<__mmask16>(n - j >= 16 ? 0xFFFF : (1u << (n - j)) - 1);
-    const __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()), live, x + j);
-    const __m512 e = exp2_ps(_mm512_sub_ps(v, mv));
-    _mm512_mask_storeu_ps(x + j, live, e);
+    const __mmask16 tail = static_cast<__mmask16>(n - j >= 16 ? 0xFFFF : (1u << (n - j)) - 1);
+    const __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()), tail, x + j);
+    const __m512 e = exp2_live(v, mv);
+    _mm512_mask_storeu_ps(x + j, tail, e);
     sum0 = _mm512_add_ps(sum0, e);
   }
   return _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
