@@ -213,7 +213,7 @@ TEST(CpuKernels, Avx512AndPortableAgree) {
   for (float& x : x1) x = normal(gen) * 10;
   x1[5] = -INFINITY;
   x2 = x1;
-  float sum1 = avx->exp2_sum(x1.data(), 70, 3.0f), sum2 = portable.exp2_sum(x2.data(), 70, 3.0f);
+  float sum1 = avx->exp2_sum(x1.data(), 70, 1.0f, 3.0f), sum2 = portable.exp2_sum(x2.data(), 70, 1.0f, 3.0f);
   EXPECT_NEAR(sum1, sum2, 1e-6f * sum2);
   EXPECT_EQ(x1[5], 0.0f);
   for (std::size_t e = 0; e < x1.size(); ++e) EXPECT_NEAR(x1[e], x2[e], 2e-7f * x2[e] + 1e-30f);
@@ -225,13 +225,37 @@ TEST(CpuKernels, Avx512AndPortableAgree) {
   y[2] = -INFINITY;
   y[3] = 3.0f - 125.5f;
   y[18] = 2.0f;
-  EXPECT_NEAR(avx->exp2_sum(y.data(), 18, 3.0f), 15.0f, 1e-6f);
+  EXPECT_NEAR(avx->exp2_sum(y.data(), 18, 1.0f, 3.0f), 15.0f, 1e-6f);
   EXPECT_EQ(y[0], 1.0f);
   EXPECT_EQ(y[1], 0.0f);
   EXPECT_EQ(y[2], 0.0f);
   EXPECT_NEAR(y[3], std::exp2(-125.5f), 2e-7f * std::exp2(-125.5f));
   EXPECT_EQ(y[17], 1.0f);
   EXPECT_EQ(y[18], 2.0f) << "exp2_sum wrote past n";
+  // Scaled weights (raw scores of a fully visible block), also written as
+  // bfloat16: the same weights as in place, rounded, and nothing past n.
+  std::vector<float> z(70);
+  for (float& x : z) x = normal(gen) * 4;
+  z[9] = -INFINITY;
+  const float z_max = *std::max_element(z.begin(), z.end());
+  for (const cpu::Kernels* k : {avx, &portable}) {
+    std::vector<bf16> out(71, bf16{0x7777});
+    std::vector<float> in_place = z;
+    const float sum_bf16 = k->exp2_sum_bf16(z.data(), 70, 0.25f, z_max * 0.25f, out.data());
+    const float sum = k->exp2_sum(in_place.data(), 70, 0.25f, z_max * 0.25f);
+    EXPECT_EQ(sum_bf16, sum) << k->isa;
+    for (std::size_t e = 0; e < 70; ++e) EXPECT_EQ(out[e].bits, float_to_bf16(in_place[e]).bits) << k->isa << " at " << e;
+    EXPECT_EQ(in_place[9], 0.0f) << k->isa;
+    EXPECT_NEAR(in_place[static_cast<std::size_t>(std::max_element(z.begin(), z.end()) - z.begin())], 1.0f, 1e-6f) << k->isa;
+    EXPECT_EQ(out[70].bits, 0x7777) << k->isa << " wrote past n";
+    EXPECT_EQ(k->max_of(z.data(), 70), z_max) << k->isa;
+    EXPECT_EQ(k->max_of(z.data(), 37), *std::max_element(z.begin(), z.begin() + 37)) << k->isa;
+    EXPECT_EQ(k->max_of(z.data() + 9, 1), -INFINITY) << k->isa;
+  }
+  std::vector<float> za = z, zp = z;
+  const float sa = avx->exp2_sum(za.data(), 70, 0.25f, z_max * 0.25f), sp = portable.exp2_sum(zp.data(), 70, 0.25f, z_max * 0.25f);
+  EXPECT_NEAR(sa, sp, 1e-6f * sp);
+  for (std::size_t e = 0; e < za.size(); ++e) EXPECT_NEAR(za[e], zp[e], 2e-7f * zp[e] + 1e-30f) << "at " << e;
   std::vector<float> r1(64, 2.0f), r2(64, 2.0f);
   r1[3] = r2[3] = 5.0f;
   EXPECT_EQ(avx->scale_row(r1.data(), 0.5f, 40), portable.scale_row(r2.data(), 0.5f, 40));

@@ -78,7 +78,7 @@ class BlockedPlan final : public Plan {
       for (std::int64_t r = 0; r < rows; ++r) {
         float* row = tile_scores + r * kKeyBlock;
         if (s.m[r] == kNegInf) std::fill_n(row, kKeyBlock, 0.0f);
-        else s.l[r] += kernels_.exp2_sum(row, kKeyBlock, s.m[r]);
+        else s.l[r] += kernels_.exp2_sum(row, kKeyBlock, 1.0f, s.m[r]);
       }
       const std::int64_t j0 = block * kKeyBlock;
       const std::int64_t keys = std::min(kKeyBlock, p_.seq_k - j0);

@@ -40,10 +40,18 @@ struct Kernels {
                  std::int64_t dv_pad, float* o);
   // Same with bfloat16 P and Vp; keys even (the odd one's P is 0).
   void (*pv_bf16)(const bf16* p, std::int64_t rows, std::int64_t keys, const bf16* vp, std::int64_t dv_pad, float* o);
-  // x[j] = exp2(x[j] - m) for j < n, exactly 0 where x[j] = -inf; returns the
-  // sum. Where x[j] - m <= -126 (a weight under 2^-126 of the largest) a kernel
-  // may give 0: the AVX-512 one does, since underflowing costs a microcode assist.
-  float (*exp2_sum)(float* x, std::int64_t n, float m);
+  // x[j] = exp2(scale * x[j] - m) for j < n, exactly 0 where x[j] = -inf;
+  // returns the sum. scale is 1 for finished scores, or the score scale for
+  // raw Q K^T products of a fully visible block (then m is in scaled units).
+  // Where scale * x[j] - m <= -126 (a weight under 2^-126 of the largest) a
+  // kernel may give 0: the AVX-512 one does, since underflowing costs a
+  // microcode assist.
+  float (*exp2_sum)(float* x, std::int64_t n, float scale, float m);
+  // The same weights written as bfloat16 to out (round to nearest even); x is
+  // left alone and the sum is of the float32 weights.
+  float (*exp2_sum_bf16)(const float* x, std::int64_t n, float scale, float m, bf16* out);
+  // max_j x[j] for j < n (n >= 1).
+  float (*max_of)(const float* x, std::int64_t n);
   // Decode shapes: S[r][j] = sum_d Q[r][d] * K[j * ldk + d] for j < keys, reading
   // float32 K rows in place (no packing); columns from keys to 64 are left alone.
   void (*qk_f32_direct)(const float* q, std::int64_t rows, std::int64_t head_dim, const float* k, std::int64_t ldk,

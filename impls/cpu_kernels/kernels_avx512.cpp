@@ -196,18 +196,18 @@ ATTN_AVX512 void pv_bf16(const bf16* p, std::int64_t rows, std::int64_t keys, co
   }
 }
 
-// 2^t for t = x - m > -126, exactly 0 below (where the true value is under
-// 2^-126 of the row's largest weight, 1) and for hidden keys (-inf).
-// vscalefps scales by 2^floor(t), and f = t - floor(t) in [0, 1) (vreduceps)
-// goes through a degree-6 polynomial with p(0) = 1, fitted to 2^f on [0, 1)
-// for relative error (9e-8, about 1.5 ulp, measured over 400001 points).
-// The masked vscalefps writes the zeros: letting vscalefps underflow (from
-// -inf, or from a large finite negative bias) costs a microcode assist per
-// vector, and causal runs spent a quarter of their time there.
-// 10 instructions a vector with the subtraction, where rounding, a separate
-// fraction, a degree-7 polynomial and the -inf masks took 13.
-ATTN_AVX512 inline __m512 exp2_live(__m512 x, __m512 m) {
-  const __m512 t = _mm512_sub_ps(x, m);
+// 2^t for t = scale * x - m > -126 (one FMA), exactly 0 below (where the
+// true value is under 2^-126 of the row's largest weight, 1) and for hidden
+// keys (-inf). vscalefps scales by 2^floor(t), and f = t - floor(t) in [0, 1)
+// (vreduceps) goes through a degree-6 polynomial with p(0) = 1, fitted to 2^f
+// on [0, 1) for relative error (9e-8, about 1.5 ulp, measured over 400001
+// points). The masked vscalefps writes the zeros: letting vscalefps underflow
+// (from -inf, or from a large finite negative bias) costs a microcode assist
+// per vector, and causal runs spent a quarter of their time there.
+// 10 instructions a vector, where rounding, a separate fraction, a degree-7
+// polynomial and the -inf masks took 13.
+ATTN_AVX512 inline __m512 exp2_live(__m512 x, __m512 scale, __m512 m) {
+  const __m512 t = _mm512_fmsub_ps(x, scale, m);
   const __mmask16 live = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-126.0f), _CMP_GT_OQ);
   const __m512 f = _mm512_reduce_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
   __m512 p = _mm512_set1_ps(2.16138083e-04f);
@@ -220,26 +220,48 @@ ATTN_AVX512 inline __m512 exp2_live(__m512 x, __m512 m) {
   return _mm512_maskz_scalef_ps(live, p, t);
 }
 
-ATTN_AVX512 float exp2_sum(float* x, std::int64_t n, float m) {
-  const __m512 mv = _mm512_set1_ps(m);
+// Weights for n scores, two independent chains; Store(j, e, lanes) writes them.
+template <typename Store>
+ATTN_AVX512 inline float exp2_sum_with(const float* x, std::int64_t n, float scale, float m, Store store) {
+  const __m512 sv = _mm512_set1_ps(scale), mv = _mm512_set1_ps(m);
   __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
   std::int64_t j = 0;
-  for (; j + 32 <= n; j += 32) {  // two independent chains
-    const __m512 e0 = exp2_live(_mm512_loadu_ps(x + j), mv);
-    const __m512 e1 = exp2_live(_mm512_loadu_ps(x + j + 16), mv);
-    _mm512_storeu_ps(x + j, e0);
-    _mm512_storeu_ps(x + j + 16, e1);
+  for (; j + 32 <= n; j += 32) {
+    const __m512 e0 = exp2_live(_mm512_loadu_ps(x + j), sv, mv);
+    const __m512 e1 = exp2_live(_mm512_loadu_ps(x + j + 16), sv, mv);
+    store(j, e0, static_cast<__mmask16>(0xFFFF));
+    store(j + 16, e1, static_cast<__mmask16>(0xFFFF));
     sum0 = _mm512_add_ps(sum0, e0);
     sum1 = _mm512_add_ps(sum1, e1);
   }
   for (; j < n; j += 16) {
     const __mmask16 tail = static_cast<__mmask16>(n - j >= 16 ? 0xFFFF : (1u << (n - j)) - 1);
     const __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()), tail, x + j);
-    const __m512 e = exp2_live(v, mv);
-    _mm512_mask_storeu_ps(x + j, tail, e);
+    const __m512 e = exp2_live(v, sv, mv);
+    store(j, e, tail);
     sum0 = _mm512_add_ps(sum0, e);
   }
   return _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
+}
+
+ATTN_AVX512 float exp2_sum(float* x, std::int64_t n, float scale, float m) {
+  return exp2_sum_with(x, n, scale, m,
+                       [x](std::int64_t j, __m512 e, __mmask16 lanes) ATTN_AVX512 { _mm512_mask_storeu_ps(x + j, lanes, e); });
+}
+
+ATTN_AVX512 float exp2_sum_bf16(const float* x, std::int64_t n, float scale, float m, bf16* out) {
+  return exp2_sum_with(x, n, scale, m, [out](std::int64_t j, __m512 e, __mmask16 lanes) ATTN_AVX512 {
+    _mm256_mask_storeu_epi16(out + j, lanes, (__m256i)_mm512_cvtneps_pbh(e));
+  });
+}
+
+ATTN_AVX512 float max_of(const float* x, std::int64_t n) {
+  __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (std::int64_t j = 0; j < n; j += 16) {
+    const __mmask16 tail = static_cast<__mmask16>(n - j >= 16 ? 0xFFFF : (1u << (n - j)) - 1);
+    m = _mm512_mask_max_ps(m, tail, m, _mm512_maskz_loadu_ps(tail, x + j));
+  }
+  return _mm512_reduce_max_ps(m);
 }
 
 // Sums each of 16 vectors across its lanes, all at once: four rounds of
@@ -343,7 +365,8 @@ ATTN_AVX512 void widen_f16(const f16* x, std::int64_t n, float* out) {
   }
 }
 
-const Kernels kAvx512{"avx512_bf16", qk_f32, qk_bf16, pv_f32, pv_bf16, exp2_sum, qk_f32_direct, scale_row, to_bf16, widen_f16};
+const Kernels kAvx512{"avx512_bf16", qk_f32, qk_bf16, pv_f32, pv_bf16, exp2_sum, exp2_sum_bf16,
+                      max_of, qk_f32_direct, scale_row, to_bf16, widen_f16};
 
 }  // namespace
 

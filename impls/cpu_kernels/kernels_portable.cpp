@@ -67,14 +67,30 @@ void pv_bf16(const bf16* p, std::int64_t rows, std::int64_t keys, const bf16* vp
   }
 }
 
-float exp2_sum(float* x, std::int64_t n, float m) {
+float weight(float x, float scale, float m) {
+  return std::isinf(x) && x < 0 ? 0.0f : std::exp2(std::fma(scale, x, -m));
+}
+
+float exp2_sum(float* x, std::int64_t n, float scale, float m) {
   float sum = 0;
   for (std::int64_t j = 0; j < n; ++j) {
-    x[j] = std::isinf(x[j]) && x[j] < 0 ? 0.0f : std::exp2(x[j] - m);
+    x[j] = weight(x[j], scale, m);
     sum += x[j];
   }
   return sum;
 }
+
+float exp2_sum_bf16(const float* x, std::int64_t n, float scale, float m, bf16* out) {
+  float sum = 0;
+  for (std::int64_t j = 0; j < n; ++j) {
+    const float w = weight(x[j], scale, m);
+    out[j] = float_to_bf16(w);
+    sum += w;
+  }
+  return sum;
+}
+
+float max_of(const float* x, std::int64_t n) { return *std::max_element(x, x + n); }
 
 void qk_f32_direct(const float* q, std::int64_t rows, std::int64_t head_dim, const float* k, std::int64_t ldk,
                    std::int64_t keys, float* s) {
@@ -103,7 +119,8 @@ void widen_f16(const f16* x, std::int64_t n, float* out) {
   for (std::int64_t j = 0; j < n; ++j) out[j] = f16_to_float(x[j]);
 }
 
-const Kernels kPortable{"portable", qk_f32, qk_bf16, pv_f32, pv_bf16, exp2_sum, qk_f32_direct, scale_row, to_bf16, widen_f16};
+const Kernels kPortable{"portable", qk_f32, qk_bf16, pv_f32, pv_bf16, exp2_sum, exp2_sum_bf16,
+                        max_of, qk_f32_direct, scale_row, to_bf16, widen_f16};
 
 }  // namespace
 

@@ -103,7 +103,7 @@ class OpenBlasPlan final : public Plan {
       l_[static_cast<std::size_t>(r)] = 0;
       return;
     }
-    l_[static_cast<std::size_t>(r)] = kernels_.exp2_sum(row, p_.seq_k, m);
+    l_[static_cast<std::size_t>(r)] = kernels_.exp2_sum(row, p_.seq_k, 1.0f, m);
   }
 
   void write(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t rows) {

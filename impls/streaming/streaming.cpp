@@ -79,6 +79,8 @@ class StreamingPlan final : public Plan {
     std::fill_n(s.m.begin(), rows, kNegInf);
     std::fill_n(s.l.begin(), rows, 0.0f);
     std::fill_n(s.o.begin(), rows * g_.dv_pad, 0.0f);
+    // The AMX kernels read P's padding rows; the softmax writes only real ones.
+    if (g_.bf16_kernels) std::fill(s.p_bf16.begin() + rows * kKeyBlock, s.p_bf16.end(), bf16{});
 
     for (std::int64_t block = first; block < std::min(last, end_block); ++block) {
       const std::int64_t j0 = block * kKeyBlock;
@@ -90,11 +92,21 @@ class StreamingPlan final : public Plan {
       } else {
         kernels_.qk_f32(s.q.data(), rows, p_.head_dim, s.pack.k_f32(block), s.scores.data(), s.block_max.data());
       }
-      const bool kernel_max = !direct && !g_.bf16_kernels;
-      cpu::finish_scores(p_, g_, io_, kernels_, t, j0, s.scores.data(), s.block_max.data(), kernel_max);
-      for (std::int64_t r = 0; r < rows; ++r) online_softmax_row(s, r);
+      // What exp2 still has to multiply the scores by: 1 once finish_scores has
+      // scaled them, or the scale for a fully visible block of raw bfloat16
+      // products, whose maxima are then taken as they are and scaled.
+      float pending = 1.0f;
+      if (g_.bf16_kernels && g_.score_scale > 0 && cpu::block_fully_visible(p_, io_, t, j0)) {
+        pending = g_.score_scale;
+        for (std::int64_t r = 0; r < rows; ++r) {
+          s.block_max[static_cast<std::size_t>(r)] = kernels_.max_of(s.scores.data() + r * kKeyBlock, kKeyBlock) * pending;
+        }
+      } else {
+        const bool kernel_max = !direct && !g_.bf16_kernels;
+        cpu::finish_scores(p_, g_, io_, kernels_, t, j0, s.scores.data(), s.block_max.data(), kernel_max);
+      }
+      for (std::int64_t r = 0; r < rows; ++r) online_softmax_row(s, r, pending);
       if (g_.bf16_kernels) {
-        cpu::probabilities_bf16(kernels_, g_, s.scores.data(), rows, s.p_bf16.data());
         kernels_.pv_bf16(s.p_bf16.data(), rows, (keys + 1) / 2 * 2, s.pack.v_bf16(j0), g_.dv_pad, s.o.data());
       } else {
         const float* v = direct ? static_cast<const float*>(io_.v.data) + io_.v.offset(t.b, t.kv_head, j0, 0) : s.pack.v_f32(j0);
@@ -115,18 +127,22 @@ class StreamingPlan final : public Plan {
     return static_cast<const float*>(io_.k.data) + io_.k.offset(t.b, t.kv_head, j, 0);
   }
 
-  // Folds the scores of one row of the current block into the running max,
-  // sum and output; the row of s.scores becomes the block's probabilities.
-  void online_softmax_row(Scratch& s, std::int64_t r) {
+  // Folds the scores of one row of the current block (times `pending`) into
+  // the running max, sum and output; the block's probabilities go to the row
+  // of s.p_bf16 for bfloat16 kernels, else over the row of s.scores.
+  void online_softmax_row(Scratch& s, std::int64_t r, float pending) {
     float* row = s.scores.data() + r * kKeyBlock;
+    bf16* p_row = g_.bf16_kernels ? s.p_bf16.data() + r * kKeyBlock : nullptr;
     const float block_max = s.block_max[static_cast<std::size_t>(r)];
     const float m_old = s.m[static_cast<std::size_t>(r)];
     const float m_new = std::max(m_old, block_max);
     if (m_new == kNegInf) {  // nothing visible yet
-      std::fill_n(row, kKeyBlock, 0.0f);
+      if (p_row) std::fill_n(p_row, kKeyBlock, bf16{});
+      else std::fill_n(row, kKeyBlock, 0.0f);
       return;
     }
-    const float sum = kernels_.exp2_sum(row, kKeyBlock, m_new);
+    const float sum = p_row ? kernels_.exp2_sum_bf16(row, kKeyBlock, pending, m_new, p_row)
+                            : kernels_.exp2_sum(row, kKeyBlock, pending, m_new);
     float& l = s.l[static_cast<std::size_t>(r)];
     if (m_new > m_old && !flaws_.no_rescale) {  // lazy: rescale only when the max grew
       const float alpha = m_old == kNegInf ? 0.0f : std::exp2(m_old - m_new);
