@@ -172,6 +172,28 @@ TEST(CpuKernels, WideningFloat16IsExactForEveryBitPattern) {
   }
 }
 
+TEST(CpuKernels, Avx512Exp2IsWithinOneTenMillionth) {
+  const cpu::Kernels* avx = cpu::avx512_kernels();
+  if (!avx) GTEST_SKIP() << "this CPU lacks AVX-512 BF16: only the portable kernels run here";
+  const std::int64_t n = 1 << 20;
+  std::vector<float> t(n), w;
+  for (std::int64_t i = 0; i < n; ++i) t[i] = -125.99f * static_cast<float>(i) / static_cast<float>(n);  // (-126, 0]
+  w = t;
+  const float returned = avx->exp2_sum(w.data(), n, 1.0f, 0.0f);
+  // The sum is of the weights written, in 32 float32 lanes of n / 32 terms each.
+  double sum = 0;
+  for (float x : w) sum += x;
+  EXPECT_NEAR(returned, sum, (static_cast<double>(n) / 32 + 5) * std::ldexp(1.0, -24) * sum);
+  double worst = 0;
+  std::int64_t at = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double want = std::exp2(static_cast<double>(t[i]));
+    const double err = std::abs(w[i] - want) / want;
+    if (err > worst) worst = err, at = i;
+  }
+  EXPECT_LT(worst, 1e-7) << "at t = " << t[at];
+}
+
 TEST(CpuKernels, Avx512AndPortableAgree) {
   const cpu::Kernels* avx = cpu::avx512_kernels();
   if (!avx) GTEST_SKIP() << "this CPU lacks AVX-512 BF16: only the portable kernels run here";
