@@ -13,6 +13,7 @@
 #include "core/registry.hpp"
 #include "fixtures/fixture.hpp"
 #include "impls/cpu_kernels/kernels.hpp"
+#include "impls/cpu_kernels/tiling.hpp"
 #include "verify/run_case.hpp"
 #include "verify/verifier.hpp"
 
@@ -151,6 +152,27 @@ TEST(CpuKernels, AmxAndAvx512Agree) {
       amx->pv_bf16(p.data(), rows, keys, vb.data(), dv_pad, o1.data());
       avx.pv_bf16(p.data(), rows, keys, vb.data(), dv_pad, o2.data());
       for (std::int64_t e = 0; e < rows * dv_pad; ++e) EXPECT_NEAR(o1[e], o2[e], 1e-3f * (1 + std::abs(o2[e]))) << rows << " rows, " << keys << " keys, at " << e;
+    }
+  }
+}
+
+TEST(CpuKernels, TileBuffersStartOnACacheLine) {
+  for (const char* text : {"dtype=f32,b=1,hq=3,hkv=1,sq=7,sk=70,d=40,dv=24,scale=0.5",
+                           "dtype=bf16,b=1,hq=8,hkv=8,sq=100,sk=130,d=64,dv=64,scale=0.125"}) {
+    const Problem p = Problem::parse(text);
+    const cpu::Geometry g = cpu::Geometry::of(p, 96, cpu::best_kernels());
+    cpu::TileScratch s;
+    s.reserve(p, g, true, 1);
+    const auto line = [](const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 64; };
+    for (const auto* v : {&s.q, &s.scores, &s.o}) {
+      if (!v->empty()) {
+        EXPECT_EQ(line(v->data()), 0u) << text;
+      }
+    }
+    for (const auto* v : {&s.q_bf16, &s.p_bf16}) {
+      if (!v->empty()) {
+        EXPECT_EQ(line(v->data()), 0u) << text;
+      }
     }
   }
 }
