@@ -74,6 +74,11 @@ void compute_row(const CaseData& data, std::int64_t b, std::int64_t h, std::int6
   }
   const double total = denominator.value();
   result.lse[static_cast<std::size_t>(row)] = max_score + detmath::log(total);
+  if (stats) {
+    CompensatedSum squares;
+    for (double w : scores) squares.add((w / total) * (w / total));
+    stats->weight_norm[static_cast<std::size_t>(row)] = std::sqrt(squares.value());
+  }
   for (std::int64_t d = 0; d < p.head_dim_v; ++d) {
     CompensatedSum acc;
     for (std::size_t n = 0; n < visible_keys.size(); ++n) {
@@ -153,6 +158,7 @@ ReferenceResult reference_attention(const CaseData& data, ReferenceStats* stats,
     stats->weighted_dev_v.assign(result.out.size(), 0.0);
     stats->score_magnitude.assign(result.lse.size(), 0.0);
     stats->visible.assign(result.lse.size(), 0);
+    stats->weight_norm.assign(result.lse.size(), 0.0);
   }
   const std::int64_t rows = p.rows();
   int workers = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

@@ -21,6 +21,7 @@ struct ReferenceStats {
   std::vector<double> weighted_dev_v;  // per out element: sum_j p_ij |v_jd - out_id|
   std::vector<double> score_magnitude; // per row: max over visible j of |scale| sum_k |q_ik k_jk| + |bias_ij|
   std::vector<std::int64_t> visible;   // per row: number of visible keys
+  std::vector<double> weight_norm;     // per row: sqrt(sum_j p_ij^2), 0 for a row with no visible key
 };
 
 // Whether key j is visible to query row (b, h, i) under the format's rules.

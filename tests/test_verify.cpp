@@ -30,7 +30,7 @@ struct CompareCase {
   std::vector<double> golden{0.5, -0.25, 1.0, 2.0};
   std::vector<double> golden_lse{1.0, 2.0};
   std::vector<std::int64_t> visible{3, 3};
-  Bounds bounds{{1e-3, 1e-3, 1e-3, 1e-3}, {1e-3, 1e-3}, false};
+  Bounds bounds{{1e-3, 1e-3, 1e-3, 1e-3}, {1e-3, 1e-3}};
   Comparison run(const std::vector<double>& got, const std::vector<double>* lse = nullptr) {
     return compare_output({problem, golden, golden_lse, bounds, visible, got, lse});
   }
@@ -143,22 +143,23 @@ TEST(Compare, LseIsCheckedWhenReturned) {
 }
 
 TEST(Tolerance, BoundsFollowPrecisionAndRowLength) {
-  FixtureHeader header;
-  header.problem = Problem::parse("dtype=f32,b=1,hq=1,hkv=1,sq=2,sk=3,d=64,dv=1");
-  ReferenceStats stats{{1.0, 1.0}, {0.5, 0.5}, {4.0, 4.0}, {10, 1000}};
+  Problem problem = Problem::parse("dtype=f32,b=1,hq=1,hkv=1,sq=2,sk=3,d=64,dv=1");
+  ReferenceStats stats{{1.0, 1.0}, {0.5, 0.5}, {4.0, 4.0}, {10, 1000}, {0.5, 0.1}};
   std::vector<double> out{0.5, 0.5}, lse{1.0, 1.0};
-  Bounds f32 = derive_bounds(header, out, lse, stats);
+  Bounds f32 = derive_bounds(problem, out, lse, stats);
   EXPECT_GT(f32.out[1], f32.out[0]);  // longer rows accumulate more error
-  header.problem.dtype = DType::bf16;
-  Bounds bf16 = derive_bounds(header, out, lse, stats);
+  problem.dtype = DType::bf16;
+  Bounds bf16 = derive_bounds(problem, out, lse, stats);
   EXPECT_GT(bf16.out[0], 100 * f32.out[0]);  // 2^-8 against 2^-24
-  EXPECT_FALSE(bf16.from_fixture);
+  FixtureHeader header;
   header.atol = 0.01;
   header.rtol = 0.1;
-  Bounds own = derive_bounds(header, out, lse, stats);
-  EXPECT_TRUE(own.from_fixture);
-  EXPECT_DOUBLE_EQ(own.out[0], 0.01 + 0.1 * 0.5);
-  EXPECT_EQ(own.lse, bf16.lse);  // atol and rtol do not apply to lse
+  std::vector<double> own = fixture_tolerance(header, out);
+  ASSERT_EQ(own.size(), 2u);
+  EXPECT_DOUBLE_EQ(own[0], 0.01 + 0.1 * 0.5);
+  header.atol.reset();
+  header.rtol.reset();
+  EXPECT_TRUE(fixture_tolerance(header, out).empty());
 }
 
 TEST(Verifier, CatchesWritesOutsideTheOutput) {

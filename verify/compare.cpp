@@ -32,6 +32,21 @@ Dims4 coords_of(const Problem& p, std::int64_t index) {
 
 }  // namespace
 
+void Comparison::fail(std::string why) {
+  verdict = Verdict::fail;
+  reason = reason.empty() ? std::move(why) : reason + "; " + why;
+}
+
+namespace {
+
+std::vector<char> rows_with_keys(const std::vector<std::int64_t>& visible) {
+  std::vector<char> counts(visible.size());
+  for (std::size_t r = 0; r < visible.size(); ++r) counts[r] = visible[r] > 0;
+  return counts;
+}
+
+}  // namespace
+
 Comparison compare_output(const CompareInputs& in) {
   const Problem& p = in.problem;
   Comparison r;
@@ -40,33 +55,35 @@ Comparison compare_output(const CompareInputs& in) {
   auto note = [&](std::int64_t e, std::string what) {
     first_failure = fmt::format("{} at [{}]", what, fmt::join(coords_of(p, e), ","));
   };
-  const auto n = static_cast<std::int64_t>(in.golden_out.size());
+  const auto n = static_cast<std::int64_t>(in.truth_out.size());
+  bool all_finite = true;
   for (std::int64_t e = 0; e < n; ++e) {
-    const double golden = in.golden_out[static_cast<std::size_t>(e)];
+    const double truth = in.truth_out[static_cast<std::size_t>(e)];
     const double got = in.got_out[static_cast<std::size_t>(e)];
     const double bound = in.bounds.out[static_cast<std::size_t>(e)];
     const bool hidden_row = in.visible[static_cast<std::size_t>(e / p.head_dim_v)] == 0;
     // An element tells something when it is distinguishable from zero within
     // its bound, or when it sits in a hidden row, which must be exactly 0.
-    if (std::fabs(golden) > bound || (hidden_row && !in.bounds.from_fixture)) ++informative;
-    double error = std::fabs(got - golden);
+    if (std::fabs(truth) > bound || hidden_row) ++informative;
+    double error = std::fabs(got - truth);
     double ratio;
     if (!std::isfinite(got)) {
+      all_finite = false;
       error = std::numeric_limits<double>::infinity();
       ratio = error;
-      if (first_failure.empty()) note(e, fmt::format("non-finite output {} where the golden is {}", got, golden));
-    } else if (hidden_row && !in.bounds.from_fixture && got != 0.0) {
+      if (first_failure.empty()) note(e, fmt::format("non-finite output {} where the truth is {}", got, truth));
+    } else if (hidden_row && got != 0.0) {
       // A row with no visible key must be exactly zero, whatever the bound.
       ratio = std::numeric_limits<double>::infinity();
       if (first_failure.empty()) note(e, fmt::format("row with no visible key is {}, not exactly 0", got));
     } else {
       ratio = bound > 0 ? error / bound : (error > 0 ? std::numeric_limits<double>::infinity() : 0.0);
       if (ratio > 1.0 && first_failure.empty()) {
-        note(e, fmt::format("got {:.6g}, expected {:.6g}, bound {:.3g}", got, golden, bound));
+        note(e, fmt::format("got {:.6g}, expected {:.6g}, bound {:.3g}", got, truth, bound));
       }
     }
     r.max_abs_error = std::max(r.max_abs_error, error);
-    if (golden != 0.0) r.max_rel_error = std::max(r.max_rel_error, error / std::fabs(golden));
+    if (truth != 0.0) r.max_rel_error = std::max(r.max_rel_error, error / std::fabs(truth));
     if (ratio > r.worst_ratio || r.worst_index < 0) {
       r.worst_ratio = ratio;
       r.worst_index = e;
@@ -75,38 +92,109 @@ Comparison compare_output(const CompareInputs& in) {
   }
   if (r.worst_index >= 0) r.worst_coords = coords_of(p, r.worst_index);
   r.informative_fraction = n > 0 ? static_cast<double>(informative) / static_cast<double>(n) : 0.0;
+  if (r.worst_ratio > 1.0) r.fail(first_failure);
 
-  std::string lse_failure;
   if (in.got_lse) {
     double worst = 0;
-    for (std::size_t row = 0; row < in.golden_lse.size(); ++row) {
-      const double golden = in.golden_lse[row], got = (*in.got_lse)[row];
+    std::string lse_failure;
+    for (std::size_t row = 0; row < in.truth_lse.size(); ++row) {
+      const double truth = in.truth_lse[row], got = (*in.got_lse)[row];
       double ratio;
-      if (std::isinf(golden) || std::isinf(got) || std::isnan(got)) {
-        ratio = (got == golden) ? 0.0 : std::numeric_limits<double>::infinity();
+      if (std::isinf(truth) || std::isinf(got) || std::isnan(got)) {
+        ratio = (got == truth) ? 0.0 : std::numeric_limits<double>::infinity();
       } else {
-        ratio = std::fabs(got - golden) / in.bounds.lse[row];
+        ratio = std::fabs(got - truth) / in.bounds.lse[row];
       }
       if (ratio > 1.0 && lse_failure.empty()) {
-        lse_failure = fmt::format("lse of row {} is {}, expected {} (bound {:.3g})", row, got, golden, in.bounds.lse[row]);
+        lse_failure = fmt::format("lse of row {} is {}, expected {} (bound {:.3g})", row, got, truth, in.bounds.lse[row]);
       }
       worst = std::max(worst, ratio);
     }
     r.lse_worst_ratio = worst;
+    if (!lse_failure.empty()) r.fail(lse_failure);
   }
 
-  if (r.worst_ratio > 1.0) {
-    r.verdict = Verdict::fail;
-    r.reason = first_failure;
-  } else if (!lse_failure.empty()) {
-    r.verdict = Verdict::fail;
-    r.reason = lse_failure;
-  } else if (r.informative_fraction < kMinInformativeFraction) {
+  const std::vector<char> counts = rows_with_keys(in.visible);
+  if (in.measured && all_finite) {
+    const ErrorNorms norms = error_norms(in.truth_out, in.got_out, p.head_dim_v, counts);
+    r.rms_error = norms.rms;
+    const MeasuredLimit& m = *in.measured;
+    const double k = ToleranceConstants::baseline_factor;
+    if (norms.elements > 0) {
+      const double over_max = norms.max / (m.limit_max() / k), over_rms = norms.rms / (m.limit_rms() / k);
+      r.baseline_ratio = std::max(over_max, over_rms);
+      r.baseline_max_ratio = over_max;
+      r.baseline_rms_ratio = over_rms;
+      if (*r.baseline_ratio > k) {
+        r.fail(over_max >= over_rms
+                   ? fmt::format("max error {:.3g} is {:.1f}x the plain implementation's {:.3g} (limit {}x)", norms.max,
+                                 over_max, std::max(m.baseline_max, m.floor_max), k)
+                   : fmt::format("RMS error {:.3g} is {:.1f}x the plain implementation's {:.3g} (limit {}x)", norms.rms,
+                                 over_rms, std::max(m.baseline_rms, m.floor_rms), k));
+      }
+    }
+  }
+  if (in.baseline_out) {
+    r.bias = rounding_bias(in.truth_out, in.got_out, *in.baseline_out, p.head_dim_v, counts);
+    if (r.bias.biased) r.fail("rounding bias: " + r.bias.finding);
+  }
+
+  if (in.golden_out && in.fixture_tolerance) {
+    double worst = 0;
+    std::int64_t at = -1;
+    for (std::int64_t e = 0; e < n; ++e) {
+      const auto i = static_cast<std::size_t>(e);
+      const double error = std::fabs(in.got_out[i] - (*in.golden_out)[i]);
+      const double tol = (*in.fixture_tolerance)[i];
+      const double ratio = std::isnan(error) ? std::numeric_limits<double>::infinity()
+                                             : (tol > 0 ? error / tol : (error > 0 ? std::numeric_limits<double>::infinity() : 0.0));
+      if (ratio > worst) {
+        worst = ratio;
+        at = e;
+      }
+    }
+    r.fixture_ratio = worst;
+    if (worst > 1.0) {
+      r.fail(fmt::format("outside the fixture's own atol/rtol at [{}]: got {:.6g}, its out {:.6g}",
+                         fmt::join(coords_of(p, at), ","), in.got_out[static_cast<std::size_t>(at)],
+                         (*in.golden_out)[static_cast<std::size_t>(at)]));
+    }
+  }
+
+  if (r.verdict == Verdict::pass && r.informative_fraction < kMinInformativeFraction) {
     r.verdict = Verdict::mistrusted;
-    r.reason = fmt::format("only {:.1f}% of the golden is larger than its bound: the match proves little",
+    r.reason = fmt::format("only {:.1f}% of the truth is larger than its bound: the match proves little",
                            100.0 * r.informative_fraction);
   }
   return r;
+}
+
+void check_probe(Comparison& c, const Problem& p, const std::vector<std::int64_t>& visible,
+                 const std::vector<double>& bounds, const std::vector<double>& got,
+                 const std::vector<double>& baseline) {
+  double worst = 0;
+  std::string failure;
+  std::vector<double> expected(got.size(), 0.0);
+  for (std::size_t row = 0; row < visible.size(); ++row) {
+    for (std::int64_t d = 0; d < p.head_dim_v; ++d) {
+      const auto e = row * static_cast<std::size_t>(p.head_dim_v) + static_cast<std::size_t>(d);
+      const double want = visible[row] > 0 ? 1.0 : 0.0;
+      expected[e] = want;
+      const double error = std::fabs(got[e] - want);
+      double ratio;
+      if (!std::isfinite(got[e]) || (want == 0.0 && got[e] != 0.0)) ratio = std::numeric_limits<double>::infinity();
+      else ratio = want == 0.0 ? 0.0 : error / bounds[row];
+      if (ratio > 1.0 && failure.empty()) {
+        failure = fmt::format("normalisation probe (V = 1): got {:.9g} at [{}], expected {} within {:.3g}", got[e],
+                              fmt::join(coords_of(p, static_cast<std::int64_t>(e)), ","), want, bounds[row]);
+      }
+      worst = std::max(worst, ratio);
+    }
+  }
+  c.probe_ratio = worst;
+  if (!failure.empty()) c.fail(failure);
+  c.probe_bias = rounding_bias(expected, got, baseline, p.head_dim_v, rows_with_keys(visible));
+  if (c.probe_bias.biased) c.fail("normalisation probe (V = 1): " + c.probe_bias.finding);
 }
 
 }  // namespace attn

@@ -10,6 +10,7 @@
 
 #include "core/problem.hpp"
 #include "core/tensor.hpp"
+#include "verify/bias.hpp"
 #include "verify/tolerance.hpp"
 
 namespace attn {
@@ -20,15 +21,29 @@ inline std::string_view format_as(Verdict verdict) { return verdict_name(verdict
 
 struct Comparison {
   Verdict verdict = Verdict::pass;
-  std::string reason;             // why FAIL, SKIP or MISTRUSTED
+  std::string reason;             // why FAIL, SKIP or MISTRUSTED (every failed check, "; " between)
+  // The a-priori bound, element by element, against the float64 truth.
   double max_abs_error = 0;       // over out
-  double max_rel_error = 0;       // over out elements whose golden is non-zero
+  double max_rel_error = 0;       // over out elements whose truth is non-zero
   double worst_ratio = 0;         // max over out of |error| / bound (inf for a non-finite output)
   double bound_at_worst = 0;
   std::int64_t worst_index = -1;  // flat index into out of the worst element
   Dims4 worst_coords{};           // [b, h, i, d] of that element
   std::optional<double> lse_worst_ratio;  // when the backend returned lse
-  double informative_fraction = 0;  // share of out elements with |golden| > bound or held to exactly 0
+  double informative_fraction = 0;  // share of out elements with |truth| > bound or held to exactly 0
+  // The measured bound: errors against the plain implementation's (floored).
+  double rms_error = 0;
+  std::optional<double> baseline_ratio;  // max(max error / baseline max, RMS / baseline RMS); limit k
+  double baseline_max_ratio = 0, baseline_rms_ratio = 0;  // the two parts
+  // The rounding-bias test over the output.
+  BiasTest bias;
+  // The normalisation probe (V = ones), when it ran.
+  std::optional<double> probe_ratio;  // max over visible rows of |got - 1| / probe bound
+  BiasTest probe_bias;
+  // The fixture's own atol/rtol against its stored out, when it has them.
+  std::optional<double> fixture_ratio;  // max of |got - out| / (atol + rtol |out|)
+
+  void fail(std::string why);  // marks FAIL and appends the reason
 };
 
 // A result proves little when fewer than this share of its elements could be
@@ -37,14 +52,25 @@ inline constexpr double kMinInformativeFraction = 0.10;
 
 struct CompareInputs {
   const Problem& problem;
-  const std::vector<double>& golden_out;
-  const std::vector<double>& golden_lse;
-  const Bounds& bounds;
+  const std::vector<double>& truth_out;      // the float64 reference of the fixture's inputs
+  const std::vector<double>& truth_lse;
+  const Bounds& bounds;                      // a-priori, per element and per row
   const std::vector<std::int64_t>& visible;  // per row: visible keys (0 = fully masked row)
   const std::vector<double>& got_out;        // canonical [b, h, i, d]
   const std::vector<double>* got_lse;        // nullptr when the backend has none
+  const MeasuredLimit* measured = nullptr;   // nullptr: no measured bound (unit tests of the a-priori one)
+  const std::vector<double>* baseline_out = nullptr;  // the plain implementation's out, for the bias test
+  const std::vector<double>* golden_out = nullptr;         // the fixture's out, when it has a tolerance
+  const std::vector<double>* fixture_tolerance = nullptr;  // atol + rtol |out| per element
 };
 
 Comparison compare_output(const CompareInputs& in);
+
+// Adds the normalisation probe: `got` is the backend's output with V replaced
+// by ones; every visible row must be 1 within `bounds[row]`, every hidden row
+// exactly 0, and the errors must not lean one way.
+void check_probe(Comparison& comparison, const Problem& problem, const std::vector<std::int64_t>& visible,
+                 const std::vector<double>& bounds, const std::vector<double>& got,
+                 const std::vector<double>& baseline);
 
 }  // namespace attn

@@ -109,10 +109,26 @@ void write_json(const VerifySummary& summary, const std::filesystem::path& path)
       r["worst_index"] = c.worst_coords;
       r["informative_fraction"] = c.informative_fraction;
       if (c.lse_worst_ratio) r["lse_error_over_bound"] = finite_or_null(*c.lse_worst_ratio);
+      r["rms_error"] = finite_or_null(c.rms_error);
+      r["error_over_baseline"] = c.baseline_ratio ? finite_or_null(*c.baseline_ratio) : nlohmann::json(nullptr);
+      auto bias_json = [&](const BiasTest& b) {
+        return nlohmann::json{{"toward_zero", {{"rows", b.toward_zero.rows}, {"mean", b.toward_zero.mean}, {"t", finite_or_null(b.toward_zero.t)}}},
+                              {"upward", {{"rows", b.upward.rows}, {"mean", b.upward.mean}, {"t", finite_or_null(b.upward.t)}}},
+                              {"biased", b.biased}};
+      };
+      r["max_error_over_baseline"] = finite_or_null(c.baseline_max_ratio);
+      r["rms_error_over_baseline"] = finite_or_null(c.baseline_rms_ratio);
+      r["bias"] = bias_json(c.bias);
+      if (c.probe_ratio) {
+        r["probe_error_over_bound"] = finite_or_null(*c.probe_ratio);
+        r["probe_bias"] = bias_json(c.probe_bias);
+      }
+      if (c.fixture_ratio) r["error_over_fixture_tolerance"] = finite_or_null(*c.fixture_ratio);
     }
+    if (!o.warning.empty()) r["warning"] = o.warning;
     results.push_back(std::move(r));
   }
-  nlohmann::json doc = {{"schema", "attn-verify-1"}, {"results", results}, {"input_errors", summary.input_errors}};
+  nlohmann::json doc = {{"schema", "attn-verify-1"}, {"results", results}, {"input_errors", summary.input_errors}, {"warnings", summary.warnings}};
   open_output(path) << doc.dump(2) << "\n";
 }
 

@@ -22,9 +22,8 @@ double underflow_floor(DType dtype) {
 }
 }  // namespace
 
-Bounds derive_bounds(const FixtureHeader& header, const std::vector<double>& golden_out,
+Bounds derive_bounds(const Problem& p, const std::vector<double>& golden_out,
                      const std::vector<double>& golden_lse, const ReferenceStats& stats) {
-  const Problem& p = header.problem;
   const double c = ToleranceConstants::safety_factor;
   const double u = unit_roundoff(p.dtype);             // inputs, P and out are rounded to dtype
   const double u_acc = accumulation_roundoff(p.dtype);  // dot products and sums
@@ -52,10 +51,50 @@ Bounds derive_bounds(const FixtureHeader& header, const std::vector<double>& gol
                       + underflow_floor(p.dtype);
     }
   }
-  if (header.atol || header.rtol) {
-    bounds.from_fixture = true;
-    const double atol = header.atol.value_or(0.0), rtol = header.rtol.value_or(0.0);
-    for (std::size_t e = 0; e < golden_out.size(); ++e) bounds.out[e] = atol + rtol * std::fabs(golden_out[e]);
+  return bounds;
+}
+
+std::vector<double> fixture_tolerance(const FixtureHeader& header, const std::vector<double>& golden) {
+  if (!header.atol && !header.rtol) return {};
+  const double atol = header.atol.value_or(0.0), rtol = header.rtol.value_or(0.0);
+  std::vector<double> tolerance(golden.size());
+  for (std::size_t e = 0; e < golden.size(); ++e) tolerance[e] = atol + rtol * std::fabs(golden[e]);
+  return tolerance;
+}
+
+ErrorNorms error_norms(const std::vector<double>& truth, const std::vector<double>& got, std::int64_t width,
+                       const std::vector<char>& counts) {
+  ErrorNorms norms;
+  double squares = 0;
+  for (std::size_t r = 0; r < counts.size(); ++r) {
+    if (!counts[r]) continue;
+    for (std::int64_t d = 0; d < width; ++d) {
+      const auto e = r * static_cast<std::size_t>(width) + static_cast<std::size_t>(d);
+      const double error = std::fabs(got[e] - truth[e]);
+      norms.max = std::max(norms.max, error);
+      squares += error * error;
+      ++norms.elements;
+    }
+  }
+  if (norms.elements > 0) norms.rms = std::sqrt(squares / static_cast<double>(norms.elements));
+  return norms;
+}
+
+MeasuredLimit measured_limit(DType dtype, const std::vector<double>& truth, const std::vector<double>& baseline,
+                             std::int64_t width, const std::vector<char>& counts) {
+  const std::vector<double> zero(truth.size(), 0.0);
+  const ErrorNorms base = error_norms(truth, baseline, width, counts);
+  const ErrorNorms scale = error_norms(zero, truth, width, counts);  // max and RMS of |truth|
+  const double floor = ToleranceConstants::baseline_floor * unit_roundoff(dtype);
+  return {base.max, base.rms, floor * scale.max, floor * scale.rms};
+}
+
+std::vector<double> probe_bounds(const Problem& p, const ReferenceStats& stats) {
+  const double u = unit_roundoff(p.dtype), u_acc = accumulation_roundoff(p.dtype);
+  std::vector<double> bounds(stats.visible.size());
+  for (std::size_t r = 0; r < bounds.size(); ++r) {
+    const double n = static_cast<double>(stats.visible[r]);
+    bounds[r] = u + ToleranceConstants::probe_factor * (u * stats.weight_norm[r] + std::sqrt(std::max(n, 1.0)) * u_acc);
   }
   return bounds;
 }
@@ -91,19 +130,12 @@ std::vector<double> projection_error(const std::vector<double>& exact, const std
 // Independent rounding errors add in quadrature (root-sum-square), the same
 // probabilistic model as the root-n terms of the attention bound; C = 8 covers
 // the rest, as there.
-std::vector<double> derive_layer_bounds(const FixtureHeader& header, const LayerData& layer,
-                                        const LayerReference& ref) {
+std::vector<double> derive_layer_bounds(const LayerData& layer, const LayerReference& ref) {
   const Problem& p = layer.problem;
   const std::int64_t m = layer.model_dim;
   const double c = ToleranceConstants::safety_factor;
   const double u = unit_roundoff(p.dtype), u_acc = accumulation_roundoff(p.dtype);
   std::vector<double> bounds(ref.y.size());
-  if (header.atol || header.rtol) {
-    for (std::size_t e = 0; e < bounds.size(); ++e) {
-      bounds[e] = header.atol.value_or(0.0) + header.rtol.value_or(0.0) * std::fabs(ref.y[e]);
-    }
-    return bounds;
-  }
   const CaseData& a = ref.attention;  // exact Q, K, V split into heads
   auto error_of = [&](const std::vector<double>& exact_split, std::int64_t seq, std::int64_t heads, std::int64_t dim,
                       const std::vector<double>& x, const std::vector<double>& w, const std::vector<double>& bias) {
@@ -115,10 +147,7 @@ std::vector<double> derive_layer_bounds(const FixtureHeader& header, const Layer
   const std::vector<double> ev = error_of(a.v, p.seq_k, p.heads_kv, p.head_dim_v, layer.x_v, layer.w_v, layer.b_v);
   // The attention's own bound on the exact inputs, then what the projection
   // errors add: dq and dk move the scores, dv the values.
-  FixtureHeader attention_header = header;
-  attention_header.atol.reset();
-  attention_header.rtol.reset();
-  std::vector<double> error_o = derive_bounds(attention_header, ref.result.out, ref.result.lse, ref.stats).out;
+  std::vector<double> error_o = derive_bounds(p, ref.result.out, ref.result.lse, ref.stats).out;
   for (std::int64_t b = 0; b < p.batch; ++b)
     for (std::int64_t h = 0; h < p.heads_q; ++h) {
       const std::int64_t g = h / p.group_size();

@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "core/error.hpp"
 #include "fixtures/fixture.hpp"
 #include "fixtures/layer.hpp"
 #include "reference/layer.hpp"
+#include "verify/baseline.hpp"
 #include "verify/layer.hpp"
 #include "reference/reference.hpp"
 #include "verify/run_case.hpp"
@@ -28,23 +30,100 @@ bool wanted(const FixtureHeader& header, const std::vector<std::string>& tags) {
   return std::any_of(tags.begin(), tags.end(), [&](const std::string& t) { return header.has_tag(t); });
 }
 
-Comparison run_one(const Backend& backend, const Fixture& fixture, const ReferenceStats& stats, const Bounds& bounds,
-                   const std::vector<double>& golden_lse, const RunOptions& options) {
+std::vector<Status> support_of(const std::vector<std::unique_ptr<Backend>>& backends, const Problem& problem) {
+  std::vector<Status> support;
+  for (const auto& backend : backends) {
+    Status s = backend->available();
+    support.push_back(s ? backend->supports(problem) : s);
+  }
+  return support;
+}
+
+bool anyone_runs(const std::vector<Status>& support) {
+  return std::any_of(support.begin(), support.end(), [](const Status& s) { return s.ok; });
+}
+
+std::string index_text(const Dims4& shape, std::size_t e) {
+  Dims4 c{};
+  for (int axis = 3; axis >= 0; --axis) {
+    const auto extent = static_cast<std::size_t>(std::max<std::int64_t>(shape[static_cast<std::size_t>(axis)], 1));
+    c[static_cast<std::size_t>(axis)] = static_cast<std::int64_t>(e % extent);
+    e /= extent;
+  }
+  return fmt::format("[{}]", fmt::join(c, ","));
+}
+
+// The golden is checked, not trusted: what the fixture stores must be the
+// float64 attention of its own inputs, within what the verifier would allow
+// a backend of the case's dtype. Otherwise the fixture, not every backend,
+// is at fault.
+void check_golden(const FixtureHeader& header, std::string_view what, const Dims4& shape,
+                  const std::vector<double>& stored, const std::vector<double>& truth, const std::vector<double>& bound) {
+  for (std::size_t e = 0; e < stored.size(); ++e) {
+    const double x = stored[e], t = truth[e];
+    const bool same_infinity = std::isinf(t) && x == t;
+    if (same_infinity || std::fabs(x - t) <= bound[e]) continue;
+    throw InputError(fmt::format(
+        "{}: its `{}` is not the attention of its own inputs: {} holds {:.17g}, the float64 reference gives {:.17g} "
+        "(a {} case may differ by at most {:.3g}); the golden is wrong or corrupt",
+        header.path.string(), what, index_text(shape, e), x, t, dtype_name(header.problem.dtype), bound[e]));
+  }
+}
+
+// A fixture tolerance that would accept an error of a tenth of the output is
+// worth a loud warning even though the verifier's own policy still applies.
+std::string loose_tolerance_warning(const FixtureHeader& header, const std::vector<double>& truth,
+                                    const std::vector<double>& tolerance) {
+  double scale = 0;
+  for (double t : truth) scale = std::max(scale, std::fabs(t));
+  if (tolerance.empty() || scale == 0) return {};
+  const auto worst = std::max_element(tolerance.begin(), tolerance.end());
+  if (*worst < ToleranceConstants::loose_tolerance_share * scale) return {};
+  return fmt::format("LOOSE TOLERANCE: the fixture's own atol={} rtol={} accepts an error of {:.3g}, {:.0f}% of its "
+                     "largest |out| ({:.3g}); a wrong answer would pass it (the verifier's own checks still apply)",
+                     header.atol.value_or(0.0), header.rtol.value_or(0.0), *worst, 100.0 * *worst / scale, scale);
+}
+
+CaseData ones_probe(const CaseData& data) {
+  CaseData probe = data;
+  std::fill(probe.v.begin(), probe.v.end(), 1.0);
+  return probe;
+}
+
+// Everything the checks of one SDPA fixture need, computed once for all backends.
+struct Judgement {
+  ReferenceResult truth;
+  ReferenceStats stats;
+  Bounds bounds;
+  MeasuredLimit measured;
+  std::vector<double> baseline;   // the plain implementation's out
+  std::vector<double> tolerance;  // the fixture's own, or empty
+  std::vector<double> probe_bounds;
+  CaseData probe;                 // V replaced by ones
+  std::vector<double> probe_baseline;
+};
+
+Comparison run_one(const Backend& backend, const Fixture& fixture, const Judgement& j, const RunOptions& options) {
+  Comparison c;
   try {
     BackendRun run = run_backend(backend, fixture.data, options);
     const std::vector<double>* lse = run.lse ? &*run.lse : nullptr;
-    Comparison c = compare_output({fixture.problem(), fixture.out, golden_lse, bounds, stats.visible, run.out, lse});
-    if (!run.guard_damage.empty()) {
-      c.verdict = Verdict::fail;
-      c.reason = run.guard_damage;
-    }
-    return c;
+    c = compare_output({fixture.problem(), j.truth.out, j.truth.lse, j.bounds, j.stats.visible, run.out, lse,
+                        &j.measured, &j.baseline, j.tolerance.empty() ? nullptr : &fixture.out,
+                        j.tolerance.empty() ? nullptr : &j.tolerance});
+    if (!run.guard_damage.empty()) c.fail(run.guard_damage);
+    BackendRun probe = run_backend(backend, j.probe, options);
+    check_probe(c, fixture.problem(), j.stats.visible, j.probe_bounds, probe.out, j.probe_baseline);
+    if (!probe.guard_damage.empty()) c.fail("normalisation probe: " + probe.guard_damage);
   } catch (const std::exception& e) {
-    Comparison c;
-    c.verdict = Verdict::fail;
-    c.reason = fmt::format("backend threw: {}", e.what());
-    return c;
+    c.fail(fmt::format("backend threw: {}", e.what()));
   }
+  return c;
+}
+
+void record(CaseOutcome outcome, const OutcomeCallback& on_outcome, VerifySummary& summary) {
+  if (on_outcome) on_outcome(outcome);
+  summary.outcomes.push_back(std::move(outcome));
 }
 
 // A layer case: y is compared as a one-head [batch, 1, seq_q, model_dim] tensor.
@@ -53,24 +132,31 @@ void verify_layer(const std::filesystem::path& file, const std::vector<std::uniq
   LayerFixture fixture = read_layer_fixture(file);
   if (options.layout) fixture.data.problem.layout = *options.layout;
   const Problem& problem = fixture.data.problem;
-  std::vector<Status> support;
-  for (const auto& backend : backends) {
-    Status s = backend->available();
-    support.push_back(s ? backend->supports(problem) : s);
-  }
-  Problem shape = Problem::parse(fmt::format("dtype=f64,b={},hq=1,hkv=1,sq={},sk=1,d=1,dv={}", problem.batch,
-                                             problem.seq_q, fixture.header.model_dim));
+  const std::vector<Status> support = support_of(backends, problem);
+  Problem shape = Problem::parse(fmt::format("dtype={},b={},hq=1,hkv=1,sq={},sk=1,d=1,dv={}", dtype_short_name(problem.dtype),
+                                             problem.batch, problem.seq_q, fixture.header.model_dim));
   Bounds bounds;
   std::vector<std::int64_t> every_row(static_cast<std::size_t>(problem.batch * problem.seq_q), 1);
   std::vector<double> no_lse;
-  if (std::any_of(support.begin(), support.end(), [](const Status& s) { return s.ok; })) {
-    LayerReference reference = reference_layer(fixture.data);
-    bounds.out = derive_layer_bounds(fixture.header, fixture.data, reference);
-    bounds.from_fixture = fixture.header.atol || fixture.header.rtol;
+  LayerReference reference;
+  MeasuredLimit measured;
+  std::vector<double> baseline, tolerance;
+  std::string warning;
+  if (anyone_runs(support)) {
+    reference = reference_layer(fixture.data);
+    bounds.out = derive_layer_bounds(fixture.data, reference);
+    check_golden(fixture.header, "y", {problem.batch, 1, problem.seq_q, fixture.header.model_dim}, fixture.y, reference.y,
+                 bounds.out);
+    const std::vector<char> counts(every_row.size(), 1);
+    baseline = baseline_layer(fixture.data, options.run.threads);
+    measured = measured_limit(problem.dtype, reference.y, baseline, fixture.header.model_dim, counts);
+    tolerance = fixture_tolerance(fixture.header, fixture.y);
+    warning = loose_tolerance_warning(fixture.header, reference.y, tolerance);
+    if (!warning.empty()) summary.warnings.push_back(fmt::format("{}: {}", file.string(), warning));
   }
   for (std::size_t b = 0; b < backends.size(); ++b) {
     CaseOutcome outcome{std::string(backends[b]->name()), file, fixture.header.name,
-                        fmt::format("{},model={}", problem.to_string(), fixture.header.model_dim), {}, 0};
+                        fmt::format("{},model={}", problem.to_string(), fixture.header.model_dim), {}, 0, warning};
     if (!support[b].ok) {
       outcome.comparison.verdict = Verdict::skip;
       outcome.comparison.reason = support[b].reason;
@@ -78,19 +164,58 @@ void verify_layer(const std::filesystem::path& file, const std::vector<std::uniq
       auto start = std::chrono::steady_clock::now();
       try {
         LayerRun run = run_layer(*backends[b], fixture.data, options.run);
-        outcome.comparison = compare_output({shape, fixture.y, no_lse, bounds, every_row, run.y, nullptr});
-        if (!run.guard_damage.empty()) {
-          outcome.comparison.verdict = Verdict::fail;
-          outcome.comparison.reason = run.guard_damage;
-        }
+        outcome.comparison = compare_output({shape, reference.y, no_lse, bounds, every_row, run.y, nullptr, &measured,
+                                             &baseline, tolerance.empty() ? nullptr : &fixture.y,
+                                             tolerance.empty() ? nullptr : &tolerance});
+        if (!run.guard_damage.empty()) outcome.comparison.fail(run.guard_damage);
       } catch (const std::exception& e) {
-        outcome.comparison.verdict = Verdict::fail;
-        outcome.comparison.reason = fmt::format("backend threw: {}", e.what());
+        outcome.comparison.fail(fmt::format("backend threw: {}", e.what()));
       }
       outcome.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
-    if (on_outcome) on_outcome(outcome);
-    summary.outcomes.push_back(std::move(outcome));
+    record(std::move(outcome), on_outcome, summary);
+  }
+}
+
+void verify_sdpa(const Fixture& fixture, const std::vector<std::unique_ptr<Backend>>& backends,
+                 const VerifyOptions& options, const OutcomeCallback& on_outcome, VerifySummary& summary) {
+  const Problem& problem = fixture.problem();
+  // Decide support first: the reference is only computed when someone runs.
+  const std::vector<Status> support = support_of(backends, problem);
+  Judgement j;
+  std::string warning;
+  if (anyone_runs(support)) {
+    j.truth = reference_attention(fixture.data, &j.stats, options.run.threads);
+    j.bounds = derive_bounds(problem, j.truth.out, j.truth.lse, j.stats);
+    check_golden(fixture.header, "out", {problem.batch, problem.heads_q, problem.seq_q, problem.head_dim_v}, fixture.out,
+                 j.truth.out, j.bounds.out);
+    if (fixture.lse) {
+      check_golden(fixture.header, "lse", {problem.batch, problem.heads_q, problem.seq_q, 1}, *fixture.lse, j.truth.lse,
+                   j.bounds.lse);
+    }
+    std::vector<char> counts(j.stats.visible.size());
+    for (std::size_t r = 0; r < counts.size(); ++r) counts[r] = j.stats.visible[r] > 0;
+    j.baseline = baseline_attention(fixture.data, options.run.threads);
+    j.measured = measured_limit(problem.dtype, j.truth.out, j.baseline, problem.head_dim_v, counts);
+    j.tolerance = fixture_tolerance(fixture.header, fixture.out);
+    warning = loose_tolerance_warning(fixture.header, j.truth.out, j.tolerance);
+    if (!warning.empty()) summary.warnings.push_back(fmt::format("{}: {}", fixture.header.path.string(), warning));
+    j.probe_bounds = probe_bounds(problem, j.stats);
+    j.probe = ones_probe(fixture.data);
+    j.probe_baseline = baseline_attention(j.probe, options.run.threads);
+  }
+  for (std::size_t b = 0; b < backends.size(); ++b) {
+    CaseOutcome outcome{std::string(backends[b]->name()), fixture.header.path, fixture.header.name,
+                        problem.to_string(), {}, 0, warning};
+    if (!support[b].ok) {
+      outcome.comparison.verdict = Verdict::skip;
+      outcome.comparison.reason = support[b].reason;
+    } else {
+      auto start = std::chrono::steady_clock::now();
+      outcome.comparison = run_one(*backends[b], fixture, j, options.run);
+      outcome.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+    record(std::move(outcome), on_outcome, summary);
   }
 }
 
@@ -101,7 +226,6 @@ VerifySummary verify(const std::vector<std::filesystem::path>& files,
                      const OutcomeCallback& on_outcome) {
   VerifySummary summary;
   for (const auto& file : files) {
-    Fixture fixture;
     try {
       FixtureHeader header = read_fixture_header(file);
       if (!wanted(header, options.tags)) continue;
@@ -109,40 +233,13 @@ VerifySummary verify(const std::vector<std::filesystem::path>& files,
         verify_layer(file, backends, options, on_outcome, summary);
         continue;
       }
-      fixture = read_fixture(file);
+      Fixture fixture = read_fixture(file);
+      if (options.layout) fixture.data.problem.layout = *options.layout;
+      verify_sdpa(fixture, backends, options, on_outcome, summary);
+    } catch (const InputError& e) {
+      summary.input_errors.push_back(e.what());
     } catch (const Error& e) {
       summary.input_errors.push_back(e.what());
-      continue;
-    }
-    if (options.layout) fixture.data.problem.layout = *options.layout;
-    const Problem& problem = fixture.problem();
-
-    // Decide support first: the reference is only computed when someone runs.
-    std::vector<Status> support;
-    for (const auto& backend : backends) {
-      Status s = backend->available();
-      support.push_back(s ? backend->supports(problem) : s);
-    }
-    ReferenceStats stats;
-    Bounds bounds;
-    std::vector<double> golden_lse;
-    if (std::any_of(support.begin(), support.end(), [](const Status& s) { return s.ok; })) {
-      ReferenceResult reference = reference_attention(fixture.data, &stats, options.run.threads);
-      golden_lse = fixture.lse ? *fixture.lse : reference.lse;
-      bounds = derive_bounds(fixture.header, fixture.out, golden_lse, stats);
-    }
-    for (std::size_t b = 0; b < backends.size(); ++b) {
-      CaseOutcome outcome{std::string(backends[b]->name()), file, fixture.header.name, problem.to_string(), {}, 0};
-      if (!support[b].ok) {
-        outcome.comparison.verdict = Verdict::skip;
-        outcome.comparison.reason = support[b].reason;
-      } else {
-        auto start = std::chrono::steady_clock::now();
-        outcome.comparison = run_one(*backends[b], fixture, stats, bounds, golden_lse, options.run);
-        outcome.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      }
-      if (on_outcome) on_outcome(outcome);
-      summary.outcomes.push_back(std::move(outcome));
     }
   }
   return summary;

@@ -27,11 +27,13 @@ struct CaseOutcome {
   std::string problem;  // canonical problem string
   Comparison comparison;
   double seconds = 0;
+  std::string warning;  // about the fixture (e.g. a loose tolerance of its own); empty when none
 };
 
 struct VerifySummary {
   std::vector<CaseOutcome> outcomes;
-  std::vector<std::string> input_errors;  // fixtures that could not be read
+  std::vector<std::string> input_errors;  // fixtures that could not be read or whose golden is wrong
+  std::vector<std::string> warnings;      // fixtures that were run but deserve a look
   int failed() const;
 };
 

@@ -1,0 +1,98 @@
+#include "verify/baseline.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <thread>
+#include <type_traits>
+
+#include "core/detmath.hpp"
+#include "reference/reference.hpp"
+#include "verify/layer.hpp"
+
+namespace attn {
+
+namespace {
+
+// One row of the plain algorithm in accumulation type A (float or double).
+template <typename A>
+void baseline_row(const CaseData& data, std::int64_t row, std::vector<double>& out, std::vector<A>& weights,
+                  std::vector<std::int64_t>& keys) {
+  const Problem& p = data.problem;
+  const std::int64_t i = row % p.seq_q, bh = row / p.seq_q, b = bh / p.heads_q, h = bh % p.heads_q;
+  const std::int64_t g = h / p.group_size();
+  const double* q = &data.q[static_cast<std::size_t>(row * p.head_dim)];
+  const A scale = static_cast<A>(p.scale);
+  keys.clear();
+  weights.clear();
+  A max_score = -std::numeric_limits<A>::infinity();
+  for (std::int64_t j = 0; j < p.seq_k; ++j) {
+    if (!reference_visible(data, b, h, i, j)) continue;
+    const double* k = &data.k[static_cast<std::size_t>(((b * p.heads_kv + g) * p.seq_k + j) * p.head_dim)];
+    A dot = 0;
+    for (std::int64_t d = 0; d < p.head_dim; ++d) dot += static_cast<A>(q[d]) * static_cast<A>(k[d]);
+    A s = scale * dot;
+    if (p.bias.present) {
+      const BroadcastShape& m = p.bias;
+      const std::int64_t at = (((m.batch == 1 ? 0 : b) * m.heads + (m.heads == 1 ? 0 : h)) * m.rows +
+                               (m.rows == 1 ? 0 : i)) * p.seq_k + j;
+      s += static_cast<A>(data.bias[static_cast<std::size_t>(at)]);
+    }
+    keys.push_back(j);
+    weights.push_back(s);
+    max_score = std::max(max_score, s);
+  }
+  double* o = &out[static_cast<std::size_t>(row * p.head_dim_v)];
+  if (keys.empty()) {
+    std::fill(o, o + p.head_dim_v, 0.0);
+    return;
+  }
+  A sum = 0;
+  for (A& w : weights) {
+    w = static_cast<A>(detmath::exp(static_cast<double>(w - max_score)));
+    sum += w;
+  }
+  for (A& w : weights) w = static_cast<A>(round_to_dtype(static_cast<double>(w), p.dtype));
+  for (std::int64_t d = 0; d < p.head_dim_v; ++d) {
+    A acc = 0;
+    for (std::size_t n = 0; n < keys.size(); ++n) {
+      const double v = data.v[static_cast<std::size_t>(((b * p.heads_kv + g) * p.seq_k + keys[n]) * p.head_dim_v + d)];
+      acc += weights[n] * static_cast<A>(v);
+    }
+    o[d] = round_to_dtype(static_cast<double>(acc / sum), p.dtype);
+  }
+}
+
+}  // namespace
+
+std::vector<double> baseline_attention(const CaseData& data, int threads) {
+  const Problem& p = data.problem;
+  std::vector<double> out(static_cast<std::size_t>(p.out_elements()), 0.0);
+  const std::int64_t rows = p.rows();
+  int workers = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (rows * p.seq_k * (p.head_dim + p.head_dim_v) < (1 << 16)) workers = 1;
+  auto work = [&](int worker) {
+    auto run = [&](auto zero) {
+      using A = decltype(zero);
+      std::vector<A> weights;
+      std::vector<std::int64_t> keys;
+      for (std::int64_t row = worker; row < rows; row += workers) baseline_row<A>(data, row, out, weights, keys);
+    };
+    if (p.dtype == DType::f64) run(0.0);
+    else run(0.0f);
+  };
+  std::vector<std::thread> pool;
+  for (int w = 1; w < workers; ++w) pool.emplace_back(work, w);
+  work(0);
+  for (auto& t : pool) t.join();
+  return out;
+}
+
+std::vector<double> baseline_layer(const LayerData& layer, int threads) {
+  const Problem& p = layer.problem;
+  const std::vector<double> o = baseline_attention(layer_attention_inputs(layer), threads);
+  const std::vector<double> merged = merge_heads(o, p.batch, p.heads_q, p.seq_q, p.head_dim_v);
+  return project_in_dtype(merged, p.batch * p.seq_q, layer.o_width(), layer.w_o, layer.model_dim, layer.b_o, p.dtype);
+}
+
+}  // namespace attn
