@@ -60,13 +60,29 @@ TEST_F(Cli, VerifyPassesAndWritesJsonAndJunit) {
   EXPECT_TRUE(fs::exists(dir_ / "v.xml"));
 }
 
-TEST_F(Cli, AWrongGoldenFailsWithExitOneAndAReproduceCommand) {
+TEST_F(Cli, AWrongGoldenIsAnInputErrorNamingTheFile) {
   attn::Fixture f = attn::read_fixture(kGolden + "/basic/b1_h2_q4_k4_d8_f32.h5");
   f.out[5] += 0.01;
   fs::path wrong = dir_ / "wrong.h5";
   attn::write_fixture(f, wrong);
+  CliRun r = run_attn("verify " + wrong.string() + " --junit " + (dir_ / "v.xml").string());
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("input error: " + wrong.string()), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("FAIL ("), std::string::npos) << "no backend is blamed: " << r.output;
+  std::ifstream xml_file(dir_ / "v.xml");
+  std::string xml((std::istreambuf_iterator<char>(xml_file)), {});
+  EXPECT_NE(xml.find("<error message="), std::string::npos) << xml;
+}
+
+TEST_F(Cli, AFailureExitsOneWithAReproduceCommand) {
+  // A correct golden whose own tolerance no float32 backend can meet.
+  attn::Fixture f = attn::read_fixture(kGolden + "/basic/b1_h2_q4_k4_d8_f32.h5");
+  f.header.atol = 1e-300;
+  fs::path wrong = dir_ / "wrong.h5";
+  attn::write_fixture(f, wrong);
   CliRun r = run_attn("verify " + wrong.string());
   EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("outside the fixture's own atol/rtol"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("FAIL"), std::string::npos);
   EXPECT_NE(r.output.find("To reproduce"), std::string::npos);
   EXPECT_NE(r.output.find("verify " + wrong.string() + " --backend naive"), std::string::npos) << r.output;

@@ -43,12 +43,12 @@ struct RowSigns {
 };
 
 RowSigns row_signs(const std::vector<double>& truth, const std::vector<double>& got, std::size_t first,
-                   std::int64_t width) {
+                   std::int64_t width, double exact_within) {
   int n_up = 0, sum_up = 0, n_zero = 0, sum_zero = 0;
   for (std::int64_t d = 0; d < width; ++d) {
     const std::size_t e = first + static_cast<std::size_t>(d);
     if (!std::isfinite(got[e])) continue;  // failed elsewhere
-    const int s = sign(got[e] - truth[e]);
+    const int s = std::fabs(got[e] - truth[e]) <= exact_within ? 0 : sign(got[e] - truth[e]);
     if (s == 0) continue;  // exact: says nothing about the direction of rounding
     ++n_up;
     sum_up += s;
@@ -68,12 +68,14 @@ RowSigns row_signs(const std::vector<double>& truth, const std::vector<double>& 
 }  // namespace
 
 BiasTest rounding_bias(const std::vector<double>& truth, const std::vector<double>& got,
-                       const std::vector<double>& baseline, std::int64_t width, const std::vector<char>& counts) {
+                       const std::vector<double>& baseline, std::int64_t width, const std::vector<char>& counts,
+                       double exact_within) {
   std::vector<double> toward, up;
   for (std::size_t r = 0; r < counts.size(); ++r) {
     if (!counts[r]) continue;
     const std::size_t first = r * static_cast<std::size_t>(width);
-    const RowSigns g = row_signs(truth, got, first, width), b = row_signs(truth, baseline, first, width);
+    const RowSigns g = row_signs(truth, got, first, width, exact_within),
+                   b = row_signs(truth, baseline, first, width, exact_within);
     if (g.any || b.any) up.push_back(g.upward - b.upward);
     if (g.any_nonzero_truth || b.any_nonzero_truth) toward.push_back(g.toward - b.toward);
   }

@@ -30,8 +30,9 @@ struct BiasTest {
 
 // `truth`, `got` and `baseline` are [rows, width]; rows whose `counts[row]`
 // is false are left out (rows with no visible key, held to exactly 0
-// elsewhere).
+// elsewhere). Errors no larger than `exact_within` count as exact (no sign).
 BiasTest rounding_bias(const std::vector<double>& truth, const std::vector<double>& got,
-                       const std::vector<double>& baseline, std::int64_t width, const std::vector<char>& counts);
+                       const std::vector<double>& baseline, std::int64_t width, const std::vector<char>& counts,
+                       double exact_within = 0);
 
 }  // namespace attn

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -38,7 +40,42 @@ std::ofstream open_output(const std::filesystem::path& path) {
   return file;
 }
 
+Distribution distribution_of(std::vector<double> values) {
+  Distribution d;
+  d.count = static_cast<std::int64_t>(values.size());
+  if (values.empty()) return d;
+  std::sort(values.begin(), values.end());
+  auto at = [&](double q) { return values[static_cast<std::size_t>(std::ceil(q * static_cast<double>(values.size() - 1)))]; };
+  d.min = values.front();
+  d.median = at(0.5);
+  d.p99 = at(0.99);
+  d.max = values.back();
+  return d;
+}
+
+std::string dtype_of(const std::string& problem) {
+  const auto comma = problem.find(',');
+  const std::string first = problem.substr(0, comma);
+  return first.rfind("dtype=", 0) == 0 ? first.substr(6) : first;
+}
+
 }  // namespace
+
+std::vector<BudgetUse> budget_use(const VerifySummary& summary) {
+  std::map<std::pair<std::string, std::string>, std::pair<std::vector<double>, std::vector<double>>> values;
+  for (const auto& o : summary.outcomes) {
+    const Comparison& c = o.comparison;
+    if (c.verdict == Verdict::skip) continue;
+    auto& v = values[{o.backend, dtype_of(o.problem)}];
+    if (std::isfinite(c.worst_ratio)) v.first.push_back(c.worst_ratio);
+    if (c.baseline_ratio && std::isfinite(*c.baseline_ratio)) v.second.push_back(*c.baseline_ratio);
+  }
+  std::vector<BudgetUse> rows;
+  for (auto& [key, v] : values) {
+    rows.push_back({key.first, key.second, distribution_of(std::move(v.first)), distribution_of(std::move(v.second))});
+  }
+  return rows;
+}
 
 void print_outcome_header(std::FILE* out) {
   fmt::print(out, "{:<12} {:<44} {:>10} {:>10} {:>10} {:>9} {:<16} {}\n", "backend", "fixture", "max_abs", "max_rel",
@@ -82,6 +119,21 @@ void print_summary(std::FILE* out, const VerifySummary& summary, const std::stri
   for (const auto& [name, c] : per_backend) {
     fmt::print(out, "{:<12} {:>6} {:>6} {:>6} {:>11} {:>16.3f}\n", name, c.pass, c.fail, c.skip, c.mistrusted, c.worst);
   }
+  const std::vector<BudgetUse> budget = budget_use(summary);
+  if (!budget.empty()) {
+    fmt::print(out, "\nBudget use per backend and dtype (min / median / p99 / max over the cases that ran):\n");
+    fmt::print(out, "{:<12} {:<5} {:>6}  {:<29}  {:<29}\n", "backend", "dtype", "cases", "err/bound (limit 1)",
+               fmt::format("err/baseline (limit {})", ToleranceConstants::baseline_factor));
+    auto text = [](const Distribution& d) {
+      return d.count == 0 ? std::string("-")
+                          : fmt::format("{:.3f} {:.3f} {:.3f} {:.3f}", d.min, d.median, d.p99, d.max);
+    };
+    for (const auto& b : budget) {
+      fmt::print(out, "{:<12} {:<5} {:>6}  {:<29}  {:<29}\n", b.backend, b.dtype, b.over_bound.count, text(b.over_bound),
+                 text(b.over_baseline));
+    }
+  }
+  for (const auto& warning : summary.warnings) fmt::print(out, "warning: {}\n", warning);
   for (const auto& error : summary.input_errors) fmt::print(out, "input error: {}\n", error);
   bool header = false;
   for (const auto& o : summary.outcomes) {
@@ -128,7 +180,20 @@ void write_json(const VerifySummary& summary, const std::filesystem::path& path)
     if (!o.warning.empty()) r["warning"] = o.warning;
     results.push_back(std::move(r));
   }
-  nlohmann::json doc = {{"schema", "attn-verify-1"}, {"results", results}, {"input_errors", summary.input_errors}, {"warnings", summary.warnings}};
+  nlohmann::json budget = nlohmann::json::array();
+  auto distribution_json = [](const Distribution& d) {
+    return nlohmann::json{{"count", d.count}, {"min", d.min}, {"median", d.median}, {"p99", d.p99}, {"max", d.max}};
+  };
+  for (const auto& b : budget_use(summary)) {
+    budget.push_back({{"backend", b.backend}, {"dtype", b.dtype}, {"error_over_bound", distribution_json(b.over_bound)},
+                      {"error_over_baseline", distribution_json(b.over_baseline)}});
+  }
+  nlohmann::json doc = {{"schema", "attn-verify-1"},
+                        {"limits", {{"error_over_bound", 1.0}, {"error_over_baseline", ToleranceConstants::baseline_factor}}},
+                        {"results", results},
+                        {"budget", budget},
+                        {"input_errors", summary.input_errors},
+                        {"warnings", summary.warnings}};
   open_output(path) << doc.dump(2) << "\n";
 }
 
@@ -156,7 +221,19 @@ void write_junit(const VerifySummary& summary, const std::filesystem::path& path
       } else if (c.verdict == Verdict::mistrusted) {
         file << fmt::format("<system-out>MISTRUSTED: {}</system-out>", xml_escape(c.reason));
       }
+      if (!o->warning.empty()) file << fmt::format("<system-err>WARNING: {}</system-err>", xml_escape(o->warning));
       file << "</testcase>\n";
+    }
+    file << "  </testsuite>\n";
+  }
+  // Fixtures that could not be judged (unreadable, or a golden that is not the
+  // attention of its own inputs) are errors, so no dashboard shows them green.
+  if (!summary.input_errors.empty()) {
+    file << fmt::format("  <testsuite name=\"inputs\" tests=\"{0}\" failures=\"0\" errors=\"{0}\" skipped=\"0\">\n",
+                        summary.input_errors.size());
+    for (std::size_t n = 0; n < summary.input_errors.size(); ++n) {
+      file << fmt::format("    <testcase classname=\"inputs\" name=\"input {}\"><error message=\"{}\"/></testcase>\n", n + 1,
+                          xml_escape(summary.input_errors[n]));
     }
     file << "  </testsuite>\n";
   }

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "verify/verifier.hpp"
 
@@ -14,6 +15,20 @@ void print_outcome_header(std::FILE* out);
 void print_outcome(std::FILE* out, const CaseOutcome& outcome);
 // Totals per backend and, for every failure, the command that reproduces it.
 void print_summary(std::FILE* out, const VerifySummary& summary, const std::string& attn_command);
+
+// How much of each limit the backends use, per backend and dtype: the
+// distribution (min, median, p99, max) of err/bound and err/baseline over
+// the cases that ran.
+struct Distribution {
+  double min = 0, median = 0, p99 = 0, max = 0;
+  std::int64_t count = 0;
+};
+struct BudgetUse {
+  std::string backend;
+  std::string dtype;
+  Distribution over_bound, over_baseline;
+};
+std::vector<BudgetUse> budget_use(const VerifySummary& summary);
 
 void write_json(const VerifySummary& summary, const std::filesystem::path& path);
 void write_junit(const VerifySummary& summary, const std::filesystem::path& path);

@@ -142,11 +142,11 @@ void verify_layer(const std::filesystem::path& file, const std::vector<std::uniq
   MeasuredLimit measured;
   std::vector<double> baseline, tolerance;
   std::string warning;
+  reference = reference_layer(fixture.data);
+  bounds.out = derive_layer_bounds(fixture.data, reference);
+  check_golden(fixture.header, "y", {problem.batch, 1, problem.seq_q, fixture.header.model_dim}, fixture.y, reference.y,
+               bounds.out);
   if (anyone_runs(support)) {
-    reference = reference_layer(fixture.data);
-    bounds.out = derive_layer_bounds(fixture.data, reference);
-    check_golden(fixture.header, "y", {problem.batch, 1, problem.seq_q, fixture.header.model_dim}, fixture.y, reference.y,
-                 bounds.out);
     const std::vector<char> counts(every_row.size(), 1);
     baseline = baseline_layer(fixture.data, options.run.threads);
     measured = measured_limit(problem.dtype, reference.y, baseline, fixture.header.model_dim, counts);
@@ -180,19 +180,20 @@ void verify_layer(const std::filesystem::path& file, const std::vector<std::uniq
 void verify_sdpa(const Fixture& fixture, const std::vector<std::unique_ptr<Backend>>& backends,
                  const VerifyOptions& options, const OutcomeCallback& on_outcome, VerifySummary& summary) {
   const Problem& problem = fixture.problem();
-  // Decide support first: the reference is only computed when someone runs.
   const std::vector<Status> support = support_of(backends, problem);
   Judgement j;
   std::string warning;
+  // Every selected fixture's golden is checked, whoever runs it.
+  j.truth = reference_attention(fixture.data, &j.stats, options.run.threads);
+  j.bounds = derive_bounds(problem, j.truth.out, j.truth.lse, j.stats);
+  check_golden(fixture.header, "out", {problem.batch, problem.heads_q, problem.seq_q, problem.head_dim_v}, fixture.out,
+               j.truth.out, j.bounds.out);
+  if (fixture.lse) {
+    check_golden(fixture.header, "lse", {problem.batch, problem.heads_q, problem.seq_q, 1}, *fixture.lse, j.truth.lse,
+                 j.bounds.lse);
+  }
+  // The rest is only computed when someone runs.
   if (anyone_runs(support)) {
-    j.truth = reference_attention(fixture.data, &j.stats, options.run.threads);
-    j.bounds = derive_bounds(problem, j.truth.out, j.truth.lse, j.stats);
-    check_golden(fixture.header, "out", {problem.batch, problem.heads_q, problem.seq_q, problem.head_dim_v}, fixture.out,
-                 j.truth.out, j.bounds.out);
-    if (fixture.lse) {
-      check_golden(fixture.header, "lse", {problem.batch, problem.heads_q, problem.seq_q, 1}, *fixture.lse, j.truth.lse,
-                   j.bounds.lse);
-    }
     std::vector<char> counts(j.stats.visible.size());
     for (std::size_t r = 0; r < counts.size(); ++r) counts[r] = j.stats.visible[r] > 0;
     j.baseline = baseline_attention(fixture.data, options.run.threads);

@@ -111,13 +111,22 @@ def write_report(files, measurements, verify_results, weights_png, out_dir):
     if skipped:
         body += ["<h2>Skipped</h2>", _table(["backend", "reason"], skipped)]
     if verify_results is not None:
-        rows = _verify_rows(verify_results)
+        rows = _verify_rows(verify_results.results)
         headers = ["backend", "dtype", "PASS", "FAIL", "SKIP", "MISTRUSTED", "worst error/bound"]
         classes = ["fail" if r[3] else ("pass" if r[2] else "") for r in rows]
         body += ["<h2>Verification</h2>", '<p class="note">From <code>attn verify --json</code>.</p>',
                  _table(headers, rows, classes)]
         md += ["## Verification", "", "| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
         md += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows] + [""]
+        budget = plots.verify_budget(verify_results.results, verify_results.limits)
+        if budget is not None:
+            drawn.append("budget")
+            with open(os.path.join(out_dir, "plots", "budget.png"), "wb") as f:
+                f.write(budget)
+            note = ("How close each backend runs to its limits: per case, its worst error over the a-priori bound, and "
+                    "its error over the plain same-precision implementation's (dashed: the limit).")
+            body += ["<h3>Budget use</h3>", f'<p class="note">{html.escape(note)}</p>', _img(budget, "budget use")]
+            md += ["### Budget use", "", note, "", "![budget](plots/budget.png)", ""]
     if weights_png:
         drawn.append("weights")
         with open(os.path.join(out_dir, "plots", "weights.png"), "wb") as f:

@@ -215,3 +215,47 @@ def thread_scaling(measurements):
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return _png(fig)
+
+
+def verify_budget(results, limits=None):
+    """How much of each limit every backend uses: one row of panels per limit
+    (err/bound, err/baseline), a histogram per backend on a log axis, with the
+    limit as a line. None when no result carries the ratios."""
+    limits = limits or {"error_over_bound": 1.0, "error_over_baseline": 4.0}
+    keys = [("error_over_bound", "error / a-priori bound"), ("error_over_baseline", "error / plain implementation's")]
+    per_backend = defaultdict(lambda: defaultdict(list))
+    for r in results:
+        if r.get("verdict") == "SKIP":
+            continue
+        for key, _ in keys:
+            v = r.get(key)
+            if v is not None and v > 0 and math.isfinite(v):
+                per_backend[r["backend"]][key].append(v)
+    backends = sorted(b for b in per_backend if any(per_backend[b].values()))
+    if not backends:
+        return None
+    fig, axes = plt.subplots(len(keys), 1, figsize=(9, 3.2 * len(keys)), squeeze=False)
+    for row, (key, title) in enumerate(keys):
+        ax = axes[row][0]
+        values = [v for b in backends for v in per_backend[b][key]]
+        if not values:
+            ax.set_visible(False)
+            continue
+        limit = limits.get(key)
+        low = min(values + [limit or 1.0]) / 2
+        high = max(values + [limit or 1.0]) * 2
+        bins = np.geomspace(low, high, 40)
+        for n, b in enumerate(backends):
+            data = per_backend[b][key]
+            if data:
+                ax.hist(data, bins=bins, histtype="step", linewidth=1.6, color=_color(b) or f"C{n}",
+                        label=f"{b} (n={len(data)}, max {max(data):.2g})")
+        if limit:
+            ax.axvline(limit, color="black", linestyle="--", linewidth=1)
+            ax.annotate("limit", (limit, ax.get_ylim()[1] * 0.9), textcoords="offset points", xytext=(4, 0), fontsize=8)
+        ax.set_xscale("log")
+        ax.set_xlabel(title)
+        ax.set_ylabel("cases")
+        ax.legend(fontsize=7, loc="upper left", ncol=2, frameon=False)
+    fig.tight_layout()
+    return _png(fig)

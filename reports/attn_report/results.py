@@ -138,14 +138,27 @@ def merge(files):
     return [m for f in files for m in f.measurements]
 
 
+class VerifyResults(list):
+    """`attn verify --json` results (a list of result dicts) with the run's
+    limits (`limits`: error_over_bound and error_over_baseline), when given."""
+
+    def __init__(self, results, limits=None):
+        super().__init__(results)
+        self.limits = limits
+
+    @property
+    def results(self):
+        return self
+
+
 def load_verify(path, data=None):
-    """Reads `attn verify --json` output: a list of result dicts."""
+    """Reads `attn verify --json` output: the result dicts and the limits."""
     if data is None:
         with open(path) as f:
             data = json.load(f)
     if data.get("schema") != "attn-verify-1":
         raise ValueError(f"{path}: not `attn verify --json` output (schema {data.get('schema')!r})")
-    return data["results"]
+    return VerifyResults(data["results"], data.get("limits"))
 
 
 def verify_summary(results):

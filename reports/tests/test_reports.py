@@ -12,7 +12,7 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from attn_report import compare, html, results  # noqa: E402
+from attn_report import compare, html, plots, results  # noqa: E402
 
 DATA = os.path.join(HERE, "data")
 REPORT = os.path.join(os.path.dirname(HERE), "report.py")
@@ -121,7 +121,7 @@ class Report(unittest.TestCase):
     def test_every_plot_is_drawn_and_embedded(self):
         png = b"\x89PNG\r\n\x1a\n" + b"0" * 64
         drawn = self.write(["bench_cpu.json", "bench_gpu.json"], weights=png)
-        self.assertEqual(drawn, ["gflops", "memory", "speedup", "decode", "weights"])
+        self.assertEqual(drawn, ["gflops", "memory", "speedup", "decode", "budget", "weights"])
         with open(os.path.join(self.out, "report.html")) as f:
             page = f.read()
         self.assertEqual(page.count('<img class="plot"'), len(drawn))
@@ -136,6 +136,14 @@ class Report(unittest.TestCase):
             summary = f.read()
         self.assertIn("![Throughput against sequence length](plots/gflops.png)", summary)
         self.assertRegex(summary, r"\| broken \| bf16 \| 0 \| 1 \|")
+
+    def test_budget_histogram_draws_both_limits(self):
+        rows = [{"backend": "naive", "verdict": "PASS", "error_over_bound": 0.05, "error_over_baseline": 1.1},
+                {"backend": "mine", "verdict": "FAIL", "error_over_bound": 0.2, "error_over_baseline": 7.0},
+                {"backend": "mine", "verdict": "SKIP"}]
+        png = plots.verify_budget(results.VerifyResults(rows, {"error_over_bound": 1, "error_over_baseline": 4}))
+        self.assertEqual(png[:8], b"\x89PNG\r\n\x1a\n")
+        self.assertIsNone(plots.verify_budget([{"backend": "naive", "verdict": "SKIP"}]))
 
     def test_thread_scaling_appears_with_several_thread_counts(self):
         one = results.load_bench(data("bench_cpu.json"))
@@ -156,7 +164,7 @@ class Report(unittest.TestCase):
         dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=10000",
                               "--dump-dom", f"file://{page}"], capture_output=True, text=True, timeout=120).stdout
         images = re.findall(r"<img[^>]*>", dom)
-        self.assertEqual(len(images), 4)
+        self.assertEqual(len(images), 5)
         for img in images:
             self.assertIn('data-drawn="1"', img)
 

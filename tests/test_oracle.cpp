@@ -1,0 +1,190 @@
+// The oracle's own teeth: the measured bound, the rounding-bias test, the
+// normalisation probe and the golden check. Broken backends (tests/mutants)
+// must FAIL, a correct one with the same structure must PASS everything, and
+// fixtures whose golden is wrong are refused as input errors.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+
+#include "fixtures/fixture.hpp"
+#include "fixtures/layer.hpp"
+#include "tests/mutants/flash_mutant.hpp"
+#include "verify/verifier.hpp"
+
+using namespace attn;
+using attn::testing::FlashFlaws;
+using attn::testing::Rounding;
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path kGolden = fs::path(ATTN_SOURCE_DIR) / "fixtures" / "golden";
+
+std::vector<fs::path> standard_files() {
+  std::vector<fs::path> files;
+  for (const auto& file : find_fixture_files({kGolden})) {
+    if (!read_fixture_header(file).has_tag("long")) files.push_back(file);
+  }
+  return files;
+}
+
+struct OracleMutant {
+  const char* name;
+  FlashFlaws flaws;
+  const char* check;  // words the reason of at least one failure must hold
+};
+
+const OracleMutant kOracleMutants[] = {
+    {"out_toward_zero", {.out_rounding = Rounding::toward_zero}, "rounding bias"},
+    {"out_downward", {.out_rounding = Rounding::downward}, "rounding bias"},
+    {"p_toward_zero", {.p_rounding = Rounding::toward_zero}, "normalisation probe"},
+    {"o_bf16_between_blocks", {.o_in_bf16 = true}, "plain implementation"},
+    {"rescale_bf16", {.rescale_in_bf16 = true}, "plain implementation"},
+    {"exp_10x_less_accurate", {.exp_error = 7.4e-7}, "plain implementation"},
+    {"reciprocal_12_bits", {.reciprocal_bits = 12}, "plain implementation"},
+    {"denominator_bf16", {.l_in_bf16 = true}, "normalisation probe"},
+    {"denominator_not_rescaled", {.l_not_rescaled = true}, "normalisation probe"},
+};
+
+class Oracle : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    std::vector<std::unique_ptr<Backend>> backends;
+    for (const auto& m : kOracleMutants) backends.push_back(attn::testing::make_flash_mutant(m.name, m.flaws));
+    backends.push_back(attn::testing::make_flash_mutant("flash_correct", {}));
+    VerifyOptions options;
+    options.run.threads = 2;
+    summary_ = new VerifySummary(verify(standard_files(), backends, options));
+  }
+  static void TearDownTestSuite() { delete summary_; }
+  static VerifySummary* summary_;
+};
+VerifySummary* Oracle::summary_ = nullptr;
+
+}  // namespace
+
+TEST_F(Oracle, TheCorrectFlashStyleBackendPassesEveryFixture) {
+  int runs = 0;
+  for (const auto& o : summary_->outcomes) {
+    if (o.backend != "flash_correct" || o.comparison.verdict == Verdict::skip) continue;
+    ++runs;
+    EXPECT_EQ(o.comparison.verdict, Verdict::pass) << o.fixture << ": " << o.comparison.reason;
+  }
+  EXPECT_GT(runs, 100);
+  EXPECT_TRUE(summary_->input_errors.empty());
+}
+
+TEST_F(Oracle, EveryPrecisionMutantFails) {
+  for (const auto& m : kOracleMutants) {
+    int failures = 0;
+    bool named = false;
+    std::string example;
+    for (const auto& o : summary_->outcomes) {
+      if (o.backend != m.name || o.comparison.verdict != Verdict::fail) continue;
+      ++failures;
+      named = named || o.comparison.reason.find(m.check) != std::string::npos;
+      if (example.empty()) example = o.fixture + ": " + o.comparison.reason;
+    }
+    EXPECT_GT(failures, 0) << m.name << " passed every fixture";
+    EXPECT_TRUE(named) << m.name << " was never caught by the '" << m.check << "' check; e.g. " << example;
+    std::printf("%-26s %3d failures, e.g. %s\n", m.name, failures, example.c_str());
+  }
+}
+
+// ---- The golden is checked, not trusted -------------------------------------
+
+namespace {
+
+class GoldenCheck : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("attn_golden_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Runs a correct backend on one file.
+  VerifySummary run(const fs::path& file) {
+    std::vector<std::unique_ptr<Backend>> one;
+    one.push_back(attn::testing::make_flash_mutant("flash_correct", {}));
+    return verify({file}, one, {});
+  }
+  void expect_refused(const fs::path& file, const std::string& words) {
+    VerifySummary s = run(file);
+    EXPECT_TRUE(s.outcomes.empty()) << "a wrong golden must not be blamed on a backend";
+    ASSERT_EQ(s.input_errors.size(), 1u);
+    EXPECT_NE(s.input_errors[0].find(file.string()), std::string::npos) << s.input_errors[0];
+    EXPECT_NE(s.input_errors[0].find(words), std::string::npos) << s.input_errors[0];
+  }
+  fs::path dir_;
+};
+
+}  // namespace
+
+TEST_F(GoldenCheck, AWrongGoldenUnderALooseToleranceIsAnInputError) {
+  Fixture f = read_fixture(kGolden / "basic" / "b1_h2_q4_k4_d8_f32.h5");
+  f.out[3] += 0.5;
+  f.header.atol = 1.0;
+  write_fixture(f, dir_ / "wrong.h5");
+  expect_refused(dir_ / "wrong.h5", "`out` is not the attention of its own inputs");
+  const std::string command = std::string(ATTN_CLI) + " verify " + (dir_ / "wrong.h5").string() + " --quiet > /dev/null";
+  const int status = std::system(command.c_str());
+  EXPECT_EQ(WEXITSTATUS(status), 2);
+}
+
+TEST_F(GoldenCheck, AFloat32GoldenInAFloat64CaseIsAnInputError) {
+  Fixture f = read_fixture(kGolden / "basic" / "b1_h2_q4_k4_d8_f64.h5");
+  for (double& x : f.out) x = static_cast<double>(static_cast<float>(x));
+  write_fixture(f, dir_ / "f32_golden.h5");
+  expect_refused(dir_ / "f32_golden.h5", "float64 case");
+}
+
+TEST_F(GoldenCheck, ABitFlipInTheGoldenIsAnInputError) {
+  Fixture f = read_fixture(kGolden / "mask" / "random_1x1x17_f16.h5");
+  std::uint64_t bits;
+  std::memcpy(&bits, &f.out[5], sizeof bits);
+  bits ^= std::uint64_t{1} << 50;  // a high mantissa bit
+  std::memcpy(&f.out[5], &bits, sizeof bits);
+  write_fixture(f, dir_ / "flipped.h5");
+  expect_refused(dir_ / "flipped.h5", "golden is wrong or corrupt");
+}
+
+TEST_F(GoldenCheck, AWrongLseIsAnInputError) {
+  Fixture f = read_fixture(kGolden / "basic" / "b1_h2_q4_k4_d8_bf16.h5");
+  ASSERT_TRUE(f.lse.has_value());
+  (*f.lse)[1] += 0.01;
+  write_fixture(f, dir_ / "lse.h5");
+  expect_refused(dir_ / "lse.h5", "`lse`");
+}
+
+TEST_F(GoldenCheck, AWrongLayerGoldenIsAnInputError) {
+  const auto layers = find_fixture_files({kGolden / "layer"});
+  ASSERT_FALSE(layers.empty());
+  LayerFixture f = read_layer_fixture(layers.front());
+  f.y[0] += 0.25;
+  write_layer_fixture(f, dir_ / "layer.h5");
+  expect_refused(dir_ / "layer.h5", "`y`");
+}
+
+TEST_F(GoldenCheck, ALooseToleranceOnACorrectGoldenIsWarnedAndOurPolicyStillApplies) {
+  Fixture f = read_fixture(kGolden / "basic" / "b1_h2_q4_k4_d8_f32.h5");
+  f.header.atol = 1.0;
+  write_fixture(f, dir_ / "loose.h5");
+  VerifySummary s = run(dir_ / "loose.h5");
+  ASSERT_EQ(s.outcomes.size(), 1u);
+  EXPECT_EQ(s.outcomes[0].comparison.verdict, Verdict::pass) << s.outcomes[0].comparison.reason;
+  EXPECT_NE(s.outcomes[0].warning.find("LOOSE TOLERANCE"), std::string::npos);
+  ASSERT_EQ(s.warnings.size(), 1u);
+  // A backend that is wrong by far less than atol = 1 still fails: the
+  // fixture's tolerance is not a licence.
+  std::vector<std::unique_ptr<Backend>> broken;
+  broken.push_back(attn::testing::make_flash_mutant("denominator_not_rescaled", {.l_not_rescaled = true}));
+  broken.push_back(attn::testing::make_flash_mutant("reciprocal_12_bits", {.reciprocal_bits = 12}));
+  VerifySummary b = verify({dir_ / "loose.h5"}, broken, {});
+  ASSERT_EQ(b.outcomes.size(), 2u);
+  EXPECT_EQ(b.outcomes[1].comparison.verdict, Verdict::fail) << b.outcomes[1].comparison.reason;
+}
