@@ -11,6 +11,8 @@
 #include "core/registry.hpp"
 #include "fixtures/fixture.hpp"
 #include "impls/naive/naive.hpp"
+#include "verify/baseline.hpp"
+#include "verify/bias.hpp"
 #include "verify/compare.hpp"
 #include "verify/report.hpp"
 #include "verify/run_case.hpp"
@@ -248,4 +250,67 @@ TEST(Report, JsonAndJunitCarryEveryOutcome) {
   EXPECT_NE(xml.find("failures=\"1\""), std::string::npos);
   EXPECT_NE(xml.find("made up &lt;for&gt; the test"), std::string::npos);
   fs::remove_all(dir);
+}
+
+// ---- The measured bound and the bias test ------------------------------------
+
+TEST(Baseline, IsThePlainAlgorithmAndDoesNotDependOnThreads) {
+  Fixture f = read_fixture(kGolden / "mha" / "b2_h4_q17_k33_d64_bf16.h5");
+  const std::vector<double> one = baseline_attention(f.data, 1), two = baseline_attention(f.data, 2);
+  ASSERT_EQ(one.size(), f.out.size());
+  EXPECT_EQ(std::memcmp(one.data(), two.data(), one.size() * sizeof(double)), 0);
+  for (double x : one) EXPECT_EQ(x, round_to_dtype(x, DType::bf16));  // rounded to the dtype
+  // One visible key: the weight is exactly 1, so the output is v itself.
+  CaseData single;
+  single.problem = Problem::parse("dtype=f32,b=1,hq=1,hkv=1,sq=1,sk=1,d=2,dv=2");
+  single.q = {0.5, 0.25};
+  single.k = {1.0, -2.0};
+  single.v = {3.0, -0.125};
+  EXPECT_EQ(baseline_attention(single), (std::vector<double>{3.0, -0.125}));
+}
+
+TEST(MeasuredLimit, TheFloorHoldsWhenTheBaselineIsExact) {
+  const std::vector<double> truth{1.0, -2.0, 0.5, 4.0}, exact = truth;
+  MeasuredLimit m = measured_limit(DType::f16, truth, exact, 2, {1, 1});
+  EXPECT_EQ(m.baseline_max, 0.0);
+  EXPECT_DOUBLE_EQ(m.reference_max(), unit_roundoff(DType::f16) * 4.0);
+  EXPECT_EQ(m.factor, ToleranceConstants::baseline_factor_16bit);
+  EXPECT_EQ(measured_limit(DType::f32, truth, exact, 2, {1, 1}).factor, ToleranceConstants::baseline_factor_wide);
+  // A hidden row (counts 0) takes no part.
+  std::vector<double> off = truth;
+  off[2] = 100;
+  EXPECT_EQ(measured_limit(DType::f16, truth, off, 2, {1, 0}).baseline_max, 0.0);
+}
+
+TEST(BiasTest, TruncationLeansTowardZeroAndNearestDoesNot) {
+  // 64 rows of 8 values of both signs, rounded to bfloat16 two ways.
+  const std::int64_t rows = 64, width = 8;
+  std::vector<double> truth, nearest, truncated;
+  std::uint64_t state = 12345;
+  for (std::int64_t e = 0; e < rows * width; ++e) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    const double x = (static_cast<double>(state >> 11) / 9007199254740992.0 - 0.5) * 3.0;
+    truth.push_back(x);
+    nearest.push_back(round_to_dtype(x, DType::bf16));
+    float f = static_cast<float>(x);
+    std::uint32_t bits;
+    std::memcpy(&bits, &f, sizeof bits);
+    bits &= 0xFFFF0000u;  // truncation: toward zero
+    std::memcpy(&f, &bits, sizeof bits);
+    truncated.push_back(f);
+  }
+  const std::vector<char> counts(static_cast<std::size_t>(rows), 1);
+  const std::vector<double>& baseline = nearest;
+  EXPECT_FALSE(rounding_bias(truth, nearest, baseline, width, counts).biased);
+  BiasTest t = rounding_bias(truth, truncated, baseline, width, counts);
+  EXPECT_TRUE(t.biased);
+  EXPECT_LT(t.toward_zero.mean, -0.5);
+  EXPECT_NE(t.finding.find("toward zero"), std::string::npos);
+  // Too few rows: no verdict, however one-sided.
+  const std::vector<char> few(static_cast<std::size_t>(rows), 0);
+  std::vector<char> some = few;
+  for (std::int64_t r = 0; r < ToleranceConstants::bias_min_rows - 1; ++r) some[static_cast<std::size_t>(r)] = 1;
+  EXPECT_FALSE(rounding_bias(truth, truncated, baseline, width, some).biased);
+  // The same lean in the baseline is the data's, not the backend's.
+  EXPECT_FALSE(rounding_bias(truth, truncated, truncated, width, counts).biased);
 }

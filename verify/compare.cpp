@@ -119,18 +119,18 @@ Comparison compare_output(const CompareInputs& in) {
     const ErrorNorms norms = error_norms(in.truth_out, in.got_out, p.head_dim_v, counts);
     r.rms_error = norms.rms;
     const MeasuredLimit& m = *in.measured;
-    const double k = ToleranceConstants::baseline_factor;
+    const double k = m.factor;
     if (norms.elements > 0) {
-      const double over_max = norms.max / (m.limit_max() / k), over_rms = norms.rms / (m.limit_rms() / k);
+      const double over_max = norms.max / m.reference_max(), over_rms = norms.rms / m.reference_rms();
       r.baseline_ratio = std::max(over_max, over_rms);
       r.baseline_max_ratio = over_max;
       r.baseline_rms_ratio = over_rms;
       if (*r.baseline_ratio > k) {
         r.fail(over_max >= over_rms
                    ? fmt::format("max error {:.3g} is {:.1f}x the plain implementation's {:.3g} (limit {}x)", norms.max,
-                                 over_max, std::max(m.baseline_max, m.floor_max), k)
+                                 over_max, m.reference_max(), k)
                    : fmt::format("RMS error {:.3g} is {:.1f}x the plain implementation's {:.3g} (limit {}x)", norms.rms,
-                                 over_rms, std::max(m.baseline_rms, m.floor_rms), k));
+                                 over_rms, m.reference_rms(), k));
       }
     }
   }

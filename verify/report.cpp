@@ -123,7 +123,8 @@ void print_summary(std::FILE* out, const VerifySummary& summary, const std::stri
   if (!budget.empty()) {
     fmt::print(out, "\nBudget use per backend and dtype (min / median / p99 / max over the cases that ran):\n");
     fmt::print(out, "{:<12} {:<5} {:>6}  {:<29}  {:<29}\n", "backend", "dtype", "cases", "err/bound (limit 1)",
-               fmt::format("err/baseline (limit {})", ToleranceConstants::baseline_factor));
+               fmt::format("err/baseline (limit {}/{})", ToleranceConstants::baseline_factor_16bit,
+                                                              ToleranceConstants::baseline_factor_wide));
     auto text = [](const Distribution& d) {
       return d.count == 0 ? std::string("-")
                           : fmt::format("{:.3f} {:.3f} {:.3f} {:.3f}", d.min, d.median, d.p99, d.max);
@@ -189,7 +190,11 @@ void write_json(const VerifySummary& summary, const std::filesystem::path& path)
                       {"error_over_baseline", distribution_json(b.over_baseline)}});
   }
   nlohmann::json doc = {{"schema", "attn-verify-1"},
-                        {"limits", {{"error_over_bound", 1.0}, {"error_over_baseline", ToleranceConstants::baseline_factor}}},
+                        {"limits",
+                         {{"error_over_bound", 1.0},
+                          {"error_over_baseline",
+                           {{"f16", ToleranceConstants::baseline_factor_16bit}, {"bf16", ToleranceConstants::baseline_factor_16bit},
+                            {"f32", ToleranceConstants::baseline_factor_wide}, {"f64", ToleranceConstants::baseline_factor_wide}}}}},
                         {"results", results},
                         {"budget", budget},
                         {"input_errors", summary.input_errors},

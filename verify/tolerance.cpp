@@ -86,7 +86,7 @@ MeasuredLimit measured_limit(DType dtype, const std::vector<double>& truth, cons
   const ErrorNorms base = error_norms(truth, baseline, width, counts);
   const ErrorNorms scale = error_norms(zero, truth, width, counts);  // max and RMS of |truth|
   const double floor = ToleranceConstants::baseline_floor * unit_roundoff(dtype);
-  return {base.max, base.rms, floor * scale.max, floor * scale.rms};
+  return {ToleranceConstants::baseline_factor(dtype), base.max, base.rms, floor * scale.max, floor * scale.rms};
 }
 
 std::vector<double> probe_bounds(const Problem& p, const ReferenceStats& stats) {

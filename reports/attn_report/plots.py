@@ -221,7 +221,7 @@ def verify_budget(results, limits=None):
     """How much of each limit every backend uses: one row of panels per limit
     (err/bound, err/baseline), a histogram per backend on a log axis, with the
     limit as a line. None when no result carries the ratios."""
-    limits = limits or {"error_over_bound": 1.0, "error_over_baseline": 4.0}
+    limits = limits or {"error_over_bound": 1.0, "error_over_baseline": {"f16": 3.0, "bf16": 3.0, "f32": 4.0, "f64": 4.0}}
     keys = [("error_over_bound", "error / a-priori bound"), ("error_over_baseline", "error / plain implementation's")]
     per_backend = defaultdict(lambda: defaultdict(list))
     for r in results:
@@ -242,17 +242,25 @@ def verify_budget(results, limits=None):
             ax.set_visible(False)
             continue
         limit = limits.get(key)
-        low = min(values + [limit or 1.0]) / 2
-        high = max(values + [limit or 1.0]) * 2
+        # One limit, or one per dtype: a line for each distinct value.
+        lines = defaultdict(list)
+        if isinstance(limit, dict):
+            for dtype, value in limit.items():
+                lines[value].append(dtype)
+        elif limit:
+            lines[limit] = []
+        low = min(values + list(lines) + [1.0]) / 2
+        high = max(values + list(lines) + [1.0]) * 2
         bins = np.geomspace(low, high, 40)
         for n, b in enumerate(backends):
             data = per_backend[b][key]
             if data:
                 ax.hist(data, bins=bins, histtype="step", linewidth=1.6, color=_color(b) or f"C{n}",
                         label=f"{b} (n={len(data)}, max {max(data):.2g})")
-        if limit:
-            ax.axvline(limit, color="black", linestyle="--", linewidth=1)
-            ax.annotate("limit", (limit, ax.get_ylim()[1] * 0.9), textcoords="offset points", xytext=(4, 0), fontsize=8)
+        for value, dtypes in sorted(lines.items()):
+            ax.axvline(value, color="black", linestyle="--", linewidth=1)
+            text = "limit" + (f" ({', '.join(dtypes)})" if dtypes else "")
+            ax.annotate(text, (value, ax.get_ylim()[1] * 0.9), textcoords="offset points", xytext=(4, 0), fontsize=8)
         ax.set_xscale("log")
         ax.set_xlabel(title)
         ax.set_ylabel("cases")

@@ -141,7 +141,7 @@ class Report(unittest.TestCase):
         rows = [{"backend": "naive", "verdict": "PASS", "error_over_bound": 0.05, "error_over_baseline": 1.1},
                 {"backend": "mine", "verdict": "FAIL", "error_over_bound": 0.2, "error_over_baseline": 7.0},
                 {"backend": "mine", "verdict": "SKIP"}]
-        png = plots.verify_budget(results.VerifyResults(rows, {"error_over_bound": 1, "error_over_baseline": 4}))
+        png = plots.verify_budget(results.VerifyResults(rows, {"error_over_bound": 1, "error_over_baseline": {"f16": 3, "f32": 4}}))
         self.assertEqual(png[:8], b"\x89PNG\r\n\x1a\n")
         self.assertIsNone(plots.verify_budget([{"backend": "naive", "verdict": "SKIP"}]))
 
