@@ -78,22 +78,24 @@ std::vector<BudgetUse> budget_use(const VerifySummary& summary) {
 }
 
 void print_outcome_header(std::FILE* out) {
-  fmt::print(out, "{:<12} {:<44} {:>10} {:>10} {:>10} {:>9} {:<16} {}\n", "backend", "fixture", "max_abs", "max_rel",
-             "bound", "err/bound", "worst [b,h,i,d]", "verdict");
+  fmt::print(out, "{:<12} {:<44} {:>10} {:>10} {:>10} {:>9} {:>8} {:<16} {}\n", "backend", "fixture", "max_abs", "max_rel",
+             "bound", "err/bound", "err/base", "worst [b,h,i,d]", "verdict");
 }
 
 void print_outcome(std::FILE* out, const CaseOutcome& o) {
   const Comparison& c = o.comparison;
   if (c.verdict == Verdict::skip) {
-    fmt::print(out, "{:<12} {:<44} {:>10} {:>10} {:>10} {:>9} {:<16} SKIP ({})\n", o.backend, o.fixture, "-", "-", "-",
-               "-", "-", c.reason);
+    fmt::print(out, "{:<12} {:<44} {:>10} {:>10} {:>10} {:>9} {:>8} {:<16} SKIP ({})\n", o.backend, o.fixture, "-", "-",
+               "-", "-", "-", "-", c.reason);
     return;
   }
   std::string worst = c.worst_index >= 0 ? fmt::format("[{}]", fmt::join(c.worst_coords, ",")) : "-";
   std::string verdict(verdict_name(c.verdict));
   if (!c.reason.empty()) verdict += fmt::format(" ({})", c.reason);
-  fmt::print(out, "{:<12} {:<44} {:>10.3g} {:>10.3g} {:>10.3g} {:>9} {:<16} {}\n", o.backend, o.fixture,
-             c.max_abs_error, c.max_rel_error, c.bound_at_worst, ratio_text(c), worst, verdict);
+  if (!o.warning.empty()) verdict += fmt::format(" [{}]", o.warning);
+  const std::string base = c.baseline_ratio ? fmt::format("{:.2f}", *c.baseline_ratio) : "-";
+  fmt::print(out, "{:<12} {:<44} {:>10.3g} {:>10.3g} {:>10.3g} {:>9} {:>8} {:<16} {}\n", o.backend, o.fixture,
+             c.max_abs_error, c.max_rel_error, c.bound_at_worst, ratio_text(c), base, worst, verdict);
 }
 
 void print_summary(std::FILE* out, const VerifySummary& summary, const std::string& attn_command) {
