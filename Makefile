@@ -22,7 +22,7 @@ build: configure
 	@cmake --build $(BUILD) -j $(JOBS)
 
 verify: build
-	$(BUILD)/bin/attn verify --quiet --json $(BUILD)/verify.json --junit $(BUILD)/verify.xml
+	$(BUILD)/bin/attn verify --threads 1,8 --layout bhsd,bshd --quiet --json $(BUILD)/verify.json --junit $(BUILD)/verify.xml
 
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)

@@ -15,8 +15,9 @@ struct VerifyArgs {
   std::vector<std::string> paths;
   std::vector<std::string> backends;
   std::vector<std::string> tags;
-  std::string json, junit, layout;
-  int threads = 0;
+  std::string json, junit;
+  std::vector<int> threads;
+  std::vector<std::string> layouts;
   bool quiet = false;
 };
 }  // namespace
@@ -29,8 +30,14 @@ Runner add_verify_command(CLI::App& app) {
   cmd->add_option("--tag", args->tags, "Only fixtures with one of these tags (smoke, full, long, edge, ...)");
   cmd->add_option("--json", args->json, "Write the results as JSON to this file");
   cmd->add_option("--junit", args->junit, "Write the results as JUnit XML to this file");
-  cmd->add_option("--threads", args->threads, "Threads per backend (default: the backend's own)")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--layout", args->layout, "Feed the backends this layout instead of bhsd")->check(CLI::IsMember({"bhsd", "bshd"}));
+  cmd->add_option("--threads", args->threads,
+                  "Threads per backend (default: the backend's own); a comma-separated list runs every backend at each")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 256));
+  cmd->add_option("--layout", args->layouts,
+                  "Feed the backends this layout instead of bhsd; a comma-separated list (bhsd,bshd) runs each")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"bhsd", "bshd"}));
   cmd->add_flag("--quiet", args->quiet, "Print only failures and the summary");
   return [args, argv0 = std::string("attn")]() {
     std::vector<std::filesystem::path> roots(args->paths.begin(), args->paths.end());
@@ -40,8 +47,8 @@ Runner add_verify_command(CLI::App& app) {
     auto backends = make_backends(args->backends);
     VerifyOptions options;
     options.tags = args->tags;
-    options.run.threads = args->threads;
-    if (args->layout == "bshd") options.layout = Layout::bshd;
+    options.thread_counts = args->threads;
+    for (const auto& layout : args->layouts) options.layouts.push_back(layout == "bshd" ? Layout::bshd : Layout::bhsd);
     print_outcome_header(stdout);
     VerifySummary summary = verify(files, backends, options, [&](const CaseOutcome& o) {
       if (!args->quiet || o.comparison.verdict == Verdict::fail) print_outcome(stdout, o);

@@ -83,6 +83,12 @@ TEST_F(Cli, AFailureExitsOneWithAReproduceCommand) {
   CliRun r = run_attn("verify " + wrong.string());
   EXPECT_EQ(r.code, 1) << r.output;
   EXPECT_NE(r.output.find("outside the fixture's own atol/rtol"), std::string::npos) << r.output;
+  // Several thread counts and layouts: each failure's command reproduces its own run.
+  CliRun matrix = run_attn("verify " + wrong.string() + " --backend naive --threads 1,8 --layout bhsd,bshd");
+  EXPECT_EQ(matrix.code, 1) << matrix.output;
+  EXPECT_NE(matrix.output.find(fs::absolute(wrong).string() + " --backend naive --threads 8 --layout bshd"),
+            std::string::npos) << matrix.output;
+  EXPECT_NE(matrix.output.find("--threads 1 --layout bhsd"), std::string::npos) << matrix.output;
   EXPECT_NE(r.output.find("FAIL"), std::string::npos);
   EXPECT_NE(r.output.find("To reproduce"), std::string::npos);
   EXPECT_NE(r.output.find("verify " + wrong.string() + " --backend naive"), std::string::npos) << r.output;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -59,6 +60,12 @@ std::string dtype_of(const std::string& problem) {
   return first.rfind("dtype=", 0) == 0 ? first.substr(6) : first;
 }
 
+// The fixture's name, with the run's threads and layout when not the defaults.
+std::string fixture_label(const CaseOutcome& o) {
+  const std::string config = o.config.label();
+  return config.empty() ? o.fixture : fmt::format("{} @{}", o.fixture, config);
+}
+
 }  // namespace
 
 std::vector<BudgetUse> budget_use(const VerifySummary& summary) {
@@ -85,7 +92,7 @@ void print_outcome_header(std::FILE* out) {
 void print_outcome(std::FILE* out, const CaseOutcome& o) {
   const Comparison& c = o.comparison;
   if (c.verdict == Verdict::skip) {
-    fmt::print(out, "{:<12} {:<44} {:>10} {:>10} {:>10} {:>9} {:>8} {:<16} SKIP ({})\n", o.backend, o.fixture, "-", "-",
+    fmt::print(out, "{:<12} {:<44} {:>10} {:>10} {:>10} {:>9} {:>8} {:<16} SKIP ({})\n", o.backend, fixture_label(o), "-", "-",
                "-", "-", "-", "-", c.reason);
     return;
   }
@@ -94,7 +101,7 @@ void print_outcome(std::FILE* out, const CaseOutcome& o) {
   if (!c.reason.empty()) verdict += fmt::format(" ({})", c.reason);
   if (!o.warning.empty()) verdict += fmt::format(" [{}]", o.warning);
   const std::string base = c.baseline_ratio ? fmt::format("{:.2f}", *c.baseline_ratio) : "-";
-  fmt::print(out, "{:<12} {:<44} {:>10.3g} {:>10.3g} {:>10.3g} {:>9} {:>8} {:<16} {}\n", o.backend, o.fixture,
+  fmt::print(out, "{:<12} {:<44} {:>10.3g} {:>10.3g} {:>10.3g} {:>9} {:>8} {:<16} {}\n", o.backend, fixture_label(o),
              c.max_abs_error, c.max_rel_error, c.bound_at_worst, ratio_text(c), base, worst, verdict);
 }
 
@@ -143,7 +150,11 @@ void print_summary(std::FILE* out, const VerifySummary& summary, const std::stri
     if (o.comparison.verdict != Verdict::fail) continue;
     if (!header) fmt::print(out, "\nTo reproduce a failure:\n");
     header = true;
-    fmt::print(out, "  {} verify {} --backend {}\n", attn_command, o.file.string(), o.backend);
+    const char* isa = std::getenv("ATTN_CPU_ISA");
+    std::error_code ec;
+    const std::filesystem::path file = std::filesystem::absolute(o.file, ec);
+    fmt::print(out, "  {}{} verify {} --backend {}{}\n", isa ? fmt::format("ATTN_CPU_ISA={} ", isa) : "", attn_command,
+               (ec ? o.file : file).string(), o.backend, o.config.arguments());
   }
 }
 
@@ -154,7 +165,9 @@ void write_json(const VerifySummary& summary, const std::filesystem::path& path)
     nlohmann::json r = {{"backend", o.backend},       {"fixture", o.fixture},
                         {"file", o.file.string()},    {"problem", o.problem},
                         {"verdict", verdict_name(c.verdict)}, {"reason", c.reason},
-                        {"seconds", o.seconds}};
+                        {"seconds", o.seconds},
+                        {"threads", o.config.threads},
+                        {"layout", o.config.layout ? layout_name(*o.config.layout) : "bhsd"}};
     if (c.verdict != Verdict::skip) {
       auto finite_or_null = [](double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr); };
       r["max_abs_error"] = finite_or_null(c.max_abs_error);
@@ -219,7 +232,7 @@ void write_junit(const VerifySummary& summary, const std::filesystem::path& path
                         outcomes.size(), failures, skipped);
     for (const auto* o : outcomes) {
       file << fmt::format("    <testcase classname=\"{}\" name=\"{}\" time=\"{:.6f}\">", xml_escape(backend),
-                          xml_escape(o->fixture), o->seconds);
+                          xml_escape(fixture_label(*o)), o->seconds);
       const Comparison& c = o->comparison;
       if (c.verdict == Verdict::fail) {
         file << fmt::format("<failure message=\"{}\">{}</failure>", xml_escape(c.reason), xml_escape(o->problem));

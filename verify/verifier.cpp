@@ -18,6 +18,30 @@
 
 namespace attn {
 
+std::string RunConfig::label() const {
+  if (threads == 0 && !layout) return {};
+  std::string text = threads > 0 ? fmt::format("t{}", threads) : "t-";
+  return layout ? fmt::format("{}/{}", text, layout_name(*layout)) : text;
+}
+
+std::string RunConfig::arguments() const {
+  std::string text;
+  if (threads > 0) text += fmt::format(" --threads {}", threads);
+  if (layout) text += fmt::format(" --layout {}", layout_name(*layout));
+  return text;
+}
+
+std::vector<RunConfig> run_configs(const VerifyOptions& options) {
+  std::vector<int> threads = options.thread_counts;
+  if (threads.empty()) threads.push_back(options.run.threads);
+  std::vector<std::optional<Layout>> layouts(options.layouts.begin(), options.layouts.end());
+  if (layouts.empty()) layouts.push_back(options.layout);
+  std::vector<RunConfig> configs;
+  for (int t : threads)
+    for (const auto& l : layouts) configs.push_back({t, l});
+  return configs;
+}
+
 int VerifySummary::failed() const {
   return static_cast<int>(std::count_if(outcomes.begin(), outcomes.end(),
                                         [](const CaseOutcome& o) { return o.comparison.verdict == Verdict::fail; }));
@@ -39,8 +63,19 @@ std::vector<Status> support_of(const std::vector<std::unique_ptr<Backend>>& back
   return support;
 }
 
-bool anyone_runs(const std::vector<Status>& support) {
-  return std::any_of(support.begin(), support.end(), [](const Status& s) { return s.ok; });
+Problem laid_out_as(Problem problem, const RunConfig& config) {
+  if (config.layout) problem.layout = *config.layout;
+  return problem;
+}
+
+// Whether any backend runs the problem under any of the configurations.
+bool anyone_runs(const std::vector<std::unique_ptr<Backend>>& backends, const Problem& problem,
+                 const std::vector<RunConfig>& configs) {
+  for (const RunConfig& config : configs) {
+      const std::vector<Status> support = support_of(backends, laid_out_as(problem, config));
+      if (std::any_of(support.begin(), support.end(), [](const Status& s) { return s.ok; })) return true;
+  }
+  return false;
 }
 
 std::string index_text(const Dims4& shape, std::size_t e) {
@@ -130,9 +165,8 @@ void record(CaseOutcome outcome, const OutcomeCallback& on_outcome, VerifySummar
 void verify_layer(const std::filesystem::path& file, const std::vector<std::unique_ptr<Backend>>& backends,
                   const VerifyOptions& options, const OutcomeCallback& on_outcome, VerifySummary& summary) {
   LayerFixture fixture = read_layer_fixture(file);
-  if (options.layout) fixture.data.problem.layout = *options.layout;
   const Problem& problem = fixture.data.problem;
-  const std::vector<Status> support = support_of(backends, problem);
+  const std::vector<RunConfig> configs = run_configs(options);
   Problem shape = Problem::parse(fmt::format("dtype={},b={},hq=1,hkv=1,sq={},sk=1,d=1,dv={}", dtype_short_name(problem.dtype),
                                              problem.batch, problem.seq_q, fixture.header.model_dim));
   Bounds bounds;
@@ -146,7 +180,7 @@ void verify_layer(const std::filesystem::path& file, const std::vector<std::uniq
   bounds.out = derive_layer_bounds(fixture.data, reference);
   check_golden(fixture.header, "y", {problem.batch, 1, problem.seq_q, fixture.header.model_dim}, fixture.y, reference.y,
                bounds.out);
-  if (anyone_runs(support)) {
+  if (anyone_runs(backends, problem, configs)) {
     const std::vector<char> counts(every_row.size(), 1);
     baseline = baseline_layer(fixture.data, options.run.threads);
     measured = measured_limit(problem.dtype, reference.y, baseline, fixture.header.model_dim, counts);
@@ -154,33 +188,41 @@ void verify_layer(const std::filesystem::path& file, const std::vector<std::uniq
     warning = loose_tolerance_warning(fixture.header, reference.y, tolerance);
     if (!warning.empty()) summary.warnings.push_back(fmt::format("{}: {}", file.string(), warning));
   }
-  for (std::size_t b = 0; b < backends.size(); ++b) {
-    CaseOutcome outcome{std::string(backends[b]->name()), file, fixture.header.name,
-                        fmt::format("{},model={}", problem.to_string(), fixture.header.model_dim), {}, 0, warning};
-    if (!support[b].ok) {
-      outcome.comparison.verdict = Verdict::skip;
-      outcome.comparison.reason = support[b].reason;
-    } else {
-      auto start = std::chrono::steady_clock::now();
-      try {
-        LayerRun run = run_layer(*backends[b], fixture.data, options.run);
-        outcome.comparison = compare_output({shape, reference.y, no_lse, bounds, every_row, run.y, nullptr, &measured,
-                                             &baseline, tolerance.empty() ? nullptr : &fixture.y,
-                                             tolerance.empty() ? nullptr : &tolerance});
-        if (!run.guard_damage.empty()) outcome.comparison.fail(run.guard_damage);
-      } catch (const std::exception& e) {
-        outcome.comparison.fail(fmt::format("backend threw: {}", e.what()));
+  for (const RunConfig& config : configs) {
+    LayerData data = fixture.data;
+    data.problem = laid_out_as(data.problem, config);
+    const std::vector<Status> support = support_of(backends, data.problem);
+    RunOptions run_options = options.run;
+    run_options.threads = config.threads;
+    for (std::size_t b = 0; b < backends.size(); ++b) {
+      CaseOutcome outcome{std::string(backends[b]->name()), file, fixture.header.name,
+                          fmt::format("{},model={}", data.problem.to_string(), fixture.header.model_dim), {}, 0, warning,
+                          config};
+      if (!support[b].ok) {
+        outcome.comparison.verdict = Verdict::skip;
+        outcome.comparison.reason = support[b].reason;
+      } else {
+        auto start = std::chrono::steady_clock::now();
+        try {
+          LayerRun run = run_layer(*backends[b], data, run_options);
+          outcome.comparison = compare_output({shape, reference.y, no_lse, bounds, every_row, run.y, nullptr, &measured,
+                                               &baseline, tolerance.empty() ? nullptr : &fixture.y,
+                                               tolerance.empty() ? nullptr : &tolerance});
+          if (!run.guard_damage.empty()) outcome.comparison.fail(run.guard_damage);
+        } catch (const std::exception& e) {
+          outcome.comparison.fail(fmt::format("backend threw: {}", e.what()));
+        }
+        outcome.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       }
-      outcome.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      record(std::move(outcome), on_outcome, summary);
     }
-    record(std::move(outcome), on_outcome, summary);
   }
 }
 
 void verify_sdpa(const Fixture& fixture, const std::vector<std::unique_ptr<Backend>>& backends,
                  const VerifyOptions& options, const OutcomeCallback& on_outcome, VerifySummary& summary) {
   const Problem& problem = fixture.problem();
-  const std::vector<Status> support = support_of(backends, problem);
+  const std::vector<RunConfig> configs = run_configs(options);
   Judgement j;
   std::string warning;
   // Every selected fixture's golden is checked, whoever runs it.
@@ -193,7 +235,7 @@ void verify_sdpa(const Fixture& fixture, const std::vector<std::unique_ptr<Backe
                  j.bounds.lse);
   }
   // The rest is only computed when someone runs.
-  if (anyone_runs(support)) {
+  if (anyone_runs(backends, problem, configs)) {
     std::vector<char> counts(j.stats.visible.size());
     for (std::size_t r = 0; r < counts.size(); ++r) counts[r] = j.stats.visible[r] > 0;
     j.baseline = baseline_attention(fixture.data, options.run.threads);
@@ -205,18 +247,28 @@ void verify_sdpa(const Fixture& fixture, const std::vector<std::unique_ptr<Backe
     j.probe = ones_probe(fixture.data);
     j.probe_baseline = baseline_attention(j.probe, options.run.threads);
   }
-  for (std::size_t b = 0; b < backends.size(); ++b) {
-    CaseOutcome outcome{std::string(backends[b]->name()), fixture.header.path, fixture.header.name,
-                        problem.to_string(), {}, 0, warning};
-    if (!support[b].ok) {
-      outcome.comparison.verdict = Verdict::skip;
-      outcome.comparison.reason = support[b].reason;
-    } else {
-      auto start = std::chrono::steady_clock::now();
-      outcome.comparison = run_one(*backends[b], fixture, j, options.run);
-      outcome.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (const RunConfig& config : configs) {
+    Fixture laid_out = fixture;
+    const Layout canonical = j.probe.problem.layout;
+    laid_out.data.problem = laid_out_as(problem, config);
+    j.probe.problem = laid_out_as(j.probe.problem, config);
+    const std::vector<Status> support = support_of(backends, laid_out.problem());
+    RunOptions run_options = options.run;
+    run_options.threads = config.threads;
+    for (std::size_t b = 0; b < backends.size(); ++b) {
+      CaseOutcome outcome{std::string(backends[b]->name()), fixture.header.path, fixture.header.name,
+                          laid_out.problem().to_string(), {}, 0, warning, config};
+      if (!support[b].ok) {
+        outcome.comparison.verdict = Verdict::skip;
+        outcome.comparison.reason = support[b].reason;
+      } else {
+        auto start = std::chrono::steady_clock::now();
+        outcome.comparison = run_one(*backends[b], laid_out, j, run_options);
+        outcome.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      }
+      record(std::move(outcome), on_outcome, summary);
     }
-    record(std::move(outcome), on_outcome, summary);
+    j.probe.problem.layout = canonical;
   }
 }
 
@@ -235,7 +287,6 @@ VerifySummary verify(const std::vector<std::filesystem::path>& files,
         continue;
       }
       Fixture fixture = read_fixture(file);
-      if (options.layout) fixture.data.problem.layout = *options.layout;
       verify_sdpa(fixture, backends, options, on_outcome, summary);
     } catch (const InputError& e) {
       summary.input_errors.push_back(e.what());

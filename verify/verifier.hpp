@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,7 +19,22 @@ struct VerifyOptions {
   std::vector<std::string> tags;  // keep fixtures carrying any of these (all when empty)
   RunOptions run;
   std::optional<Layout> layout;   // feed backends this layout instead of the canonical one
+  // Every backend runs each case under every (threads, layout) pair of these
+  // lists, so paths that depend on the thread count (split-K with several
+  // chunks) and on strides run whatever the host. Empty: `run.threads` and
+  // `layout` alone.
+  std::vector<int> thread_counts;
+  std::vector<Layout> layouts;
 };
+
+// One (threads, layout) pair of a run.
+struct RunConfig {
+  int threads = 0;               // 0: the backend's default
+  std::optional<Layout> layout;  // empty: the fixture's own (bhsd)
+  std::string label() const;     // "" for the default, else e.g. "t8/bshd"
+  std::string arguments() const; // the attn verify options that select it, e.g. " --threads 8 --layout bshd"
+};
+std::vector<RunConfig> run_configs(const VerifyOptions& options);
 
 struct CaseOutcome {
   std::string backend;
@@ -28,6 +44,7 @@ struct CaseOutcome {
   Comparison comparison;
   double seconds = 0;
   std::string warning;  // about the fixture (e.g. a loose tolerance of its own); empty when none
+  RunConfig config;     // the threads and layout it ran with
 };
 
 struct VerifySummary {
