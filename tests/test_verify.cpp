@@ -271,15 +271,15 @@ TEST(Baseline, IsThePlainAlgorithmAndDoesNotDependOnThreads) {
 
 TEST(MeasuredLimit, TheFloorHoldsWhenTheBaselineIsExact) {
   const std::vector<double> truth{1.0, -2.0, 0.5, 4.0}, exact = truth;
-  MeasuredLimit m = measured_limit(DType::f16, truth, exact, 2, {1, 1});
+  MeasuredLimit m = measured_limit(DType::f16, truth, exact, 2, {1, 1}, 3);
   EXPECT_EQ(m.baseline_max, 0.0);
   EXPECT_DOUBLE_EQ(m.reference_max(), unit_roundoff(DType::f16) * 4.0);
   EXPECT_EQ(m.factor, ToleranceConstants::baseline_factor_16bit);
-  EXPECT_EQ(measured_limit(DType::f32, truth, exact, 2, {1, 1}).factor, ToleranceConstants::baseline_factor_wide);
+  EXPECT_EQ(measured_limit(DType::f32, truth, exact, 2, {1, 1}, 3).factor, ToleranceConstants::baseline_factor_wide);
   // A hidden row (counts 0) takes no part.
   std::vector<double> off = truth;
   off[2] = 100;
-  EXPECT_EQ(measured_limit(DType::f16, truth, off, 2, {1, 0}).baseline_max, 0.0);
+  EXPECT_EQ(measured_limit(DType::f16, truth, off, 2, {1, 0}, 3).baseline_max, 0.0);
 }
 
 TEST(BiasTest, TruncationLeansTowardZeroAndNearestDoesNot) {

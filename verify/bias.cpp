@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
+#include <unordered_set>
 
 #include "verify/tolerance.hpp"
 
@@ -69,11 +71,15 @@ RowSigns row_signs(const std::vector<double>& truth, const std::vector<double>& 
 
 BiasTest rounding_bias(const std::vector<double>& truth, const std::vector<double>& got,
                        const std::vector<double>& baseline, std::int64_t width, const std::vector<char>& counts,
-                       double exact_within) {
+                       double exact_within, const std::vector<double>* identity) {
+  const std::vector<double>& ids = identity ? *identity : truth;
+  std::unordered_set<std::string> seen;
   std::vector<double> toward, up;
   for (std::size_t r = 0; r < counts.size(); ++r) {
     if (!counts[r]) continue;
     const std::size_t first = r * static_cast<std::size_t>(width);
+    const std::string key(reinterpret_cast<const char*>(&ids[first]), static_cast<std::size_t>(width) * sizeof(double));
+    if (!seen.insert(key).second) continue;
     const RowSigns g = row_signs(truth, got, first, width, exact_within),
                    b = row_signs(truth, baseline, first, width, exact_within);
     if (g.any || b.any) up.push_back(g.upward - b.upward);

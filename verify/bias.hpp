@@ -31,8 +31,11 @@ struct BiasTest {
 // `truth`, `got` and `baseline` are [rows, width]; rows whose `counts[row]`
 // is false are left out (rows with no visible key, held to exactly 0
 // elsewhere). Errors no larger than `exact_within` count as exact (no sign).
+// Rows are evidence only when independent: a row whose `identity` row (the
+// truth's by default) is bitwise that of an earlier row is the same
+// computation again (uniform weights, repeated heads) and counts once.
 BiasTest rounding_bias(const std::vector<double>& truth, const std::vector<double>& got,
                        const std::vector<double>& baseline, std::int64_t width, const std::vector<char>& counts,
-                       double exact_within = 0);
+                       double exact_within = 0, const std::vector<double>* identity = nullptr);
 
 }  // namespace attn

@@ -68,9 +68,11 @@ Comparison compare_output(const CompareInputs& in);
 
 // Adds the normalisation probe: `got` is the backend's output with V replaced
 // by ones; every visible row must be 1 within `bounds[row]`, every hidden row
-// exactly 0, and the errors must not lean one way.
+// exactly 0, and (16-bit types) the errors must not lean one way; `baseline`
+// is the plain implementation's probe output, `truth` the case's own truth
+// (which rows are independent).
 void check_probe(Comparison& comparison, const Problem& problem, const std::vector<std::int64_t>& visible,
                  const std::vector<double>& bounds, const std::vector<double>& got,
-                 const std::vector<double>& baseline);
+                 const std::vector<double>& baseline, const std::vector<double>& truth);
 
 }  // namespace attn

@@ -9,18 +9,29 @@ double accumulation_roundoff(DType dtype) {
 }
 
 namespace {
-// Half the spacing of the dtype's subnormals: the absolute error of rounding a
-// tiny result to the output type, which a relative term cannot cover.
+// The spacing of the dtype's subnormals: rounding a tiny result to the output
+// type costs up to half of it, absolutely, which a relative term cannot cover;
+// the other half is for the accumulated error of a result that lands there.
 double underflow_floor(DType dtype) {
   switch (dtype) {
-    case DType::f64: return std::ldexp(1.0, -1075);
-    case DType::f32: return std::ldexp(1.0, -150);
-    case DType::f16: return std::ldexp(1.0, -25);
-    case DType::bf16: return std::ldexp(1.0, -134);
+    case DType::f64: return std::ldexp(1.0, -1074);
+    case DType::f32: return std::ldexp(1.0, -149);
+    case DType::f16: return std::ldexp(1.0, -24);
+    case DType::bf16: return std::ldexp(1.0, -133);
   }
   return 0;
 }
 }  // namespace
+
+double subnormal_allowance(DType dtype, double n) {
+  // Each of the row's products and sums may round a subnormal intermediate to
+  // the accumulation type's subnormal spacing (absolute, unlike every other term).
+  const double spacing = dtype == DType::f64 ? std::ldexp(1.0, -1074) : std::ldexp(1.0, -149);
+  // bfloat16's dot-product instructions (AVX512_BF16, AMX, tensor cores) treat
+  // subnormal inputs as zero and flush subnormal results: allowed (README).
+  const double flush = dtype == DType::bf16 ? std::ldexp(1.0, -126) : 0.0;
+  return n * spacing + flush;
+}
 
 Bounds derive_bounds(const Problem& p, const std::vector<double>& golden_out,
                      const std::vector<double>& golden_lse, const ReferenceStats& stats) {
@@ -48,7 +59,7 @@ Bounds derive_bounds(const Problem& p, const std::vector<double>& golden_out,
                            + u * weighted_v                 // P rounded to dtype before P V
                            + sum_error * weighted_v         // accumulating P V and the denominator
                            + score_error * spread_v)        // score errors move weight between keys
-                      + underflow_floor(p.dtype);
+                      + underflow_floor(p.dtype) + subnormal_allowance(p.dtype, n);
     }
   }
   return bounds;
@@ -81,12 +92,15 @@ ErrorNorms error_norms(const std::vector<double>& truth, const std::vector<doubl
 }
 
 MeasuredLimit measured_limit(DType dtype, const std::vector<double>& truth, const std::vector<double>& baseline,
-                             std::int64_t width, const std::vector<char>& counts) {
+                             std::int64_t width, const std::vector<char>& counts, std::int64_t longest_row) {
   const std::vector<double> zero(truth.size(), 0.0);
   const ErrorNorms base = error_norms(truth, baseline, width, counts);
   const ErrorNorms scale = error_norms(zero, truth, width, counts);  // max and RMS of |truth|
   const double floor = ToleranceConstants::baseline_floor * unit_roundoff(dtype);
-  return {ToleranceConstants::baseline_factor(dtype), base.max, base.rms, floor * scale.max, floor * scale.rms};
+  // The absolute allowance for subnormal intermediates, at the longest row.
+  const double absolute = subnormal_allowance(dtype, static_cast<double>(longest_row));
+  return {ToleranceConstants::baseline_factor(dtype), base.max, base.rms, std::max(floor * scale.max, absolute),
+          std::max(floor * scale.rms, absolute)};
 }
 
 std::vector<double> probe_bounds(const Problem& p, const ReferenceStats& stats) {

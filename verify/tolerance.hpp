@@ -78,8 +78,14 @@ struct ErrorNorms {
 ErrorNorms error_norms(const std::vector<double>& truth, const std::vector<double>& got, std::int64_t width,
                        const std::vector<char>& counts);
 
+// `longest_row`: the most keys any row sees (for the subnormal allowance).
 MeasuredLimit measured_limit(DType dtype, const std::vector<double>& truth, const std::vector<double>& baseline,
-                             std::int64_t width, const std::vector<char>& counts);
+                             std::int64_t width, const std::vector<char>& counts, std::int64_t longest_row);
+
+// The absolute error that subnormal intermediates may add to an element whose
+// row sees `n` keys: n spacings of the accumulation type's subnormals, and for
+// bfloat16 the smallest normal (its hardware flushes subnormals).
+double subnormal_allowance(DType dtype, double n);
 
 // Per row: how far from 1 a visible row of the normalisation probe may be.
 std::vector<double> probe_bounds(const Problem& problem, const ReferenceStats& stats);

@@ -148,7 +148,7 @@ Comparison run_one(const Backend& backend, const Fixture& fixture, const Judgeme
                         j.tolerance.empty() ? nullptr : &j.tolerance});
     if (!run.guard_damage.empty()) c.fail(run.guard_damage);
     BackendRun probe = run_backend(backend, j.probe, options);
-    check_probe(c, fixture.problem(), j.stats.visible, j.probe_bounds, probe.out, j.probe_baseline);
+    check_probe(c, fixture.problem(), j.stats.visible, j.probe_bounds, probe.out, j.probe_baseline, j.truth.out);
     if (!probe.guard_damage.empty()) c.fail("normalisation probe: " + probe.guard_damage);
   } catch (const std::exception& e) {
     c.fail(fmt::format("backend threw: {}", e.what()));
@@ -183,7 +183,8 @@ void verify_layer(const std::filesystem::path& file, const std::vector<std::uniq
   if (anyone_runs(backends, problem, configs)) {
     const std::vector<char> counts(every_row.size(), 1);
     baseline = baseline_layer(fixture.data, options.run.threads);
-    measured = measured_limit(problem.dtype, reference.y, baseline, fixture.header.model_dim, counts);
+    const std::int64_t longest = std::max(problem.seq_k, fixture.header.model_dim);
+    measured = measured_limit(problem.dtype, reference.y, baseline, fixture.header.model_dim, counts, longest);
     tolerance = fixture_tolerance(fixture.header, fixture.y);
     warning = loose_tolerance_warning(fixture.header, reference.y, tolerance);
     if (!warning.empty()) summary.warnings.push_back(fmt::format("{}: {}", file.string(), warning));
@@ -239,7 +240,8 @@ void verify_sdpa(const Fixture& fixture, const std::vector<std::unique_ptr<Backe
     std::vector<char> counts(j.stats.visible.size());
     for (std::size_t r = 0; r < counts.size(); ++r) counts[r] = j.stats.visible[r] > 0;
     j.baseline = baseline_attention(fixture.data, options.run.threads);
-    j.measured = measured_limit(problem.dtype, j.truth.out, j.baseline, problem.head_dim_v, counts);
+    const std::int64_t longest = *std::max_element(j.stats.visible.begin(), j.stats.visible.end());
+    j.measured = measured_limit(problem.dtype, j.truth.out, j.baseline, problem.head_dim_v, counts, longest);
     j.tolerance = fixture_tolerance(fixture.header, fixture.out);
     warning = loose_tolerance_warning(fixture.header, j.truth.out, j.tolerance);
     if (!warning.empty()) summary.warnings.push_back(fmt::format("{}: {}", fixture.header.path.string(), warning));

@@ -53,6 +53,16 @@ class FlashMutantPlan final : public Plan {
   }
 
  private:
+  float load(const TensorView& view, std::int64_t at) const {
+    const float x = load_float(view, at);
+    return f_.flush_subnormals && std::fabs(x) < std::numeric_limits<float>::min() ? 0.0f : x;
+  }
+
+  float load_v(std::int64_t b, std::int64_t g, std::int64_t j, std::int64_t d) const {
+    if (!f_.dense_v_strides) return load(io_.v, io_.v.offset(b, g, j, d));
+    return load(io_.v, ((b * p_.heads_kv + g) * p_.seq_k + j) * p_.head_dim_v + d);
+  }
+
   float exp_of(float x) const {
     float e = std::exp(x);
     if (f_.exp_error != 0) {
@@ -85,12 +95,14 @@ class FlashMutantPlan final : public Plan {
       const std::int64_t n = std::min(kBlock, p_.seq_k - j0);
       float block_max = -std::numeric_limits<float>::infinity();
       for (std::int64_t t = 0; t < n; ++t) {
-        float bias;
+        float bias = 0;
         seen[static_cast<std::size_t>(t)] = visible(b, h, i, j0 + t, bias);
         if (!seen[static_cast<std::size_t>(t)]) continue;
         float dot = 0;
-        for (std::int64_t d = 0; d < p_.head_dim; ++d) {
-          dot += load_float(io_.q, io_.q.offset(b, h, i, d)) * load_float(io_.k, io_.k.offset(b, g, j0 + t, d));
+        std::int64_t dims = p_.head_dim;
+        if (f_.odd_tail_dropped_16bit && dtype_size(p_.dtype) == 2 && dims > 1) dims -= dims % 2;
+        for (std::int64_t d = 0; d < dims; ++d) {
+          dot += load(io_.q, io_.q.offset(b, h, i, d)) * load(io_.k, io_.k.offset(b, g, j0 + t, d));
         }
         s[static_cast<std::size_t>(t)] = scale * dot + bias;
         block_max = std::max(block_max, s[static_cast<std::size_t>(t)]);
@@ -108,7 +120,7 @@ class FlashMutantPlan final : public Plan {
         if (f_.l_in_bf16) l = to_bf16(l);
         const auto pe = static_cast<float>(round_directed(e, p_.dtype, f_.p_rounding));
         for (std::size_t d = 0; d < dv; ++d) {
-          o[d] += pe * load_float(io_.v, io_.v.offset(b, g, j0 + t, static_cast<std::int64_t>(d)));
+          o[d] += pe * load_v(b, g, j0 + t, static_cast<std::int64_t>(d));
         }
       }
       if (f_.o_in_bf16) for (float& x : o) x = to_bf16(x);
@@ -127,7 +139,8 @@ class FlashMutantPlan final : public Plan {
       // The exact quotient, rounded once: float32 then the dtype would round twice.
       const double result = f_.reciprocal_bits > 0 ? static_cast<double>(o[d]) * inverse
                                                    : (inverse == 0 ? 0.0 : static_cast<double>(o[d]) / static_cast<double>(l));
-      const double value = round_directed(result, p_.dtype, f_.out_rounding);
+      double value = round_directed(result, p_.dtype, f_.out_rounding);
+      if (f_.flush_subnormals && std::fabs(value) < std::numeric_limits<float>::min()) value = 0;
       store_float(io_.out, io_.out.offset(b, h, i, static_cast<std::int64_t>(d)), static_cast<float>(value));
     }
   }

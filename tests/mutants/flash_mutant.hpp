@@ -25,6 +25,9 @@ struct FlashFlaws {
   int reciprocal_bits = 0;            // 1/l from an approximate reciprocal with this many bits (0: exact division)
   bool l_in_bf16 = false;             // the denominator accumulated in bfloat16
   bool l_not_rescaled = false;        // the denominator keeps its old scale when the row maximum grows
+  bool flush_subnormals = false;      // inputs and results below the smallest normal float become 0 (DAZ/FTZ)
+  bool odd_tail_dropped_16bit = false;  // 16-bit dot products stop at an even length (a dropped odd tail)
+  bool dense_v_strides = false;       // V read as contiguous [b, h, s, d] whatever its strides (BSHD breaks)
 };
 
 std::unique_ptr<Backend> make_flash_mutant(std::string name, const FlashFlaws& flaws);
