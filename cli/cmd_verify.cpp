@@ -2,6 +2,8 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "cli/commands.hpp"
 #include "core/error.hpp"
 #include "core/registry.hpp"
@@ -19,6 +21,8 @@ struct VerifyArgs {
   std::vector<int> threads;
   std::vector<std::string> layouts;
   bool quiet = false;
+  bool allow_all_skipped = false;
+  bool fail_on_mistrusted = false;
 };
 }  // namespace
 
@@ -26,19 +30,35 @@ Runner add_verify_command(CLI::App& app) {
   auto args = std::make_shared<VerifyArgs>();
   CLI::App* cmd = app.add_subcommand("verify", "Run backends on golden fixtures and compare with the float64 truth");
   cmd->add_option("paths", args->paths, "Fixture files or folders (default: " ATTN_DEFAULT_FIXTURES ")");
-  cmd->add_option("--backend", args->backends, "Backends to run (default: all)");
-  cmd->add_option("--tag", args->tags, "Only fixtures with one of these tags (smoke, full, long, edge, ...)");
+  // One value per flag (repeat it, or give a comma-separated list): a flag never
+  // takes the paths after it.
+  cmd->add_option("-b,--backend", args->backends, "Backends to run, e.g. -b naive,streaming (default: all)")
+      ->allow_extra_args(false)
+      ->delimiter(',');
+  cmd->add_option("-t,--tag", args->tags,
+                  "Only fixtures that have any of these tags, e.g. --tag smoke,edge (smoke, full, long, edge, ...)")
+      ->allow_extra_args(false)
+      ->delimiter(',');
   cmd->add_option("--json", args->json, "Write the results as JSON to this file");
   cmd->add_option("--junit", args->junit, "Write the results as JUnit XML to this file");
   cmd->add_option("--threads", args->threads,
                   "Threads per backend (default: the backend's own); a comma-separated list runs every backend at each")
+      ->allow_extra_args(false)
       ->delimiter(',')
       ->check(CLI::Range(1, 256));
   cmd->add_option("--layout", args->layouts,
                   "Feed the backends this layout instead of bhsd; a comma-separated list (bhsd,bshd) runs each")
+      ->allow_extra_args(false)
       ->delimiter(',')
       ->check(CLI::IsMember({"bhsd", "bshd"}));
-  cmd->add_flag("--quiet", args->quiet, "Print only failures and the summary");
+  cmd->add_flag("-q,--quiet", args->quiet, "Print only failures and the summary");
+  cmd->add_flag("--allow-all-skipped", args->allow_all_skipped,
+                "Exit 0 even when every backend skipped every case (by default such a run exits 1: nothing was verified)");
+  cmd->add_flag("--fail-on-mistrusted", args->fail_on_mistrusted, "Exit 1 when any result is MISTRUSTED");
+  cmd->footer("Exit status: 0 when at least one case ran and nothing failed; 1 when something FAILED, when every "
+              "case was skipped (unless --allow-all-skipped) or, with --fail-on-mistrusted, when a result was "
+              "MISTRUSTED; 2 on a usage error or an input error (an unreadable or hostile fixture, a golden that is "
+              "not the attention of its inputs), which every output still records.");
   return [args, argv0 = std::string("attn")]() {
     std::vector<std::filesystem::path> roots(args->paths.begin(), args->paths.end());
     if (roots.empty()) roots.emplace_back(ATTN_DEFAULT_FIXTURES);
@@ -59,13 +79,27 @@ Runner add_verify_command(CLI::App& app) {
     if (ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1); n > 0) self.assign(exe, static_cast<std::size_t>(n));
     print_summary(stdout, summary, self);
     if (!args->json.empty()) write_json(summary, args->json);
-    if (!args->junit.empty()) write_junit(summary, args->junit);
+    if (!args->junit.empty()) write_junit(summary, args->junit, self);
     if (summary.outcomes.empty() && summary.input_errors.empty()) {
       fmt::print(stderr, "attn verify: no fixture matched the tags given\n");
       return 2;
     }
     if (!summary.input_errors.empty()) return 2;
-    return summary.failed() > 0 ? 1 : 0;
+    if (summary.failed() > 0) return 1;
+    const auto count = [&](Verdict v) {
+      return std::count_if(summary.outcomes.begin(), summary.outcomes.end(),
+                           [v](const CaseOutcome& o) { return o.comparison.verdict == v; });
+    };
+    if (count(Verdict::skip) == static_cast<std::ptrdiff_t>(summary.outcomes.size()) && !args->allow_all_skipped) {
+      fmt::print(stderr, "attn verify: every backend skipped every case: nothing was verified (exit 1; "
+                         "--allow-all-skipped accepts that)\n");
+      return 1;
+    }
+    if (args->fail_on_mistrusted && count(Verdict::mistrusted) > 0) {
+      fmt::print(stderr, "attn verify: {} results are MISTRUSTED (--fail-on-mistrusted)\n", count(Verdict::mistrusted));
+      return 1;
+    }
+    return 0;
   };
 }
 

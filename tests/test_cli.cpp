@@ -80,9 +80,13 @@ TEST_F(Cli, AFailureExitsOneWithAReproduceCommand) {
   f.header.atol = 1e-300;
   fs::path wrong = dir_ / "wrong.h5";
   attn::write_fixture(f, wrong);
-  CliRun r = run_attn("verify " + wrong.string());
+  CliRun r = run_attn("verify " + wrong.string() + " --junit " + (dir_ / "f.xml").string());
   EXPECT_EQ(r.code, 1) << r.output;
   EXPECT_NE(r.output.find("outside the fixture's own atol/rtol"), std::string::npos) << r.output;
+  std::ifstream xml_file(dir_ / "f.xml");
+  std::string xml((std::istreambuf_iterator<char>(xml_file)), {});
+  EXPECT_NE(xml.find("reproduce: "), std::string::npos) << xml;
+  EXPECT_NE(xml.find(" verify " + fs::absolute(wrong).string() + " --backend naive"), std::string::npos) << xml;
   // Several thread counts and layouts: each failure's command reproduces its own run.
   CliRun matrix = run_attn("verify " + wrong.string() + " --backend naive --threads 1,8 --layout bhsd,bshd");
   EXPECT_EQ(matrix.code, 1) << matrix.output;
@@ -92,6 +96,30 @@ TEST_F(Cli, AFailureExitsOneWithAReproduceCommand) {
   EXPECT_NE(r.output.find("FAIL"), std::string::npos);
   EXPECT_NE(r.output.find("To reproduce"), std::string::npos);
   EXPECT_NE(r.output.find("verify " + wrong.string() + " --backend naive"), std::string::npos) << r.output;
+}
+
+TEST_F(Cli, OptionsNeverTakeThePathsAfterThem) {
+  std::ofstream(dir_ / "broken.h5") << "garbage";
+  // Before: --tag took the folder as a second tag, and the run verified the
+  // golden smoke cases, exit 0, without looking at it.
+  CliRun r = run_attn("verify --tag smoke " + dir_.string() + " --backend naive");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find((dir_ / "broken.h5").string()), std::string::npos) << r.output;
+  CliRun t = run_attn("verify --threads 1 " + kGolden + "/basic -b naive");
+  EXPECT_EQ(t.code, 0) << t.output;
+  CliRun lists = run_attn("verify -b naive,streaming --tag smoke,edge " + kGolden + "/basic " + kGolden + "/edge");
+  EXPECT_EQ(lists.code, 0) << lists.output;
+  EXPECT_NE(lists.output.find("streaming    basic/b1_h2_q4_k4_d8_f32"), std::string::npos) << lists.output;
+  EXPECT_NE(lists.output.find("naive        edge/seq_k_0_f32"), std::string::npos) << lists.output;
+}
+
+TEST_F(Cli, ARunWhereEverythingSkippedIsNotGreen) {
+  const std::string f64 = kGolden + "/basic/b1_h2_q4_k4_d8_f64.h5";  // blocked has no float64
+  CliRun r = run_attn("verify " + f64 + " -b blocked");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("nothing was verified"), std::string::npos) << r.output;
+  EXPECT_EQ(run_attn("verify " + f64 + " -b blocked --allow-all-skipped").code, 0);
+  EXPECT_EQ(run_attn("verify " + f64 + " -b blocked -b naive").code, 0);
 }
 
 TEST_F(Cli, UsageAndInputErrorsExitTwo) {

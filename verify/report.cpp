@@ -28,7 +28,12 @@ std::string xml_escape(std::string_view text) {
       case '<': out += "&lt;"; break;
       case '>': out += "&gt;"; break;
       case '"': out += "&quot;"; break;
-      default: out += ch;
+      case '\n':
+      case '\t': out += ch; break;
+      default:
+        // XML 1.0 has no other control characters, not even escaped.
+        if (static_cast<unsigned char>(ch) < 0x20) out += fmt::format("\\x{:02x}", static_cast<unsigned char>(ch));
+        else out += ch;
     }
   }
   return out;
@@ -67,6 +72,14 @@ std::string fixture_label(const CaseOutcome& o) {
 }
 
 }  // namespace
+
+std::string reproduce_command(const CaseOutcome& o, const std::string& attn_command) {
+  const char* isa = std::getenv("ATTN_CPU_ISA");
+  std::error_code ec;
+  const std::filesystem::path file = std::filesystem::absolute(o.file, ec);
+  return fmt::format("{}{} verify {} --backend {}{}", isa ? fmt::format("ATTN_CPU_ISA={} ", isa) : "", attn_command,
+                     (ec ? o.file : file).string(), o.backend, o.config.arguments());
+}
 
 std::vector<BudgetUse> budget_use(const VerifySummary& summary) {
   std::map<std::pair<std::string, std::string>, std::pair<std::vector<double>, std::vector<double>>> values;
@@ -150,11 +163,7 @@ void print_summary(std::FILE* out, const VerifySummary& summary, const std::stri
     if (o.comparison.verdict != Verdict::fail) continue;
     if (!header) fmt::print(out, "\nTo reproduce a failure:\n");
     header = true;
-    const char* isa = std::getenv("ATTN_CPU_ISA");
-    std::error_code ec;
-    const std::filesystem::path file = std::filesystem::absolute(o.file, ec);
-    fmt::print(out, "  {}{} verify {} --backend {}{}\n", isa ? fmt::format("ATTN_CPU_ISA={} ", isa) : "", attn_command,
-               (ec ? o.file : file).string(), o.backend, o.config.arguments());
+    fmt::print(out, "  {}\n", reproduce_command(o, attn_command));
   }
 }
 
@@ -217,7 +226,7 @@ void write_json(const VerifySummary& summary, const std::filesystem::path& path)
   open_output(path) << doc.dump(2) << "\n";
 }
 
-void write_junit(const VerifySummary& summary, const std::filesystem::path& path) {
+void write_junit(const VerifySummary& summary, const std::filesystem::path& path, const std::string& attn_command) {
   std::map<std::string, std::vector<const CaseOutcome*>> suites;
   for (const auto& o : summary.outcomes) suites[o.backend].push_back(&o);
   std::ofstream file = open_output(path);
@@ -226,7 +235,9 @@ void write_junit(const VerifySummary& summary, const std::filesystem::path& path
     int failures = 0, skipped = 0;
     for (const auto* o : outcomes) {
       failures += o->comparison.verdict == Verdict::fail;
-      skipped += o->comparison.verdict == Verdict::skip;
+      // MISTRUSTED is reported as skipped with its reason: it proved nothing,
+      // so a dashboard must not count it as a pass.
+      skipped += o->comparison.verdict == Verdict::skip || o->comparison.verdict == Verdict::mistrusted;
     }
     file << fmt::format("  <testsuite name=\"{}\" tests=\"{}\" failures=\"{}\" skipped=\"{}\">\n", xml_escape(backend),
                         outcomes.size(), failures, skipped);
@@ -235,11 +246,12 @@ void write_junit(const VerifySummary& summary, const std::filesystem::path& path
                           xml_escape(fixture_label(*o)), o->seconds);
       const Comparison& c = o->comparison;
       if (c.verdict == Verdict::fail) {
-        file << fmt::format("<failure message=\"{}\">{}</failure>", xml_escape(c.reason), xml_escape(o->problem));
+        file << fmt::format("<failure message=\"{}\">problem: {}\nreproduce: {}</failure>", xml_escape(c.reason),
+                            xml_escape(o->problem), xml_escape(reproduce_command(*o, attn_command)));
       } else if (c.verdict == Verdict::skip) {
         file << fmt::format("<skipped message=\"{}\"/>", xml_escape(c.reason));
       } else if (c.verdict == Verdict::mistrusted) {
-        file << fmt::format("<system-out>MISTRUSTED: {}</system-out>", xml_escape(c.reason));
+        file << fmt::format("<skipped message=\"MISTRUSTED: {}\"/>", xml_escape(c.reason));
       }
       if (!o->warning.empty()) file << fmt::format("<system-err>WARNING: {}</system-err>", xml_escape(o->warning));
       file << "</testcase>\n";

@@ -31,6 +31,11 @@ struct BudgetUse {
 std::vector<BudgetUse> budget_use(const VerifySummary& summary);
 
 void write_json(const VerifySummary& summary, const std::filesystem::path& path);
-void write_junit(const VerifySummary& summary, const std::filesystem::path& path);
+// `attn_command` (the attn binary) goes into each failure's reproduce command.
+void write_junit(const VerifySummary& summary, const std::filesystem::path& path,
+                 const std::string& attn_command = "attn");
+// The command that reruns one outcome alone: absolute fixture path, backend,
+// threads, layout and ATTN_CPU_ISA when set.
+std::string reproduce_command(const CaseOutcome& outcome, const std::string& attn_command);
 
 }  // namespace attn
