@@ -8,11 +8,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <functional>
 
 #include "core/error.hpp"
+#include "core/sandbox.hpp"
 #include "fixtures/fixture.hpp"
 
 using namespace attn;
@@ -162,4 +165,27 @@ TEST_F(Hostile, WorkBeyondTheLimitIsRefusedWithHowToRaiseIt) {
   ::setenv("ATTN_MAX_WORK", "1e12", 1);
   EXPECT_NO_THROW(read_fixture(kGolden / "mha" / "b2_h4_q17_k33_d64_f32.h5"));
   ::unsetenv("ATTN_MAX_WORK");
+}
+
+// ---- The sandboxed reader ----------------------------------------------------
+
+TEST(Sandbox, ACrashAHangAndAnAllocationBombComeBackAsMessages) {
+  SandboxLimits limits;
+  limits.wall_seconds = 2;
+  limits.memory_gib = 1;
+  EXPECT_EQ(run_sandboxed([] {}, limits), "");
+  EXPECT_EQ(run_sandboxed([] { throw InputError("bad file"); }, limits), "bad file");
+  EXPECT_NE(run_sandboxed([] { std::raise(SIGSEGV); }, limits).find("crashed the reader (signal 11"), std::string::npos);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_NE(run_sandboxed([] { for (;;) ::pause(); }, limits).find("did not finish within 2 s"), std::string::npos);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 10.0);
+#if !defined(__SANITIZE_ADDRESS__)
+  const std::string bomb = run_sandboxed(
+      [] {
+        std::vector<char> huge(std::size_t{4} << 30);
+        huge[12345] = 1;
+      },
+      limits);
+  EXPECT_NE(bomb.find("more than the 1 GiB"), std::string::npos) << bomb;
+#endif
 }
