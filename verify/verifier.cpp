@@ -139,7 +139,8 @@ struct Judgement {
   std::vector<double> probe_baseline;
 };
 
-Comparison run_one(const Backend& backend, const Fixture& fixture, const Judgement& j, const RunOptions& options) {
+Comparison run_one(const Backend& backend, const Fixture& fixture, const Judgement& j, const CaseData& probe_case,
+                   const RunOptions& options) {
   Comparison c;
   try {
     BackendRun run = run_backend(backend, fixture.data, options);
@@ -148,7 +149,7 @@ Comparison run_one(const Backend& backend, const Fixture& fixture, const Judgeme
                         &j.measured, &j.baseline, j.tolerance.empty() ? nullptr : &fixture.out,
                         j.tolerance.empty() ? nullptr : &j.tolerance});
     if (!run.guard_damage.empty()) c.fail(run.guard_damage);
-    BackendRun probe = run_backend(backend, j.probe, options);
+    BackendRun probe = run_backend(backend, probe_case, options);
     check_probe(c, fixture.problem(), j.stats.visible, j.probe_bounds, probe.out, j.probe_baseline, j.truth.out);
     if (!probe.guard_damage.empty()) c.fail("normalisation probe: " + probe.guard_damage);
   } catch (const std::exception& e) {
@@ -252,9 +253,9 @@ void verify_sdpa(const Fixture& fixture, const std::vector<std::unique_ptr<Backe
   }
   for (const RunConfig& config : configs) {
     Fixture laid_out = fixture;
-    const Layout canonical = j.probe.problem.layout;
     laid_out.data.problem = laid_out_as(problem, config);
-    j.probe.problem = laid_out_as(j.probe.problem, config);
+    CaseData probe = j.probe;  // V = 1, in this run's layout
+    probe.problem = laid_out_as(probe.problem, config);
     const std::vector<Status> support = support_of(backends, laid_out.problem());
     RunOptions run_options = options.run;
     run_options.threads = config.threads;
@@ -266,12 +267,11 @@ void verify_sdpa(const Fixture& fixture, const std::vector<std::unique_ptr<Backe
         outcome.comparison.reason = support[b].reason;
       } else {
         auto start = std::chrono::steady_clock::now();
-        outcome.comparison = run_one(*backends[b], laid_out, j, run_options);
+        outcome.comparison = run_one(*backends[b], laid_out, j, probe, run_options);
         outcome.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       }
       record(std::move(outcome), on_outcome, summary);
     }
-    j.probe.problem.layout = canonical;
   }
 }
 
