@@ -7,6 +7,10 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 export OPENBLAS_CORETYPE ?= Haswell
+# What make verify runs: every backend at 1 and 8 threads (8 > the tiles of the
+# split-K cases, so several chunks run on any host) and in both layouts. The
+# mutant tests (tests/mutants) read this line.
+VERIFY_ARGS ?= --threads 1,8 --layout bhsd,bshd
 
 .PHONY: all deps configure build verify test asan fixtures clean
 
@@ -22,7 +26,7 @@ build: configure
 	@cmake --build $(BUILD) -j $(JOBS)
 
 verify: build
-	$(BUILD)/bin/attn verify --threads 1,8 --layout bhsd,bshd --quiet --json $(BUILD)/verify.json --junit $(BUILD)/verify.xml
+	$(BUILD)/bin/attn verify $(VERIFY_ARGS) --quiet --json $(BUILD)/verify.json --junit $(BUILD)/verify.xml
 
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)

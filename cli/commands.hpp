@@ -17,5 +17,6 @@ Runner add_bench_command(CLI::App& app);
 Runner add_show_command(CLI::App& app);
 Runner add_peak_command(CLI::App& app);
 Runner add_report_command(CLI::App& app);
+Runner add_fuzz_command(CLI::App& app);
 
 }  // namespace attn::cli

@@ -13,6 +13,7 @@
 #include "fixtures/layer.hpp"
 #include "fixtures/suite.hpp"
 #include "impls/naive/naive.hpp"
+#include "tests/mutants/catalogue.hpp"
 #include "reference/layer.hpp"
 #include "verify/verifier.hpp"
 
@@ -124,14 +125,16 @@ TEST(LayerVerification, EveryBackendPassesAndAFlawedOneFails) {
     EXPECT_EQ(o.comparison.verdict, Verdict::pass) << o.backend << " " << o.fixture << ": " << o.comparison.reason;
   }
   std::vector<std::unique_ptr<Backend>> flawed;
-  flawed.push_back(make_flawed_naive_backend("no_scale", {.no_scale = true}));
-  flawed.push_back(make_flawed_naive_backend("gqa_modulo", {.gqa_modulo = true}));
+  for (const auto& m : attn::testing::mutants()) {
+    if (m.name == "naive_no_scale" || m.name == "naive_gqa_modulo") flawed.push_back(m.make());
+  }
+  ASSERT_EQ(flawed.size(), 2u);
   VerifySummary bad = verify(files, flawed, {});
   int no_scale = 0, gqa = 0;
   for (const auto& o : bad.outcomes) {
     if (o.comparison.verdict != Verdict::fail) continue;
-    no_scale += o.backend == "no_scale";
-    gqa += o.backend == "gqa_modulo" && o.fixture.find("gqa") != std::string::npos;
+    no_scale += o.backend == "naive_no_scale";
+    gqa += o.backend == "naive_gqa_modulo" && o.fixture.find("gqa") != std::string::npos;
   }
   EXPECT_GE(no_scale, 10);
   EXPECT_EQ(gqa, 3);  // every GQA layer case

@@ -1,114 +1,114 @@
-// The verifier has teeth: each deliberately broken variant of the naive
-// backend must FAIL on the standard suite, and on the fixture designed to
-// catch it.
+// The fuzzer has teeth: `attn fuzz` on a fixed seed finds every mutant of the
+// catalogue (tests/mutants) within the budget CI gives it, and shrinks the
+// failure to a case from which no size can be lowered, no feature dropped and
+// no thread removed without the failure going away. The shrunk fixture, read
+// back from its file, fails the mutant and passes the real backend it copies.
+// (That `make verify` catches every mutant is asserted by the ctest entries
+// mutants.make_verify_catches.*, which run attn-mutants with make verify's options.)
 #include <gtest/gtest.h>
 
-#include <map>
+#include <unistd.h>
 
+#include <set>
+
+#include "core/registry.hpp"
 #include "fixtures/fixture.hpp"
-#include "impls/blocked/blocked.hpp"
-#include "impls/naive/naive.hpp"
-#include "impls/streaming/streaming.hpp"
-#include "verify/verifier.hpp"
+#include "tests/mutants/catalogue.hpp"
+#include "verify/fuzz.hpp"
 
 using namespace attn;
 namespace fs = std::filesystem;
 
 namespace {
 
-struct Mutant {
-  const char* name;
-  NaiveFlaws flaws;
-  const char* caught_by;  // a fixture that must fail
-};
+constexpr std::uint64_t kSeed = 1;      // the seed CI fuzzes with
+constexpr std::int64_t kBudget = 300;   // cases a mutant may take to be found
 
-const Mutant kMutants[] = {
-    {"no_scale", {.no_scale = true}, "basic/b1_h2_q4_k4_d8_f32"},
-    {"scale_sqrt_dv", {.scale_sqrt_head_dim_v = true}, "head_dim/d64_dv32_f32"},
-    {"scale_on_bias", {.scale_on_bias = true}, "bias/normal_1x1x17_f32"},
-    {"no_max_sub", {.no_max_subtraction = true}, "large_logits/scores_300_f32"},
-    {"causal_off1", {.causal_off_by_one = true}, "causal_top_left/q33_k33_f32"},
-    {"causal_swap", {.causal_swapped = true}, "causal_bottom_right/q17_k65_f32"},
-    {"gqa_modulo", {.gqa_modulo = true}, "gqa/b2_hq8_hkv2_q33_k65_d32_f32"},
-    {"mask_axis", {.mask_ignores_query_axis = true}, "mask/random_1x1x17_f32"},
-    {"f16_accum", {.f16_accumulation = true}, "accumulation/q4_k4096_d16_positive_v_f16"},
-    {"masked_mean", {.masked_row_mean = true}, "mask/fully_masked_rows_f32"},
-    {"drop_last", {.drop_last_key = true}, "rescale/last_key_max_k257_f32"},
-};
+fs::path scratch(const std::string& name) {
+  fs::path dir = fs::temp_directory_path() / ("attn_test_fuzz_" + std::to_string(::getpid()) + "_" + name);
+  fs::remove_all(dir);
+  return dir;
+}
 
-class Mutants : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    std::vector<std::unique_ptr<Backend>> backends;
-    for (const Mutant& m : kMutants) backends.push_back(make_flawed_naive_backend(m.name, m.flaws));
-    backends.push_back(make_naive_backend());
-    std::vector<fs::path> files;
-    for (const auto& file : find_fixture_files({fs::path(ATTN_SOURCE_DIR) / "fixtures" / "golden"})) {
-      if (!read_fixture_header(file).has_tag("long")) files.push_back(file);
-    }
-    summary_ = new VerifySummary(verify(files, backends, {}));
+const attn::testing::MutantEntry& entry(std::string_view name) {
+  for (const auto& m : attn::testing::mutants()) {
+    if (m.name == name) return m;
   }
-  static void TearDownTestSuite() { delete summary_; }
-  static VerifySummary* summary_;
-};
-VerifySummary* Mutants::summary_ = nullptr;
+  throw std::runtime_error("no mutant " + std::string(name));
+}
+
+class FuzzFinds : public ::testing::TestWithParam<std::string> {};
 
 }  // namespace
 
-TEST_F(Mutants, EveryMutantFailsOnTheStandardSuiteAndOnItsOwnFixture) {
-  std::map<std::string, int> failures;
-  std::map<std::string, Verdict> on_target;
-  for (const auto& o : summary_->outcomes) {
-    if (o.comparison.verdict == Verdict::fail) ++failures[o.backend];
-    for (const Mutant& m : kMutants) {
-      if (o.backend == m.name && o.fixture == m.caught_by) on_target[m.name] = o.comparison.verdict;
-    }
+TEST_P(FuzzFinds, AndShrinksToAMinimalCaseThatReproducesFromItsFile) {
+  const attn::testing::MutantEntry& m = entry(GetParam());
+  std::vector<std::unique_ptr<Backend>> one;
+  one.push_back(m.make());
+  FuzzOptions options;
+  options.seed = kSeed;
+  options.cases = kBudget;
+  options.out_dir = scratch(std::string(m.name));
+  const FuzzSummary summary = run_fuzz(one, options);
+  ASSERT_EQ(summary.failures.size(), 1u) << m.name << " survived " << summary.cases << " fuzz cases of seed " << kSeed;
+  const FuzzFailure& f = summary.failures[0];
+  EXPECT_TRUE(f.shrunk.minimal) << "shrink budget spent after " << f.shrunk.evaluations << " cases";
+  // Nothing one step simpler still fails: no size is larger than the failure needs.
+  for (const FuzzCase& simpler : simpler_fuzz_cases(f.shrunk.smallest)) {
+    EXPECT_FALSE(judge_fuzz_case(*one[0], simpler).failed)
+        << "shrunk case " << f.shrunk.smallest.describe() << " could still become " << simpler.describe();
   }
-  for (const Mutant& m : kMutants) {
-    EXPECT_GT(failures[m.name], 0) << m.name << " passed the whole suite";
-    ASSERT_TRUE(on_target.count(m.name)) << m.caught_by << " not found";
-    EXPECT_EQ(on_target[m.name], Verdict::fail) << m.name << " was not caught by " << m.caught_by;
-  }
+  // The file is a standard fixture that reproduces the failure, and the real backend passes it.
+  ASSERT_TRUE(fs::exists(f.file));
+  VerifyOptions config;
+  config.thread_counts = {f.shrunk.smallest.threads};
+  config.layouts = {f.shrunk.smallest.layout};
+  EXPECT_EQ(verify({f.file}, one, config).failed(), 1) << f.file;
+  std::vector<std::string> real = {m.target == "flash" ? "streaming" : std::string(m.target)};
+  const VerifySummary by_real = verify({f.file}, make_backends(real), config);
+  EXPECT_TRUE(by_real.input_errors.empty());
+  EXPECT_EQ(by_real.failed(), 0) << "the real " << real[0] << " fails the shrunk case too";
+  fs::remove_all(options.out_dir);
 }
 
-TEST_F(Mutants, TheRealNaiveBackendPassesAlongsideThem) {
-  int runs = 0;
-  for (const auto& o : summary_->outcomes) {
-    if (o.backend != "naive") continue;
-    ++runs;
-    EXPECT_EQ(o.comparison.verdict, Verdict::pass) << o.fixture << ": " << o.comparison.reason;
+INSTANTIATE_TEST_SUITE_P(Catalogue, FuzzFinds, ::testing::ValuesIn([] {
+                           std::vector<std::string> names;
+                           for (const auto& m : attn::testing::mutants()) names.emplace_back(m.name);
+                           return names;
+                         }()),
+                         [](const auto& param_info) { return param_info.param; });
+
+TEST(FuzzDraw, TheSameSeedDrawsTheSameCasesAndDifferentSeedsDiffer) {
+  for (std::int64_t i = 0; i < 20; ++i) {
+    EXPECT_EQ(draw_fuzz_case(7, i).describe(), draw_fuzz_case(7, i).describe());
+    EXPECT_EQ(fuzz_fixture(draw_fuzz_case(7, i)).data.q, fuzz_fixture(draw_fuzz_case(7, i)).data.q);
   }
-  EXPECT_GT(runs, 100);
+  int same = 0;
+  for (std::int64_t i = 0; i < 20; ++i) same += draw_fuzz_case(7, i).describe() == draw_fuzz_case(8, i).describe();
+  EXPECT_LT(same, 3);
 }
 
-// Tiling bugs of the blocked and streaming backends, run with two threads so
-// the split-K path is taken on decode shapes whatever the machine.
-TEST(TilingMutants, EveryTilingMutantFailsOnItsOwnFixture) {
-  struct TilingMutant {
-    std::unique_ptr<Backend> backend;
-    const char* caught_by;
-  };
-  std::vector<TilingMutant> mutants;
-  mutants.push_back({make_flawed_streaming_backend("no_rescale", {.no_rescale = true}), "rescale/last_key_max_k1025_f32"});
-  mutants.push_back({make_flawed_streaming_backend("drop_tail", {.drop_last_partial_block = true}), "rescale/last_key_max_k257_f32"});
-  mutants.push_back({make_flawed_streaming_backend("split_merge", {.unweighted_split_merge = true}), "decode/q1_k4096_hq8_hkv1_d32_f32"});
-  mutants.push_back({make_flawed_streaming_backend("causal_skip", {.causal_skip_one_more = true}), "causal_top_left/q129_k257_f32"});
-  mutants.push_back({make_flawed_blocked_backend("wrong_tail", {.wrong_tail = true}), "mha/b2_h4_q17_k33_d64_f32"});
-  const fs::path golden = fs::path(ATTN_SOURCE_DIR) / "fixtures" / "golden";
-  std::vector<fs::path> files;
-  for (const auto& file : find_fixture_files({golden})) {
-    if (!read_fixture_header(file).has_tag("long")) files.push_back(file);
+TEST(FuzzDraw, CoversEveryDtypeLayoutMaskBiasKvLenAndCausalRule) {
+  std::set<std::string> seen;
+  for (std::int64_t i = 0; i < 400; ++i) {
+    const FuzzCase c = draw_fuzz_case(kSeed, i);
+    const Problem p = Problem::parse(c.spec.problem);
+    seen.insert(std::string(dtype_short_name(p.dtype)));
+    seen.insert(std::string(layout_name(c.layout)));
+    seen.insert("causal=" + std::string(causal_name(p.causal)));
+    seen.insert("threads=" + std::to_string(c.threads));
+    if (p.mask.present) seen.insert("mask");
+    if (p.bias.present) seen.insert("bias");
+    if (p.kv_len) seen.insert("kv_len");
+    if (p.seq_k == 0) seen.insert("seq_k=0");
+    if (p.seq_k > 1024 && p.seq_q <= 4) seen.insert("decode");
+    if (p.head_dim != p.head_dim_v) seen.insert("dv!=d");
+    if (p.heads_q > p.heads_kv) seen.insert("gqa");
+    if (p.head_dim % 2 == 1) seen.insert("odd head_dim");
   }
-  VerifyOptions options;
-  options.run.threads = 2;
-  for (auto& m : mutants) {
-    std::vector<std::unique_ptr<Backend>> one;
-    std::string name(m.backend->name());
-    one.push_back(std::move(m.backend));
-    VerifySummary summary = verify(files, one, options);
-    EXPECT_GT(summary.failed(), 0) << name << " passed the whole suite";
-    bool caught = false;
-    for (const auto& o : summary.outcomes) caught = caught || (o.fixture == m.caught_by && o.comparison.verdict == Verdict::fail);
-    EXPECT_TRUE(caught) << name << " was not caught by " << m.caught_by;
+  for (const char* want : {"f64", "f32", "f16", "bf16", "bhsd", "bshd", "causal=none", "causal=top_left",
+                           "causal=bottom_right", "threads=1", "threads=8", "mask", "bias", "kv_len", "seq_k=0",
+                           "decode", "dv!=d", "gqa", "odd head_dim"}) {
+    EXPECT_TRUE(seen.count(want)) << "400 cases of seed " << kSeed << " never drew " << want;
   }
 }

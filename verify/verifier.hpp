@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/backend.hpp"
+#include "fixtures/fixture.hpp"
 #include "verify/compare.hpp"
 
 namespace attn {
@@ -59,5 +60,13 @@ using OutcomeCallback = std::function<void(const CaseOutcome&)>;
 VerifySummary verify(const std::vector<std::filesystem::path>& files,
                      const std::vector<std::unique_ptr<Backend>>& backends, const VerifyOptions& options,
                      const OutcomeCallback& on_outcome = {});
+
+// One attention fixture already in memory, judged exactly as `verify` judges a
+// file (every check, every run configuration). With trusted_golden the
+// fixture's out and lse are not checked against the reference (a caller that
+// has no golden, such as the fuzzer, passes an empty out).
+VerifySummary verify_fixture(const Fixture& fixture, const std::vector<std::unique_ptr<Backend>>& backends,
+                             const VerifyOptions& options, bool trusted_golden = false,
+                             const OutcomeCallback& on_outcome = {});
 
 }  // namespace attn

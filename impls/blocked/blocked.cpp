@@ -23,8 +23,8 @@ using Scratch = cpu::TileScratch;
 
 class BlockedPlan final : public Plan {
  public:
-  BlockedPlan(const Problem& p, const AttentionIO& io, const RunOptions& options, const BlockedFlaws& flaws)
-      : p_(p), io_(io), kernels_(cpu::best_kernels()), g_(Geometry::of(p, kMaxTileRows, kernels_)), flaws_(flaws) {
+  BlockedPlan(const Problem& p, const AttentionIO& io, const RunOptions& options)
+      : p_(p), io_(io), kernels_(cpu::best_kernels()), g_(Geometry::of(p, kMaxTileRows, kernels_)) {
     threads_ = resolve_threads(options.threads);
     scratch_.resize(static_cast<std::size_t>(threads_));
     for (Scratch& s : scratch_) s.reserve(p, g_, true, g_.key_blocks);  // scores of every key block
@@ -58,16 +58,7 @@ class BlockedPlan final : public Plan {
       } else {
         kernels_.qk_f32(s.q.data(), rows, p_.head_dim, s.pack.k_f32(block), tile_scores, s.block_max.data());
       }
-      const bool tail = block * kKeyBlock + kKeyBlock > p_.seq_k;
-      if (flaws_.wrong_tail && tail) {  // the zero scores of the padding keys count as real ones
-        for (std::int64_t r = 0; r < rows; ++r) {
-          float* row = tile_scores + r * kKeyBlock;
-          if (!g_.q_prescaled) std::transform(row, row + kKeyBlock, row, [&](float x) { return x * g_.score_scale; });
-          s.block_max[r] = *std::max_element(row, row + kKeyBlock);
-        }
-      } else {
-        cpu::finish_scores(p_, g_, io_, kernels_, t, block * kKeyBlock, tile_scores, s.block_max.data(), !g_.bf16_kernels);
-      }
+      cpu::finish_scores(p_, g_, io_, kernels_, t, block * kKeyBlock, tile_scores, s.block_max.data(), !g_.bf16_kernels);
       for (std::int64_t r = 0; r < rows; ++r) s.m[r] = std::max(s.m[r], s.block_max[r]);
     }
     // Pass 2: exponentials against the final maxima, sums, and P V.
@@ -96,37 +87,32 @@ class BlockedPlan final : public Plan {
   AttentionIO io_;
   const cpu::Kernels& kernels_;
   Geometry g_;
-  BlockedFlaws flaws_;
   int threads_ = 1;
   std::vector<Scratch> scratch_;
 };
 
 class BlockedBackend final : public Backend {
  public:
-  BlockedBackend(std::string name, const BlockedFlaws& flaws) : name_(std::move(name)), flaws_(flaws) {
+  BlockedBackend() {
     description_ = "materialised scores per row block, exact two-pass softmax, cache-blocked micro-kernels (" +
                    std::string(cpu::best_kernels().isa) + ")";
   }
-  std::string_view name() const override { return name_; }
+  std::string_view name() const override { return "blocked"; }
   std::string_view description() const override { return description_; }
   std::string_view capabilities() const override {
     return "float32, float16, bfloat16; every mask rule, GQA/MQA, any head_dim; lse; not float64";
   }
   Status supports(const Problem& p) const override { return cpu::kernels_support(p); }
   std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& options) const override {
-    return std::make_unique<BlockedPlan>(p, io, options, flaws_);
+    return std::make_unique<BlockedPlan>(p, io, options);
   }
 
  private:
-  std::string name_, description_;
-  BlockedFlaws flaws_;
+  std::string description_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_blocked_backend() { return std::make_unique<BlockedBackend>("blocked", BlockedFlaws{}); }
-std::unique_ptr<Backend> make_flawed_blocked_backend(std::string name, const BlockedFlaws& flaws) {
-  return std::make_unique<BlockedBackend>(std::move(name), flaws);
-}
+std::unique_ptr<Backend> make_blocked_backend() { return std::make_unique<BlockedBackend>(); }
 
 }  // namespace attn

@@ -6,17 +6,11 @@
 #pragma once
 
 #include <memory>
-#include <string>
 
 #include "core/backend.hpp"
 
 namespace attn {
 
-struct BlockedFlaws {
-  bool wrong_tail = false;  // treats the last partial key block as full-width zeros (forgets to hide it)
-};
-
 std::unique_ptr<Backend> make_blocked_backend();
-std::unique_ptr<Backend> make_flawed_blocked_backend(std::string name, const BlockedFlaws& flaws);
 
 }  // namespace attn

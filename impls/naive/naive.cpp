@@ -16,30 +16,23 @@ template <typename T> T narrow(Acc<T> x) {
   else return from_float<T>(x);
 }
 
-bool causal_rule(Causal causal, std::int64_t i, std::int64_t j, std::int64_t seq_q, std::int64_t seq_k,
-                 const NaiveFlaws& flaws) {
-  if (flaws.causal_swapped) {
-    if (causal == Causal::top_left) causal = Causal::bottom_right;
-    else if (causal == Causal::bottom_right) causal = Causal::top_left;
-  }
-  std::int64_t limit = i;  // top_left
+bool causal_rule(Causal causal, std::int64_t i, std::int64_t j, std::int64_t seq_q, std::int64_t seq_k) {
   if (causal == Causal::none) return true;
+  std::int64_t limit = i;  // top_left
   if (causal == Causal::bottom_right) limit = i + seq_k - seq_q;
-  return flaws.causal_off_by_one ? j < limit : j <= limit;
+  return j <= limit;
 }
 
 template <typename T>
-void naive_attention(const Problem& p, const AttentionIO& io, const NaiveFlaws& flaws) {
+void naive_attention(const Problem& p, const AttentionIO& io) {
   using A = Acc<T>;
   const T* q = io.q.as<T>();
   const T* k = io.k.as<T>();
   const T* v = io.v.as<T>();
   T* out = io.out.as<T>();
   const T* bias = io.bias.as<T>();
-  A scale = static_cast<A>(p.scale);
-  if (flaws.no_scale) scale = 1;
-  if (flaws.scale_sqrt_head_dim_v) scale = static_cast<A>(1.0 / std::sqrt(static_cast<double>(p.head_dim_v)));
-  const std::int64_t keys = flaws.drop_last_key ? std::max<std::int64_t>(p.seq_k - 1, 0) : p.seq_k;
+  const A scale = static_cast<A>(p.scale);
+  const std::int64_t keys = p.seq_k;
   std::vector<A> weights(static_cast<std::size_t>(p.seq_k));
   std::vector<char> visible(static_cast<std::size_t>(p.seq_k));
   std::vector<A> acc(static_cast<std::size_t>(p.head_dim_v));
@@ -47,14 +40,14 @@ void naive_attention(const Problem& p, const AttentionIO& io, const NaiveFlaws& 
   for (std::int64_t b = 0; b < p.batch; ++b) {
     const std::int64_t kv_len = io.kv_len ? io.kv_len[b] : p.seq_k;
     for (std::int64_t h = 0; h < p.heads_q; ++h) {
-      const std::int64_t g = flaws.gqa_modulo ? h % p.heads_kv : h / p.group_size();
+      const std::int64_t g = h / p.group_size();
       for (std::int64_t i = 0; i < p.seq_q; ++i) {
         A max_score = -std::numeric_limits<A>::infinity();
         bool any = false;
         for (std::int64_t j = 0; j < keys; ++j) {
           auto& vis = visible[static_cast<std::size_t>(j)];
-          vis = j < kv_len && causal_rule(p.causal, i, j, p.seq_q, p.seq_k, flaws);
-          if (vis && !io.mask.empty()) vis = io.mask.at(b, h, flaws.mask_ignores_query_axis ? 0 : i, j) != 0;
+          vis = j < kv_len && causal_rule(p.causal, i, j, p.seq_q, p.seq_k);
+          if (vis && !io.mask.empty()) vis = io.mask.at(b, h, i, j) != 0;
           A bias_value = 0;
           if (vis && bias) {
             bias_value = widen(bias[io.bias.offset(b, h, i, j)]);
@@ -65,25 +58,17 @@ void naive_attention(const Problem& p, const AttentionIO& io, const NaiveFlaws& 
           for (std::int64_t d = 0; d < p.head_dim; ++d) {
             dot += widen(q[io.q.offset(b, h, i, d)]) * widen(k[io.k.offset(b, g, j, d)]);
           }
-          A s = flaws.scale_on_bias ? scale * (dot + bias_value) : scale * dot + bias_value;
+          const A s = scale * dot + bias_value;
           weights[static_cast<std::size_t>(j)] = s;
           max_score = std::max(max_score, s);
           any = true;
         }
         const std::int64_t row = (b * p.heads_q + h) * p.seq_q + i;
         if (!any) {
-          for (std::int64_t d = 0; d < p.head_dim_v; ++d) {
-            A value = 0;
-            if (flaws.masked_row_mean && p.seq_k > 0) {
-              for (std::int64_t j = 0; j < p.seq_k; ++j) value += widen(v[io.v.offset(b, g, j, d)]);
-              value /= static_cast<A>(p.seq_k);
-            }
-            out[io.out.offset(b, h, i, d)] = narrow<T>(value);
-          }
+          for (std::int64_t d = 0; d < p.head_dim_v; ++d) out[io.out.offset(b, h, i, d)] = narrow<T>(A{0});
           if (io.lse) io.lse[row] = -std::numeric_limits<double>::infinity();
           continue;
         }
-        if (flaws.no_max_subtraction) max_score = 0;
         A sum = 0;
         for (std::int64_t j = 0; j < keys; ++j) {
           if (!visible[static_cast<std::size_t>(j)]) continue;
@@ -98,7 +83,6 @@ void naive_attention(const Problem& p, const AttentionIO& io, const NaiveFlaws& 
           for (std::int64_t d = 0; d < p.head_dim_v; ++d) {
             A& a = acc[static_cast<std::size_t>(d)];
             a += w * widen(v[io.v.offset(b, g, j, d)]);
-            if (flaws.f16_accumulation) a = static_cast<A>(f16_to_float(float_to_f16(static_cast<float>(a))));
           }
         }
         for (std::int64_t d = 0; d < p.head_dim_v; ++d) out[io.out.offset(b, h, i, d)] = narrow<T>(acc[static_cast<std::size_t>(d)]);
@@ -110,22 +94,20 @@ void naive_attention(const Problem& p, const AttentionIO& io, const NaiveFlaws& 
 
 class NaivePlan final : public Plan {
  public:
-  NaivePlan(const Problem& p, const AttentionIO& io, const NaiveFlaws& flaws) : problem_(p), io_(io), flaws_(flaws) {}
+  NaivePlan(const Problem& p, const AttentionIO& io) : problem_(p), io_(io) {}
   void run() override {
-    dispatch_dtype(problem_.dtype, [&](auto tag) { naive_attention<decltype(tag)>(problem_, io_, flaws_); });
+    dispatch_dtype(problem_.dtype, [&](auto tag) { naive_attention<decltype(tag)>(problem_, io_); });
   }
   bool has_lse() const override { return true; }
 
  private:
   Problem problem_;
   AttentionIO io_;
-  NaiveFlaws flaws_;
 };
 
 class NaiveBackend final : public Backend {
  public:
-  NaiveBackend(std::string name, const NaiveFlaws& flaws) : name_(std::move(name)), flaws_(flaws) {}
-  std::string_view name() const override { return name_; }
+  std::string_view name() const override { return "naive"; }
   std::string_view description() const override {
     return "textbook attention: materialised scores, max-subtracted softmax, P V; float32 accumulation";
   }
@@ -134,20 +116,12 @@ class NaiveBackend final : public Backend {
   }
   Status supports(const Problem&) const override { return Status::yes(); }
   std::unique_ptr<Plan> prepare(const Problem& problem, const AttentionIO& io, const RunOptions&) const override {
-    return std::make_unique<NaivePlan>(problem, io, flaws_);
+    return std::make_unique<NaivePlan>(problem, io);
   }
-
- private:
-  std::string name_;
-  NaiveFlaws flaws_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_naive_backend() { return std::make_unique<NaiveBackend>("naive", NaiveFlaws{}); }
-
-std::unique_ptr<Backend> make_flawed_naive_backend(std::string name, const NaiveFlaws& flaws) {
-  return std::make_unique<NaiveBackend>(std::move(name), flaws);
-}
+std::unique_ptr<Backend> make_naive_backend() { return std::make_unique<NaiveBackend>(); }
 
 }  // namespace attn

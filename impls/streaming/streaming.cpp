@@ -24,8 +24,8 @@ using Scratch = cpu::TileScratch;
 
 class StreamingPlan final : public Plan {
  public:
-  StreamingPlan(const Problem& p, const AttentionIO& io, const RunOptions& options, const StreamingFlaws& flaws)
-      : p_(p), io_(io), kernels_(cpu::best_kernels()), g_(Geometry::of(p, kMaxTileRows, kernels_)), flaws_(flaws) {
+  StreamingPlan(const Problem& p, const AttentionIO& io, const RunOptions& options)
+      : p_(p), io_(io), kernels_(cpu::best_kernels()), g_(Geometry::of(p, kMaxTileRows, kernels_)) {
     threads_ = resolve_threads(options.threads);
     tiles_ = p.batch * p.heads_kv * g_.query_tiles;
     // Few tiles and long rows (decode): split the keys so every thread works.
@@ -66,10 +66,8 @@ class StreamingPlan final : public Plan {
   void compute(std::int64_t tile_index, std::int64_t chunk, Scratch& s) {
     const QueryTile t = cpu::query_tile(p_, g_, tile_index);
     const std::int64_t rows = t.rows();
-    std::int64_t end_key = cpu::visible_key_end(p_, io_, t);
-    std::int64_t end_block = (end_key + kKeyBlock - 1) / kKeyBlock;
-    if (flaws_.causal_skip_one_more && p_.causal != Causal::none) end_block = std::max<std::int64_t>(end_block - 1, 0);
-    if (flaws_.drop_last_partial_block && p_.seq_k % kKeyBlock != 0 && end_block == g_.key_blocks) --end_block;
+    const std::int64_t end_key = cpu::visible_key_end(p_, io_, t);
+    const std::int64_t end_block = (end_key + kKeyBlock - 1) / kKeyBlock;
     const std::int64_t per_chunk = (g_.key_blocks + chunks_ - 1) / chunks_;
     const std::int64_t first = std::min(chunk * per_chunk, g_.key_blocks);
     const std::int64_t last = std::min(first + per_chunk, g_.key_blocks);
@@ -144,7 +142,7 @@ class StreamingPlan final : public Plan {
     const float sum = p_row ? kernels_.exp2_sum_bf16(row, kKeyBlock, pending, m_new, p_row)
                             : kernels_.exp2_sum(row, kKeyBlock, pending, m_new);
     float& l = s.l[static_cast<std::size_t>(r)];
-    if (m_new > m_old && !flaws_.no_rescale) {  // lazy: rescale only when the max grew
+    if (m_new > m_old) {  // lazy: rescale only when the max grew
       const float alpha = m_old == kNegInf ? 0.0f : std::exp2(m_old - m_new);
       float* o = s.o.data() + r * g_.dv_pad;
       for (std::int64_t c = 0; c < g_.dv_pad; ++c) o[c] *= alpha;
@@ -167,7 +165,7 @@ class StreamingPlan final : public Plan {
       for (std::int64_t c = 0; c < chunks_; ++c) {
         const std::int64_t at = (tile_index * chunks_ + c) * g_.tile_rows + r;
         if (partial_l_[at] == 0) continue;
-        const float w = flaws_.unweighted_split_merge ? 1.0f : std::exp2(partial_m_[at] - global);
+        const float w = std::exp2(partial_m_[at] - global);
         l += w * partial_l_[at];
         const float* po = partial_o_.data() + at * g_.dv_pad;
         for (std::int64_t d = 0; d < g_.dv_pad; ++d) o[d] += w * po[d];
@@ -182,7 +180,6 @@ class StreamingPlan final : public Plan {
   AttentionIO io_;
   const cpu::Kernels& kernels_;
   Geometry g_;
-  StreamingFlaws flaws_;
   int threads_ = 1;
   bool direct_ = false;  // every tile reads K and V in place
   std::int64_t tiles_ = 0, chunks_ = 1;
@@ -192,31 +189,26 @@ class StreamingPlan final : public Plan {
 
 class StreamingBackend final : public Backend {
  public:
-  StreamingBackend(std::string name, const StreamingFlaws& flaws) : name_(std::move(name)), flaws_(flaws) {
+  StreamingBackend() {
     description_ = "FlashAttention-2 on the CPU: tiled online softmax, O(seq) memory, split-K decode; micro-kernels: " +
                    std::string(cpu::best_kernels().isa);
   }
-  std::string_view name() const override { return name_; }
+  std::string_view name() const override { return "streaming"; }
   std::string_view description() const override { return description_; }
   std::string_view capabilities() const override {
     return "float32, float16, bfloat16; every mask rule, GQA/MQA, any head_dim; lse; not float64";
   }
   Status supports(const Problem& p) const override { return cpu::kernels_support(p); }
   std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& options) const override {
-    return std::make_unique<StreamingPlan>(p, io, options, flaws_);
+    return std::make_unique<StreamingPlan>(p, io, options);
   }
 
  private:
-  std::string name_, description_;
-  StreamingFlaws flaws_;
+  std::string description_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_streaming_backend() { return std::make_unique<StreamingBackend>("streaming", StreamingFlaws{}); }
-
-std::unique_ptr<Backend> make_flawed_streaming_backend(std::string name, const StreamingFlaws& flaws) {
-  return std::make_unique<StreamingBackend>(std::move(name), flaws);
-}
+std::unique_ptr<Backend> make_streaming_backend() { return std::make_unique<StreamingBackend>(); }
 
 }  // namespace attn

@@ -175,3 +175,16 @@ std::unique_ptr<Backend> make_flash_mutant(std::string name, const FlashFlaws& f
 }
 
 }  // namespace attn::testing
+
+// The flash mutants of the catalogue (tests/mutants/CMakeLists.txt), by name.
+namespace attn {
+std::unique_ptr<Backend> make_flash_flush_subnormals() {
+  return testing::make_flash_mutant("flash_flush_subnormals", {.flush_subnormals = true});
+}
+std::unique_ptr<Backend> make_flash_odd_tail_dropped_16bit() {
+  return testing::make_flash_mutant("flash_odd_tail_16bit", {.odd_tail_dropped_16bit = true});
+}
+std::unique_ptr<Backend> make_flash_dense_v_strides() {
+  return testing::make_flash_mutant("flash_dense_v_strides", {.dense_v_strides = true});
+}
+}  // namespace attn

@@ -1,0 +1,453 @@
+#include "verify/fuzz.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+
+#include "core/error.hpp"
+#include "core/rng.hpp"
+#include "reference/reference.hpp"
+
+namespace attn {
+
+namespace {
+
+constexpr double kMaxWork = 3e7;  // b * hq * sq * sk * (d + dv) of one drawn case
+
+// A backend owned elsewhere, for the verifier's list of owned backends.
+class Borrowed final : public Backend {
+ public:
+  explicit Borrowed(const Backend& b) : b_(b) {}
+  std::string_view name() const override { return b_.name(); }
+  std::string_view description() const override { return b_.description(); }
+  Status available() const override { return b_.available(); }
+  Status supports(const Problem& p) const override { return b_.supports(p); }
+  std::string_view capabilities() const override { return b_.capabilities(); }
+  std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& o) const override {
+    return b_.prepare(p, io, o);
+  }
+
+ private:
+  const Backend& b_;
+};
+
+std::int64_t log_uniform(Rng& rng, std::int64_t lo, std::int64_t hi) {
+  const double x = std::exp(rng.uniform(std::log(static_cast<double>(lo)), std::log(static_cast<double>(hi) + 1.0)));
+  return std::clamp(static_cast<std::int64_t>(x), lo, hi);
+}
+
+template <typename T, std::size_t N> T pick(Rng& rng, const T (&choices)[N]) {
+  return choices[static_cast<std::size_t>(rng.uniform_int(0, static_cast<std::int64_t>(N) - 1))];
+}
+
+std::int64_t draw_head_dim(Rng& rng) {
+  const double u = rng.uniform();
+  if (u < 0.3) return rng.uniform_int(1, 8);
+  if (u < 0.7) {
+    const std::int64_t base[] = {16, 32, 64, 128, 256};
+    const std::int64_t offset[] = {0, 0, 0, -1, 1, -3, 5};
+    return std::clamp<std::int64_t>(pick(rng, base) + pick(rng, offset), 1, 256);
+  }
+  return rng.uniform_int(1, 256);
+}
+
+double largest_finite(DType dtype) {
+  switch (dtype) {
+    case DType::f16: return 65504.0;
+    case DType::bf16: return 3.3895313892515355e38;
+    case DType::f32: return std::numeric_limits<float>::max();
+    case DType::f64: return std::numeric_limits<double>::max();
+  }
+  return 0;
+}
+
+double tiny_value(DType dtype) {  // a magnitude whose draws are mostly subnormal in dtype
+  switch (dtype) {
+    case DType::f16: return 1e-6;
+    case DType::bf16:
+    case DType::f32: return 1e-39;
+    case DType::f64: return 1e-310;
+  }
+  return 0;
+}
+
+std::string mask_name(MaskPattern m) {
+  switch (m) {
+    case MaskPattern::none: return "none";
+    case MaskPattern::random: return "random";
+    case MaskPattern::block: return "block";
+    case MaskPattern::fully_masked_rows: return "fully_masked_rows";
+    case MaskPattern::hidden_tile: return "hidden_tile";
+    case MaskPattern::fully_masked_batch: return "fully_masked_batch";
+    case MaskPattern::hidden_columns: return "hidden_columns";
+  }
+  return "?";
+}
+
+std::string bias_name(BiasPattern b) {
+  switch (b) {
+    case BiasPattern::none: return "none";
+    case BiasPattern::normal: return "normal";
+    case BiasPattern::with_neg_inf: return "with_neg_inf";
+    case BiasPattern::very_negative: return "very_negative";
+  }
+  return "?";
+}
+
+// Writes p into c (keeping scale at 1/sqrt(head_dim) where it was the
+// default, and kv_len entries within seq_k); false when p is not valid.
+bool store(FuzzCase& c, Problem p) {
+  if (c.default_scale) p.scale = 1.0 / std::sqrt(static_cast<double>(p.head_dim));
+  if (!p.mask.present) c.spec.recipe.mask = MaskPattern::none;
+  if (!p.bias.present) c.spec.recipe.bias = BiasPattern::none;
+  if (p.kv_len) {
+    auto& lengths = c.spec.recipe.kv_len;
+    if (static_cast<std::int64_t>(lengths.size()) != p.batch) return false;
+    for (auto& n : lengths) n = std::min(n, p.seq_k);
+  } else {
+    c.spec.recipe.kv_len.clear();
+  }
+  try {
+    p.validate();
+  } catch (const InputError&) {
+    return false;
+  }
+  c.spec.problem = p.to_string();
+  return true;
+}
+
+// lo, then halfway, a quarter of the way, ... and finally one below n.
+std::vector<std::int64_t> toward(std::int64_t n, std::int64_t lo) {
+  std::vector<std::int64_t> values;
+  for (std::int64_t gap = n - lo; gap > 0; gap /= 2) {
+    const std::int64_t v = n - gap;
+    if (values.empty() || values.back() != v) values.push_back(v);
+  }
+  if (n > lo && values.back() != n - 1) values.push_back(n - 1);
+  return values;
+}
+
+// A broadcast axis that was full follows the new size; one that was 1 stays 1.
+std::int64_t follow(std::int64_t axis, std::int64_t old_full, std::int64_t new_full) {
+  return axis == old_full && old_full != 1 ? new_full : std::min(axis, new_full);
+}
+
+}  // namespace
+
+std::string FuzzCase::describe() const {
+  const InputRecipe& r = spec.recipe;
+  std::string text = spec.problem;
+  if (r.mask != MaskPattern::none) text += ",mask_pattern=" + mask_name(r.mask);
+  if (r.bias != BiasPattern::none) text += ",bias_pattern=" + bias_name(r.bias);
+  if (!r.kv_len.empty()) text += fmt::format(",kv_len=[{}]", fmt::join(r.kv_len, ","));
+  if (r.q_mean != 0 || r.q_std != 1 || r.k_mean != 0 || r.k_std != 1) {
+    text += fmt::format(",q~N({},{}),k~N({},{})", r.q_mean, r.q_std, r.k_mean, r.k_std);
+  }
+  if (r.v_mean != 0 || r.v_std != 1) text += fmt::format(",v~N({},{})", r.v_mean, r.v_std);
+  if (r.poison_hidden_v) text += ",poisoned_hidden_v";
+  return text + fmt::format(" [threads {}, {}]", threads, layout_name(layout));
+}
+
+FuzzCase draw_fuzz_case(std::uint64_t seed, std::int64_t index) {
+  Rng rng = Rng::from_name(fmt::format("attn fuzz {} {}", seed, index));
+  FuzzCase c;
+  c.spec.name = fmt::format("fuzz/s{}_c{}", seed, index);
+  c.spec.tags = "fuzz";
+  Problem p;
+  const DType dtypes[] = {DType::f64, DType::f32, DType::f16, DType::bf16};
+  p.dtype = pick(rng, dtypes);
+  const double family = rng.uniform();
+  p.batch = rng.uniform() < 0.6 ? 1 : rng.uniform_int(2, 3);
+  p.heads_kv = rng.uniform_int(1, 3);
+  const std::int64_t groups[] = {1, 1, 2, 3, 4, 8};
+  std::int64_t group = pick(rng, groups);
+  p.head_dim = draw_head_dim(rng);
+  p.head_dim_v = rng.uniform() < 0.7 ? p.head_dim : draw_head_dim(rng);
+  if (family < 0.2) {  // tiny: everything by hand-checkable sizes, empty rows likely
+    p.seq_q = rng.uniform_int(1, 5);
+    p.seq_k = rng.uniform_int(0, 5);
+    p.head_dim = rng.uniform_int(1, 8);
+    p.head_dim_v = rng.uniform() < 0.7 ? p.head_dim : rng.uniform_int(1, 8);
+  } else if (family < 0.55) {  // small: odd tails of every block size
+    p.seq_q = log_uniform(rng, 1, 80);
+    p.seq_k = rng.uniform() < 0.05 ? 0 : log_uniform(rng, 1, 160);
+  } else if (family < 0.8) {  // decode: few rows, long rows (split-K, in-place K and V)
+    p.seq_q = rng.uniform_int(1, 4);
+    p.seq_k = log_uniform(rng, 256, 3000);
+    p.heads_kv = rng.uniform_int(1, 2);
+  } else {  // prefill: many tiles
+    p.seq_q = log_uniform(rng, 64, 600);
+    p.seq_k = log_uniform(rng, 64, 600);
+  }
+  auto work = [&] {
+    return static_cast<double>(p.batch * p.heads_kv * group * p.seq_q) * static_cast<double>(p.seq_k) *
+           static_cast<double>(p.head_dim + p.head_dim_v);
+  };
+  while (work() > kMaxWork) {
+    if (p.batch > 1) p.batch = 1;
+    else if (p.heads_kv * group > 2) p.heads_kv = 1, group = std::min<std::int64_t>(group, 2);
+    else if (p.head_dim + p.head_dim_v > 128) p.head_dim = (p.head_dim + 1) / 2, p.head_dim_v = (p.head_dim_v + 1) / 2;
+    else if (p.seq_q >= p.seq_k) p.seq_q = (p.seq_q + 1) / 2;
+    else p.seq_k = (p.seq_k + 1) / 2;
+  }
+  p.heads_q = p.heads_kv * group;
+  const double causal = rng.uniform();
+  p.causal = causal < 0.6 ? Causal::none : causal < 0.8 ? Causal::top_left : Causal::bottom_right;
+  InputRecipe& r = c.spec.recipe;
+  auto broadcast = [&](BroadcastShape& s) {
+    s.present = true;
+    s.batch = rng.uniform() < 0.5 ? 1 : p.batch;
+    s.heads = rng.uniform() < 0.5 ? 1 : p.heads_q;
+    s.rows = rng.uniform() < 0.3 ? 1 : p.seq_q;
+  };
+  if (rng.uniform() < 0.3) {
+    broadcast(p.mask);
+    const MaskPattern masks[] = {MaskPattern::random, MaskPattern::random, MaskPattern::fully_masked_rows,
+                                 MaskPattern::block, MaskPattern::fully_masked_batch, MaskPattern::hidden_columns};
+    r.mask = pick(rng, masks);
+  }
+  if (rng.uniform() < 0.25) {
+    broadcast(p.bias);
+    const BiasPattern biases[] = {BiasPattern::normal, BiasPattern::normal, BiasPattern::with_neg_inf,
+                                  BiasPattern::very_negative};
+    r.bias = pick(rng, biases);
+  }
+  if (rng.uniform() < 0.25) {
+    p.kv_len = true;
+    for (std::int64_t b = 0; b < p.batch; ++b) r.kv_len.push_back(rng.uniform_int(0, p.seq_k));
+    if (rng.uniform() < 0.3) r.kv_len[static_cast<std::size_t>(rng.uniform_int(0, p.batch - 1))] = 0;
+    if (rng.uniform() < 0.3) r.kv_len[static_cast<std::size_t>(rng.uniform_int(0, p.batch - 1))] = p.seq_k;
+  }
+  if (rng.uniform() < 0.2) {
+    c.default_scale = false;
+    p.scale = rng.uniform(0.02, 1.5);
+  }
+  const double values = rng.uniform();
+  if (values < 0.5) {
+    // standard normal
+  } else if (values < 0.6) {  // large logits
+    r.q_std = r.k_std = rng.uniform(4.0, 8.0);
+  } else if (values < 0.7) {  // same-sign v: low-precision accumulation shows
+    r.v_mean = 1.0, r.v_std = 0.25;
+  } else if (values < 0.8) {  // subnormals: v alone, or q, k and v
+    r.v_std = tiny_value(p.dtype);
+    if (rng.uniform() < 0.5) r.q_std = r.k_std = tiny_value(p.dtype);
+  } else if (values < 0.9) {  // v near the dtype's largest value
+    r.v_std = largest_finite(p.dtype) / 32;
+  } else {  // nearly uniform weights
+    r.q_std = 1e-3;
+  }
+  r.poison_hidden_v = rng.uniform() < 0.5;
+  const int threads[] = {1, 2, 3, 8, 8};
+  c.threads = pick(rng, threads);
+  c.layout = rng.uniform() < 0.5 ? Layout::bhsd : Layout::bshd;
+  if (!store(c, p)) throw Error(fmt::format("attn fuzz: drew an invalid case {}: {}", c.spec.name, p.to_string()));
+  return c;
+}
+
+Fixture fuzz_fixture(const FuzzCase& c) {
+  Fixture f;
+  f.data = generate_inputs(c.spec);
+  const double limit = largest_finite(f.data.problem.dtype);
+  for (auto* values : {&f.data.q, &f.data.k, &f.data.v}) {
+    for (double& x : *values) x = std::clamp(x, -limit, limit);
+  }
+  f.header.name = c.spec.name;
+  f.header.description = "attn fuzz: " + c.describe();
+  f.header.generator = "attnbench fuzz 1";
+  f.header.tags = {"fuzz"};
+  f.header.problem = f.data.problem;
+  return f;
+}
+
+std::vector<FuzzCase> simpler_fuzz_cases(const FuzzCase& c) {
+  std::vector<FuzzCase> out;
+  const Problem p = Problem::parse(c.spec.problem);
+  auto add = [&](FuzzCase next, const Problem& q) {
+    if (store(next, q)) out.push_back(std::move(next));
+  };
+  auto with = [&](auto&& change) {
+    FuzzCase next = c;
+    Problem q = p;
+    change(next, q);
+    add(std::move(next), q);
+  };
+  for (std::int64_t t : toward(c.threads, 1)) with([&](FuzzCase& n, Problem&) { n.threads = static_cast<int>(t); });
+  if (c.layout != Layout::bhsd) with([](FuzzCase& n, Problem&) { n.layout = Layout::bhsd; });
+  auto resize_batch = [&](FuzzCase& n, Problem& q, std::int64_t b, bool keep_last) {
+    q.mask.batch = follow(q.mask.batch, p.batch, b);
+    q.bias.batch = follow(q.bias.batch, p.batch, b);
+    q.batch = b;
+    auto& lengths = n.spec.recipe.kv_len;
+    if (!lengths.empty()) {
+      if (keep_last) lengths.erase(lengths.begin(), lengths.end() - b);
+      else lengths.resize(static_cast<std::size_t>(b));
+    }
+  };
+  for (std::int64_t b : toward(p.batch, 1)) with([&](FuzzCase& n, Problem& q) { resize_batch(n, q, b, false); });
+  if (p.batch > 1) with([&](FuzzCase& n, Problem& q) { resize_batch(n, q, p.batch - 1, true); });
+  auto set_heads = [&](Problem& q, std::int64_t kv, std::int64_t group) {
+    q.mask.heads = follow(q.mask.heads, p.heads_q, kv * group);
+    q.bias.heads = follow(q.bias.heads, p.heads_q, kv * group);
+    q.heads_kv = kv;
+    q.heads_q = kv * group;
+  };
+  for (std::int64_t kv : toward(p.heads_kv, 1)) with([&](FuzzCase&, Problem& q) { set_heads(q, kv, p.group_size()); });
+  for (std::int64_t g : toward(p.group_size(), 1)) with([&](FuzzCase&, Problem& q) { set_heads(q, p.heads_kv, g); });
+  for (std::int64_t s : toward(p.seq_q, 1)) {
+    with([&](FuzzCase&, Problem& q) {
+      q.mask.rows = follow(q.mask.rows, p.seq_q, s);
+      q.bias.rows = follow(q.bias.rows, p.seq_q, s);
+      q.seq_q = s;
+    });
+  }
+  for (std::int64_t s : toward(p.seq_k, 0)) with([&](FuzzCase&, Problem& q) { q.seq_k = s; });
+  for (std::int64_t d : toward(p.head_dim, 1)) with([&](FuzzCase&, Problem& q) { q.head_dim = d; });
+  for (std::int64_t d : toward(p.head_dim_v, 1)) with([&](FuzzCase&, Problem& q) { q.head_dim_v = d; });
+  for (BroadcastShape Problem::*shape : {&Problem::mask, &Problem::bias}) {
+    const BroadcastShape& s = p.*shape;
+    if (!s.present) continue;
+    with([&](FuzzCase&, Problem& q) { q.*shape = {}; });
+    if (s.batch > 1) with([&](FuzzCase&, Problem& q) { (q.*shape).batch = 1; });
+    if (s.heads > 1) with([&](FuzzCase&, Problem& q) { (q.*shape).heads = 1; });
+    if (s.rows > 1) with([&](FuzzCase&, Problem& q) { (q.*shape).rows = 1; });
+  }
+  const InputRecipe& r = c.spec.recipe;
+  if (r.mask != MaskPattern::none && r.mask != MaskPattern::random) {
+    with([](FuzzCase& n, Problem&) { n.spec.recipe.mask = MaskPattern::random; });
+  }
+  if (r.bias != BiasPattern::none && r.bias != BiasPattern::normal) {
+    with([](FuzzCase& n, Problem&) { n.spec.recipe.bias = BiasPattern::normal; });
+  }
+  if (p.kv_len) with([](FuzzCase&, Problem& q) { q.kv_len = false; });
+  if (p.causal != Causal::none) with([](FuzzCase&, Problem& q) { q.causal = Causal::none; });
+  if (!c.default_scale) with([](FuzzCase& n, Problem&) { n.default_scale = true; });
+  if (r.q_mean != 0 || r.q_std != 1 || r.k_mean != 0 || r.k_std != 1) {
+    with([](FuzzCase& n, Problem&) {
+      n.spec.recipe.q_mean = n.spec.recipe.k_mean = 0;
+      n.spec.recipe.q_std = n.spec.recipe.k_std = 1;
+    });
+  }
+  if (r.v_mean != 0 || r.v_std != 1) {
+    with([](FuzzCase& n, Problem&) {
+      n.spec.recipe.v_mean = 0;
+      n.spec.recipe.v_std = 1;
+    });
+  }
+  if (r.poison_hidden_v) with([](FuzzCase& n, Problem&) { n.spec.recipe.poison_hidden_v = false; });
+  return out;
+}
+
+namespace {
+
+VerifyOptions options_of(const FuzzCase& c) {
+  VerifyOptions options;
+  options.thread_counts = {c.threads};
+  options.layouts = {c.layout};
+  return options;
+}
+
+}  // namespace
+
+FuzzJudgement judge_fuzz_case(const Backend& backend, const FuzzCase& c) {
+  std::vector<std::unique_ptr<Backend>> one;
+  one.push_back(std::make_unique<Borrowed>(backend));
+  const VerifySummary summary = verify_fixture(fuzz_fixture(c), one, options_of(c), true);
+  for (const auto& o : summary.outcomes) {
+    if (o.comparison.verdict == Verdict::fail) return {true, o.comparison.reason};
+  }
+  return {};
+}
+
+ShrinkResult shrink_fuzz_case(const Backend& backend, const FuzzCase& failing, std::string reason,
+                              int max_evaluations) {
+  ShrinkResult r{failing, std::move(reason)};
+  for (;;) {
+    bool simpler = false, exhausted = true;
+    for (const FuzzCase& candidate : simpler_fuzz_cases(r.smallest)) {
+      if (r.evaluations >= max_evaluations) {
+        exhausted = false;
+        break;
+      }
+      ++r.evaluations;
+      FuzzJudgement j = judge_fuzz_case(backend, candidate);
+      if (j.failed) {
+        r.smallest = candidate;
+        r.reason = std::move(j.reason);
+        ++r.steps;
+        simpler = true;
+        break;
+      }
+    }
+    if (simpler) continue;
+    r.minimal = exhausted;
+    return r;
+  }
+}
+
+FuzzSummary run_fuzz(const std::vector<std::unique_ptr<Backend>>& backends, const FuzzOptions& options,
+                     const std::function<void(const std::string&)>& progress) {
+  FuzzSummary summary;
+  for (const auto& b : backends) summary.backends.emplace_back(b->name());
+  summary.passed.assign(backends.size(), 0);
+  summary.skipped.assign(backends.size(), 0);
+  std::vector<bool> failed(backends.size(), false);
+  const auto start = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  auto say = [&](const std::string& line) {
+    if (progress) progress(line);
+  };
+  for (std::int64_t index = 0; index < options.cases; ++index) {
+    if (options.minutes > 0 && elapsed() > options.minutes * 60) break;
+    std::vector<std::unique_ptr<Backend>> active;
+    std::vector<std::size_t> which;
+    for (std::size_t b = 0; b < backends.size(); ++b) {
+      if (failed[b]) continue;
+      active.push_back(std::make_unique<Borrowed>(*backends[b]));
+      which.push_back(b);
+    }
+    if (active.empty()) break;
+    const FuzzCase c = draw_fuzz_case(options.seed, index);
+    const VerifySummary judged = verify_fixture(fuzz_fixture(c), active, options_of(c), true);
+    ++summary.cases;
+    for (std::size_t a = 0; a < active.size() && a < judged.outcomes.size(); ++a) {
+      const CaseOutcome& o = judged.outcomes[a];
+      const std::size_t b = which[a];
+      if (o.comparison.verdict == Verdict::skip) ++summary.skipped[b];
+      if (o.comparison.verdict != Verdict::fail) {
+        summary.passed[b] += o.comparison.verdict != Verdict::skip;
+        continue;
+      }
+      failed[b] = true;
+      say(fmt::format("FAIL  {}  case {}: {}\n      {}", o.backend, index, c.describe(), o.comparison.reason));
+      FuzzFailure f{o.backend, index, c, shrink_fuzz_case(*backends[b], c, o.comparison.reason,
+                                                          options.max_shrink_evaluations)};
+      std::filesystem::create_directories(options.out_dir);
+      f.file = options.out_dir / fmt::format("{}_s{}_c{}.h5", o.backend, options.seed, index);
+      Fixture shrunk = fuzz_fixture(f.shrunk.smallest);
+      shrunk.header.name = fmt::format("fuzz/{}_s{}_c{}", o.backend, options.seed, index);
+      shrunk.header.description =
+          fmt::format("attn fuzz --seed {}, case {}, shrunk for {}: {} (drawn as {})", options.seed, index, o.backend,
+                      f.shrunk.smallest.describe(), c.describe());
+      ReferenceResult truth = reference_attention(shrunk.data);
+      shrunk.out = std::move(truth.out);
+      shrunk.lse = std::move(truth.lse);
+      // Written whole or not at all: a temporary beside it, then a rename.
+      const std::filesystem::path temporary = f.file.string() + fmt::format(".tmp{}", ::getpid());
+      write_fixture(shrunk, temporary);
+      std::filesystem::rename(temporary, f.file);
+      say(fmt::format("      shrunk in {} steps ({} cases judged{}) to: {}\n      {}\n      wrote {}", f.shrunk.steps,
+                      f.shrunk.evaluations, f.shrunk.minimal ? "; nothing simpler fails" : "; shrink budget spent",
+                      f.shrunk.smallest.describe(), f.shrunk.reason, f.file.string()));
+      summary.failures.push_back(std::move(f));
+    }
+    if ((index + 1) % 50 == 0) say(fmt::format("      {} cases, {:.0f} s", index + 1, elapsed()));
+  }
+  return summary;
+}
+
+}  // namespace attn
