@@ -2,6 +2,7 @@
 #   make verify   every backend against fixtures/golden (exit non-zero on any failure)
 #   make test     the full test suite through ctest
 #   make asan     the tests again under AddressSanitizer + UndefinedBehaviorSanitizer
+#   make coverage line and branch coverage of impls/ and reference/ by make verify's run (scripts/coverage)
 #   make fixtures regenerate fixtures/golden from the case list
 BUILD ?= build
 JOBS ?= $(shell nproc)
@@ -12,7 +13,7 @@ export OPENBLAS_CORETYPE ?= Haswell
 # mutant tests (tests/mutants) read this line.
 VERIFY_ARGS ?= --threads 1,8 --layout bhsd,bshd
 
-.PHONY: all deps configure build verify test asan fixtures clean
+.PHONY: all deps configure build verify test asan coverage fixtures clean
 
 all: build
 
@@ -36,9 +37,12 @@ asan: deps
 	@cmake --build build-asan -j $(JOBS)
 	ctest --test-dir build-asan --output-on-failure -j $(JOBS) -LE slow
 
+coverage: deps
+	@VERIFY_ARGS="$(VERIFY_ARGS)" JOBS=$(JOBS) scripts/coverage
+
 fixtures: build
 	rm -rf fixtures/golden
 	$(BUILD)/bin/attn fixtures generate --out fixtures/golden
 
 clean:
-	rm -rf $(BUILD) build-asan
+	rm -rf $(BUILD) build-asan build-coverage

@@ -80,22 +80,36 @@ void compute_row(const CaseData& data, std::int64_t b, std::int64_t h, std::int6
     stats->weight_norm[static_cast<std::size_t>(row)] = std::sqrt(squares.value());
   }
   for (std::int64_t d = 0; d < p.head_dim_v; ++d) {
-    CompensatedSum acc;
+    // Sums of up to n weights (each at most 1) times v overflow when |v| is
+    // near the largest double: such columns are summed as v * 2^-shift, which
+    // is exact, and scaled back (the result is at most max |v|).
+    double largest = 0;
     for (std::size_t n = 0; n < visible_keys.size(); ++n) {
-      double v = data.v[static_cast<std::size_t>(idx4(b, g, visible_keys[n], d, p.heads_kv, p.seq_k, p.head_dim_v))];
-      acc.add_product(scores[n], v);
+      largest = std::max(largest, std::fabs(data.v[static_cast<std::size_t>(
+                                      idx4(b, g, visible_keys[n], d, p.heads_kv, p.seq_k, p.head_dim_v))]));
     }
-    const double out = acc.value() / total;
+    int shift = 0;
+    if (largest * static_cast<double>(visible_keys.size()) > 0x1p1000) {
+      shift = std::ilogb(largest) + std::ilogb(static_cast<double>(visible_keys.size())) - 1000;
+    }
+    auto column = [&](std::size_t n) {
+      return std::ldexp(data.v[static_cast<std::size_t>(idx4(b, g, visible_keys[n], d, p.heads_kv, p.seq_k, p.head_dim_v))],
+                        -shift);
+    };
+    CompensatedSum acc;
+    for (std::size_t n = 0; n < visible_keys.size(); ++n) acc.add_product(scores[n], column(n));
+    const double out = std::ldexp(acc.value() / total, shift);
     result.out[static_cast<std::size_t>(out_base + d)] = out;
     if (stats) {
       CompensatedSum abs_v, dev_v;
+      const double scaled_out = std::ldexp(out, -shift);
       for (std::size_t n = 0; n < visible_keys.size(); ++n) {
-        double v = data.v[static_cast<std::size_t>(idx4(b, g, visible_keys[n], d, p.heads_kv, p.seq_k, p.head_dim_v))];
+        const double v = column(n);
         abs_v.add(scores[n] * std::fabs(v));
-        dev_v.add(scores[n] * std::fabs(v - out));
+        dev_v.add(scores[n] * std::fabs(v - scaled_out));
       }
-      stats->weighted_abs_v[static_cast<std::size_t>(out_base + d)] = abs_v.value() / total;
-      stats->weighted_dev_v[static_cast<std::size_t>(out_base + d)] = dev_v.value() / total;
+      stats->weighted_abs_v[static_cast<std::size_t>(out_base + d)] = std::ldexp(abs_v.value() / total, shift);
+      stats->weighted_dev_v[static_cast<std::size_t>(out_base + d)] = std::ldexp(dev_v.value() / total, shift);
     }
   }
 }

@@ -271,15 +271,42 @@ TEST(Baseline, IsThePlainAlgorithmAndDoesNotDependOnThreads) {
 
 TEST(MeasuredLimit, TheFloorHoldsWhenTheBaselineIsExact) {
   const std::vector<double> truth{1.0, -2.0, 0.5, 4.0}, exact = truth;
-  MeasuredLimit m = measured_limit(DType::f16, truth, exact, 2, {1, 1}, 3);
+  MeasuredLimit m = measured_limit(DType::f16, truth, {exact}, truth, 2, {1, 1}, 3);
   EXPECT_EQ(m.baseline_max, 0.0);
   EXPECT_DOUBLE_EQ(m.reference_max(), unit_roundoff(DType::f16) * 4.0);
   EXPECT_EQ(m.factor, ToleranceConstants::baseline_factor_16bit);
-  EXPECT_EQ(measured_limit(DType::f32, truth, exact, 2, {1, 1}, 3).factor, ToleranceConstants::baseline_factor_wide);
+  EXPECT_EQ(measured_limit(DType::f32, truth, {exact}, truth, 2, {1, 1}, 3).factor, ToleranceConstants::baseline_factor_wide);
   // A hidden row (counts 0) takes no part.
   std::vector<double> off = truth;
   off[2] = 100;
-  EXPECT_EQ(measured_limit(DType::f16, truth, off, 2, {1, 0}, 3).baseline_max, 0.0);
+  EXPECT_EQ(measured_limit(DType::f16, truth, {off}, truth, 2, {1, 0}, 3).baseline_max, 0.0);
+  // The less accurate formulation counts, for the max and the RMS each.
+  std::vector<double> a = truth, b = truth;
+  a[0] += 0.01;
+  a[1] += 0.01;
+  b[3] += 0.03;
+  const MeasuredLimit two = measured_limit(DType::f32, truth, {a, b}, truth, 2, {1, 1}, 3);
+  EXPECT_NEAR(two.baseline_max, 0.03, 1e-12);
+  EXPECT_NEAR(two.baseline_rms, 0.015, 1e-12);  // b: sqrt(0.03^2 / 4); a only 0.0071
+  // The floor is a unit roundoff of the magnitude summed, not of |out|.
+  const std::vector<double> summed{8, 8, 8, 8};
+  EXPECT_DOUBLE_EQ(measured_limit(DType::f16, truth, {exact}, summed, 2, {1, 1}, 3).reference_max(),
+                   unit_roundoff(DType::f16) * 8.0);
+}
+
+TEST(Baseline, TheFoldedFormulationIsAsCarefulButRoundsElsewhere) {
+  Fixture f = read_fixture(kGolden / "mha" / "b2_h4_q17_k33_d64_f32.h5");
+  const std::vector<double> natural = baseline_attention(f.data, 1);
+  const std::vector<double> folded = baseline_attention(f.data, 1, Formulation::log2_folded);
+  ASSERT_EQ(folded.size(), f.out.size());
+  EXPECT_EQ(folded, baseline_attention(f.data, 2, Formulation::log2_folded));  // deterministic
+  EXPECT_NE(folded, natural);
+  double worst = 0, scale = 0;
+  for (std::size_t e = 0; e < f.out.size(); ++e) {
+    worst = std::max(worst, std::fabs(folded[e] - f.out[e]));
+    scale = std::max(scale, std::fabs(f.out[e]));
+  }
+  EXPECT_LT(worst, 64 * unit_roundoff(DType::f32) * scale);
 }
 
 TEST(BiasTest, TruncationLeansTowardZeroAndNearestDoesNot) {

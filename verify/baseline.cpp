@@ -15,14 +15,19 @@ namespace attn {
 namespace {
 
 // One row of the plain algorithm in accumulation type A (float or double).
+constexpr double kLog2e = 1.4426950408889634;
+constexpr double kLn2 = 0.6931471805599453;
+
 template <typename A>
 void baseline_row(const CaseData& data, std::int64_t row, std::vector<double>& out, std::vector<A>& weights,
-                  std::vector<std::int64_t>& keys) {
+                  std::vector<std::int64_t>& keys, Formulation formulation) {
+  const bool folded = formulation == Formulation::log2_folded;
   const Problem& p = data.problem;
   const std::int64_t i = row % p.seq_q, bh = row / p.seq_q, b = bh / p.heads_q, h = bh % p.heads_q;
   const std::int64_t g = h / p.group_size();
   const double* q = &data.q[static_cast<std::size_t>(row * p.head_dim)];
   const A scale = static_cast<A>(p.scale);
+  const A folded_scale = static_cast<A>(static_cast<double>(p.scale) * kLog2e);
   keys.clear();
   weights.clear();
   A max_score = -std::numeric_limits<A>::infinity();
@@ -30,13 +35,18 @@ void baseline_row(const CaseData& data, std::int64_t row, std::vector<double>& o
     if (!reference_visible(data, b, h, i, j)) continue;
     const double* k = &data.k[static_cast<std::size_t>(((b * p.heads_kv + g) * p.seq_k + j) * p.head_dim)];
     A dot = 0;
-    for (std::int64_t d = 0; d < p.head_dim; ++d) dot += static_cast<A>(q[d]) * static_cast<A>(k[d]);
-    A s = scale * dot;
+    if (folded) {
+      for (std::int64_t d = 0; d < p.head_dim; ++d) dot = std::fma(folded_scale * static_cast<A>(q[d]), static_cast<A>(k[d]), dot);
+    } else {
+      for (std::int64_t d = 0; d < p.head_dim; ++d) dot += static_cast<A>(q[d]) * static_cast<A>(k[d]);
+    }
+    A s = folded ? dot : scale * dot;
     if (p.bias.present) {
       const BroadcastShape& m = p.bias;
       const std::int64_t at = (((m.batch == 1 ? 0 : b) * m.heads + (m.heads == 1 ? 0 : h)) * m.rows +
                                (m.rows == 1 ? 0 : i)) * p.seq_k + j;
-      s += static_cast<A>(data.bias[static_cast<std::size_t>(at)]);
+      const A bias = static_cast<A>(data.bias[static_cast<std::size_t>(at)]);
+      s += folded ? static_cast<A>(kLog2e) * bias : bias;
     }
     keys.push_back(j);
     weights.push_back(s);
@@ -49,23 +59,26 @@ void baseline_row(const CaseData& data, std::int64_t row, std::vector<double>& o
   }
   A sum = 0;
   for (A& w : weights) {
-    w = static_cast<A>(detmath::exp(static_cast<double>(w - max_score)));
+    const double x = static_cast<double>(w - max_score);  // exact in double
+    w = static_cast<A>(detmath::exp(folded ? x * kLn2 : x));
     sum += w;
   }
-  for (A& w : weights) w = static_cast<A>(round_to_dtype(static_cast<double>(w), p.dtype));
+  const bool normalised = formulation == Formulation::normalised;
+  for (A& w : weights) w = static_cast<A>(round_to_dtype(static_cast<double>(normalised ? w / sum : w), p.dtype));
+  const A reciprocal = A{1} / sum;
   for (std::int64_t d = 0; d < p.head_dim_v; ++d) {
     A acc = 0;
     for (std::size_t n = 0; n < keys.size(); ++n) {
       const double v = data.v[static_cast<std::size_t>(((b * p.heads_kv + g) * p.seq_k + keys[n]) * p.head_dim_v + d)];
-      acc += weights[n] * static_cast<A>(v);
+      acc = folded ? std::fma(weights[n], static_cast<A>(v), acc) : acc + weights[n] * static_cast<A>(v);
     }
-    o[d] = round_to_dtype(static_cast<double>(acc / sum), p.dtype);
+    o[d] = round_to_dtype(static_cast<double>(normalised ? acc : folded ? acc * reciprocal : acc / sum), p.dtype);
   }
 }
 
 }  // namespace
 
-std::vector<double> baseline_attention(const CaseData& data, int threads) {
+std::vector<double> baseline_attention(const CaseData& data, int threads, Formulation formulation) {
   const Problem& p = data.problem;
   std::vector<double> out(static_cast<std::size_t>(p.out_elements()), 0.0);
   const std::int64_t rows = p.rows();
@@ -76,7 +89,7 @@ std::vector<double> baseline_attention(const CaseData& data, int threads) {
       using A = decltype(zero);
       std::vector<A> weights;
       std::vector<std::int64_t> keys;
-      for (std::int64_t row = worker; row < rows; row += workers) baseline_row<A>(data, row, out, weights, keys);
+      for (std::int64_t row = worker; row < rows; row += workers) baseline_row<A>(data, row, out, weights, keys, formulation);
     };
     if (p.dtype == DType::f64) run(0.0);
     else run(0.0f);
@@ -86,6 +99,12 @@ std::vector<double> baseline_attention(const CaseData& data, int threads) {
   work(0);
   for (auto& t : pool) t.join();
   return out;
+}
+
+std::vector<std::vector<double>> baseline_family(const CaseData& data, int threads) {
+  std::vector<std::vector<double>> outs;
+  for (Formulation f : kFormulations) outs.push_back(baseline_attention(data, threads, f));
+  return outs;
 }
 
 std::vector<double> baseline_layer(const LayerData& layer, int threads) {

@@ -13,6 +13,21 @@
 //   o_d  = sum_j fl(dtype(e_j) * v_jd)               P rounded to dtype before P V
 //   out  = dtype(fl(o_d / l))                        rounded to nearest even
 // Deterministic to the bit on every machine and for every thread count.
+//
+// A second formulation, the one fused kernels ship (FlashAttention's): the
+// scale times log2(e) folded into Q, dot products and P V by fused
+// multiply-adds, scores in the log2 domain, exp2 correctly rounded:
+//   c    = fl(scale * log2 e),  q'_d = fl(c * q_d)
+//   x_j  = fma-dot(q', k_j) + fl(log2(e) * bias_j)
+//   e_j  = fl(exp2(x_j - m)),   l = sum_j e_j
+//   o_d  = fma-sum_j dtype(e_j) * v_jd,   out = dtype(fl(o_d * fl(1 / l)))
+// And the textbook one (softmax, then P V), which unfused backends ship:
+//   p_j  = dtype(fl(e_j / l)),  out = dtype(sum_j p_j v_jd)
+// Each rounds at different magnitudes (log2-domain scores are 1.44 times
+// larger, the folded Q is rounded once more, normalised weights are rounded
+// where the unnormalised are exact), so none is the more accurate on every
+// case: a backend is measured against the least accurate, and is biased only
+// when it leans beyond every one of them.
 #pragma once
 
 #include <vector>
@@ -22,11 +37,18 @@
 
 namespace attn {
 
+enum class Formulation { natural, log2_folded, normalised };
+inline constexpr Formulation kFormulations[] = {Formulation::natural, Formulation::log2_folded, Formulation::normalised};
+
 // out [batch, heads_q, seq_q, head_dim_v] as doubles (each exact in dtype).
-std::vector<double> baseline_attention(const CaseData& data, int threads = 0);
+std::vector<double> baseline_attention(const CaseData& data, int threads = 0,
+                                       Formulation formulation = Formulation::natural);
 
 // A layer's y with the verifier's own projections (verify/layer.hpp) around
 // the baseline attention.
 std::vector<double> baseline_layer(const LayerData& layer, int threads = 0);
+
+// Every formulation's out, in the order of kFormulations.
+std::vector<std::vector<double>> baseline_family(const CaseData& data, int threads = 0);
 
 }  // namespace attn

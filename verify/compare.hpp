@@ -59,7 +59,9 @@ struct CompareInputs {
   const std::vector<double>& got_out;        // canonical [b, h, i, d]
   const std::vector<double>* got_lse;        // nullptr when the backend has none
   const MeasuredLimit* measured = nullptr;   // nullptr: no measured bound (unit tests of the a-priori one)
-  const std::vector<double>* baseline_out = nullptr;  // the plain implementation's out, for the bias test
+  // The plain formulations' outs (verify/baseline.hpp), for the bias test:
+  // biased means leaning beyond every one of them.
+  const std::vector<std::vector<double>>* baselines = nullptr;
   const std::vector<double>* golden_out = nullptr;         // the fixture's out, when it has a tolerance
   const std::vector<double>* fixture_tolerance = nullptr;  // atol + rtol |out| per element
 };
@@ -68,11 +70,19 @@ Comparison compare_output(const CompareInputs& in);
 
 // Adds the normalisation probe: `got` is the backend's output with V replaced
 // by ones; every visible row must be 1 within `bounds[row]`, every hidden row
-// exactly 0, and (16-bit types) the errors must not lean one way; `baseline`
-// is the plain implementation's probe output, `truth` the case's own truth
-// (which rows are independent).
+// exactly 0, and (16-bit types) the errors must not lean one way; `baselines`
+// are the plain formulations' probe outputs (a row may also be as far from 1
+// as k times the farthest of them on that row, for sums whose rounding errors
+// add up, such as many equal weights), `truth` the case's own truth (which
+// rows are independent).
 void check_probe(Comparison& comparison, const Problem& problem, const std::vector<std::int64_t>& visible,
                  const std::vector<double>& bounds, const std::vector<double>& got,
-                 const std::vector<double>& baseline, const std::vector<double>& truth);
+                 const std::vector<std::vector<double>>& baselines, const std::vector<double>& truth);
+
+// The bias test against each baseline; the least biased result (biased only
+// when biased against all).
+BiasTest least_biased(const std::vector<double>& truth, const std::vector<double>& got,
+                      const std::vector<std::vector<double>>& baselines, std::int64_t width,
+                      const std::vector<char>& counts, double exact_within, const std::vector<double>* identity);
 
 }  // namespace attn

@@ -91,11 +91,17 @@ ErrorNorms error_norms(const std::vector<double>& truth, const std::vector<doubl
   return norms;
 }
 
-MeasuredLimit measured_limit(DType dtype, const std::vector<double>& truth, const std::vector<double>& baseline,
+MeasuredLimit measured_limit(DType dtype, const std::vector<double>& truth,
+                             const std::vector<std::vector<double>>& baselines, const std::vector<double>& magnitude,
                              std::int64_t width, const std::vector<char>& counts, std::int64_t longest_row) {
   const std::vector<double> zero(truth.size(), 0.0);
-  const ErrorNorms base = error_norms(truth, baseline, width, counts);
-  const ErrorNorms scale = error_norms(zero, truth, width, counts);  // max and RMS of |truth|
+  ErrorNorms base;
+  for (const auto& baseline : baselines) {
+    const ErrorNorms e = error_norms(truth, baseline, width, counts);
+    base.max = std::max(base.max, e.max);
+    base.rms = std::max(base.rms, e.rms);
+  }
+  const ErrorNorms scale = error_norms(zero, magnitude, width, counts);  // max and RMS of |magnitude|
   const double floor = ToleranceConstants::baseline_floor * unit_roundoff(dtype);
   // The absolute allowance for subnormal intermediates, at the longest row.
   const double absolute = subnormal_allowance(dtype, static_cast<double>(longest_row));

@@ -132,11 +132,11 @@ struct Judgement {
   ReferenceStats stats;
   Bounds bounds;
   MeasuredLimit measured;
-  std::vector<double> baseline;   // the plain implementation's out
+  std::vector<std::vector<double>> baselines;  // the plain formulations' outs (verify/baseline.hpp)
   std::vector<double> tolerance;  // the fixture's own, or empty
   std::vector<double> probe_bounds;
   CaseData probe;                 // V replaced by ones
-  std::vector<double> probe_baseline;
+  std::vector<std::vector<double>> probe_baselines;
 };
 
 Comparison run_one(const Backend& backend, const Fixture& fixture, const Judgement& j, const CaseData& probe_case,
@@ -146,11 +146,11 @@ Comparison run_one(const Backend& backend, const Fixture& fixture, const Judgeme
     BackendRun run = run_backend(backend, fixture.data, options);
     const std::vector<double>* lse = run.lse ? &*run.lse : nullptr;
     c = compare_output({fixture.problem(), j.truth.out, j.truth.lse, j.bounds, j.stats.visible, run.out, lse,
-                        &j.measured, &j.baseline, j.tolerance.empty() ? nullptr : &fixture.out,
+                        &j.measured, &j.baselines, j.tolerance.empty() ? nullptr : &fixture.out,
                         j.tolerance.empty() ? nullptr : &j.tolerance});
     if (!run.guard_damage.empty()) c.fail(run.guard_damage);
     BackendRun probe = run_backend(backend, probe_case, options);
-    check_probe(c, fixture.problem(), j.stats.visible, j.probe_bounds, probe.out, j.probe_baseline, j.truth.out);
+    check_probe(c, fixture.problem(), j.stats.visible, j.probe_bounds, probe.out, j.probe_baselines, j.truth.out);
     if (!probe.guard_damage.empty()) c.fail("normalisation probe: " + probe.guard_damage);
   } catch (const std::exception& e) {
     c.fail(fmt::format("backend threw: {}", e.what()));
@@ -176,7 +176,8 @@ void verify_layer(const std::filesystem::path& file, const std::vector<std::uniq
   std::vector<double> no_lse;
   LayerReference reference;
   MeasuredLimit measured;
-  std::vector<double> baseline, tolerance;
+  std::vector<std::vector<double>> baseline;
+  std::vector<double> tolerance;
   std::string warning;
   reference = reference_layer(fixture.data);
   bounds.out = derive_layer_bounds(fixture.data, reference);
@@ -184,9 +185,10 @@ void verify_layer(const std::filesystem::path& file, const std::vector<std::uniq
                bounds.out);
   if (anyone_runs(backends, problem, configs)) {
     const std::vector<char> counts(every_row.size(), 1);
-    baseline = baseline_layer(fixture.data, options.run.threads);
+    baseline = {baseline_layer(fixture.data, options.run.threads)};
     const std::int64_t longest = std::max(problem.seq_k, fixture.header.model_dim);
-    measured = measured_limit(problem.dtype, reference.y, baseline, fixture.header.model_dim, counts, longest);
+    measured = measured_limit(problem.dtype, reference.y, baseline, reference.y, fixture.header.model_dim, counts,
+                              longest);
     tolerance = fixture_tolerance(fixture.header, fixture.y);
     warning = loose_tolerance_warning(fixture.header, reference.y, tolerance);
     if (!warning.empty()) summary.warnings.push_back(fmt::format("{}: {}", file.string(), warning));
@@ -244,15 +246,16 @@ void verify_sdpa(const Fixture& fixture, const std::vector<std::unique_ptr<Backe
   if (anyone_runs(backends, problem, configs)) {
     std::vector<char> counts(j.stats.visible.size());
     for (std::size_t r = 0; r < counts.size(); ++r) counts[r] = j.stats.visible[r] > 0;
-    j.baseline = baseline_attention(fixture.data, options.run.threads);
+    j.baselines = baseline_family(fixture.data, options.run.threads);
     const std::int64_t longest = *std::max_element(j.stats.visible.begin(), j.stats.visible.end());
-    j.measured = measured_limit(problem.dtype, j.truth.out, j.baseline, problem.head_dim_v, counts, longest);
+    j.measured = measured_limit(problem.dtype, j.truth.out, j.baselines, j.stats.weighted_abs_v,
+                                problem.head_dim_v, counts, longest);
     j.tolerance = fixture_tolerance(fixture.header, fixture.out);
     warning = loose_tolerance_warning(fixture.header, j.truth.out, j.tolerance);
     if (!warning.empty()) summary.warnings.push_back(fmt::format("{}: {}", fixture.header.path.string(), warning));
     j.probe_bounds = probe_bounds(problem, j.stats);
     j.probe = ones_probe(fixture.data);
-    j.probe_baseline = baseline_attention(j.probe, options.run.threads);
+    j.probe_baselines = baseline_family(j.probe, options.run.threads);
   }
   for (const RunConfig& config : configs) {
     Fixture laid_out = fixture;
