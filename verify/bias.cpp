@@ -89,7 +89,7 @@ BiasTest rounding_bias(const std::vector<double>& truth, const std::vector<doubl
   test.toward_zero = over_rows(toward);
   test.upward = over_rows(up);
   auto describe = [](const SignStatistic& s, const char* positive, const char* negative) {
-    return fmt::format("errors lean {} (mean sign {:+.2f} beyond the plain implementation's, over {} rows, t = {:.1f})",
+    return fmt::format("errors lean {} (mean sign {:+.2f} beyond every plain implementation's, over {} rows, t = {:.1f})",
                        s.mean > 0 ? positive : negative, s.mean, s.rows, s.t);
   };
   if (significant(test.toward_zero)) {

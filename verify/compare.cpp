@@ -127,14 +127,20 @@ Comparison compare_output(const CompareInputs& in) {
       r.baseline_rms_ratio = over_rms;
       if (*r.baseline_ratio > k) {
         r.fail(over_max >= over_rms
-                   ? fmt::format("max error {:.3g} is {:.1f}x the plain implementation's {:.3g} (limit {}x)", norms.max,
+                   ? fmt::format("max error {:.3g} is {:.1f}x the least accurate plain implementation's {:.3g} (limit {}x)", norms.max,
                                  over_max, m.reference_max(), k)
-                   : fmt::format("RMS error {:.3g} is {:.1f}x the plain implementation's {:.3g} (limit {}x)", norms.rms,
+                   : fmt::format("RMS error {:.3g} is {:.1f}x the least accurate plain implementation's {:.3g} (limit {}x)", norms.rms,
                                  over_rms, m.reference_rms(), k));
       }
     }
   }
-  if (in.baselines && !in.baselines->empty()) {
+  // Only where the output's rounding dominates (16-bit types): in float32 and
+  // float64 the accumulation's own lean is as large as a directed rounding of
+  // out, and differs between correct designs (a sequential sum of many
+  // positive terms loses the small ones: attn fuzz measured -29 u on l over
+  // 2683 keys, against -2 u in 16 lanes), so a sign test cannot tell them apart.
+  const bool rounding_dominates = p.dtype == DType::f16 || p.dtype == DType::bf16;
+  if (in.baselines && !in.baselines->empty() && rounding_dominates) {
     // Errors within the subnormal allowance (bfloat16's flushing) carry no direction.
     r.bias = least_biased(in.truth_out, in.got_out, *in.baselines, p.head_dim_v, counts,
                           subnormal_allowance(p.dtype, 1.0), nullptr);
