@@ -9,9 +9,13 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <iterator>
+#include <optional>
 #include <sstream>
 
 #include "bench/alloc_tracker.hpp"
+#include "core/error.hpp"
+#include "core/output_file.hpp"
 #include "bench/matrix.hpp"
 #include "bench/peak.hpp"
 #include "core/case_data.hpp"
@@ -142,8 +146,13 @@ int run_benchmarks(const std::vector<std::unique_ptr<Backend>>& backends, const 
                                           [](const std::string& a) { return a.rfind("--benchmark_min_time", 0) == 0; });
   if (!min_time_given && options.preset == "quick") benchmark_args.push_back("--benchmark_min_time=0.2");
   if (!min_time_given && options.preset == "standard") benchmark_args.push_back("--benchmark_min_time=0.1");
+  // Written beside --out and renamed into place once whole (core/output_file.hpp);
+  // an earlier run's file goes first, so an interrupted run leaves none.
+  std::optional<OutputFile> out;
   if (!options.out.empty()) {
-    benchmark_args.push_back("--benchmark_out=" + options.out);
+    remove_stale_output(options.out);
+    out.emplace(options.out);
+    benchmark_args.push_back("--benchmark_out=" + out->temp_path().string());
     benchmark_args.push_back("--benchmark_out_format=json");
   }
   for (auto& a : benchmark_args) argv.push_back(a.data());
@@ -178,6 +187,15 @@ int run_benchmarks(const std::vector<std::unique_ptr<Backend>>& backends, const 
   }
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
+  if (out) {
+    std::ifstream written(out->temp_path());
+    std::string text((std::istreambuf_iterator<char>(written)), std::istreambuf_iterator<char>());
+    const auto last = text.find_last_not_of(" \n\r\t");
+    if (last == std::string::npos || text[last] != '}') {
+      throw Error(fmt::format("{}: Google Benchmark did not write it whole; nothing was written", options.out));
+    }
+    out->commit();
+  }
   return 0;
 }
 

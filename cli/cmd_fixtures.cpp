@@ -6,6 +6,7 @@
 
 #include "cli/commands.hpp"
 #include "core/error.hpp"
+#include "core/output_file.hpp"
 #include "fixtures/fixture.hpp"
 #include "fixtures/suite.hpp"
 #include "reference/reference.hpp"
@@ -18,6 +19,7 @@ struct FixturesArgs {
   std::string out;
   std::vector<std::string> tags;
   std::string match;
+  bool replace = false;
   std::string file;
   std::vector<std::string> paths;
   int rows = 4;
@@ -29,18 +31,56 @@ bool has_any_tag(const CaseSpec& spec, const std::vector<std::string>& tags) {
   return std::any_of(tags.begin(), tags.end(), [&](const std::string& t) { return list.find("," + t + ",") != std::string::npos; });
 }
 
+// Each file is written beside its name and renamed into place once whole, so
+// a reader never sees a truncated fixture and no file another process has open
+// is zeroed. A folder that already holds files is refused unless --replace is
+// given; then, for the whole suite, files the suite no longer has are removed.
 int generate(const FixturesArgs& args) {
-  int written = 0;
+  namespace fs = std::filesystem;
+  const fs::path root(args.out);
+  std::error_code ec;
+  if (fs::exists(root, ec) && !fs::is_directory(root, ec)) throw Error(fmt::format("{}: is not a folder", args.out));
+  const bool occupied = fs::is_directory(root, ec) && fs::directory_iterator(root, ec) != fs::directory_iterator();
+  if (occupied && !args.replace) {
+    throw Error(fmt::format("{}: is not empty; give --replace to overwrite the suite there (files the suite no "
+                            "longer has are then removed), or choose an empty folder",
+                            args.out));
+  }
+  const bool whole_suite = args.tags.empty() && args.match.empty();
+  std::vector<fs::path> wanted;
   for (const CaseSpec& spec : standard_suite()) {
     if (!has_any_tag(spec, args.tags)) continue;
     if (!args.match.empty() && spec.name.find(args.match) == std::string::npos) continue;
-    std::filesystem::path path = std::filesystem::path(args.out) / (spec.name + ".h5");
-    write_generated_case(spec, path);
+    wanted.push_back(root / (spec.name + ".h5"));
+  }
+  if (wanted.empty()) throw Error("no case of the standard suite matched");
+  int written = 0;
+  for (const CaseSpec& spec : standard_suite()) {
+    const fs::path path = root / (spec.name + ".h5");
+    if (std::find(wanted.begin(), wanted.end(), path) == wanted.end()) continue;
+    OutputFile file(path);
+    write_generated_case(spec, file.temp_path());
+    file.commit();
     fmt::print("{}\n", path.string());
     ++written;
   }
-  if (written == 0) throw Error("no case of the standard suite matched");
-  fmt::print(stderr, "wrote {} fixtures to {}\n", written, args.out);
+  int removed = 0;
+  if (occupied && whole_suite) {
+    std::vector<fs::path> stale;
+    for (const auto& entry : fs::recursive_directory_iterator(root)) {
+      if (entry.is_regular_file() && entry.path().extension() == ".h5" &&
+          std::find(wanted.begin(), wanted.end(), entry.path()) == wanted.end()) {
+        stale.push_back(entry.path());
+      }
+    }
+    for (const auto& path : stale) {
+      fs::remove(path);
+      fmt::print(stderr, "removed {} (not in the suite)\n", path.string());
+      ++removed;
+    }
+  }
+  fmt::print(stderr, "wrote {} fixtures to {}{}\n", written, args.out,
+             removed > 0 ? fmt::format(", removed {} the suite no longer has", removed) : "");
   return 0;
 }
 
@@ -127,6 +167,8 @@ Runner add_fixtures_command(CLI::App& app) {
   gen->add_option("--out", args->out, "Output folder")->required();
   gen->add_option("--tag", args->tags, "Only cases with one of these tags");
   gen->add_option("--match", args->match, "Only cases whose name contains this text");
+  gen->add_flag("--replace", args->replace,
+                "Write into a folder that already holds files (for the whole suite, remove the .h5 files it no longer has)");
   CLI::App* sh = cmd->add_subcommand("show", "Print a fixture: attributes, shapes, output rows, weights");
   sh->add_option("file", args->file, "Fixture file")->required();
   sh->add_option("--rows", args->rows, "Output rows to print")->check(CLI::PositiveNumber);

@@ -7,6 +7,7 @@
 #include "bench/peak.hpp"
 #include "cli/commands.hpp"
 #include "core/error.hpp"
+#include "core/output_file.hpp"
 
 namespace attn::cli {
 
@@ -27,9 +28,7 @@ Runner add_peak_command(CLI::App& app) {
       nlohmann::json doc = {{"threads", peak.threads}, {"isa", peak.isa}, {"fp32_gflops", peak.fp32_gflops},
                             {"bf16_gflops", peak.bf16_gflops},
                             {"amx_bf16_gflops", peak.amx_bf16_gflops}, {"bandwidth_gbs", peak.bandwidth_gbs}};
-      std::ofstream file(*out);
-      if (!file) throw Error(fmt::format("{}: cannot write", *out));
-      file << doc.dump(2) << "\n";
+      write_whole_file(*out, doc.dump(2) + "\n");
     }
     return 0;
   };

@@ -3,7 +3,12 @@
 // statistics live in reports/ (Python, matplotlib and SciPy from Debian); this
 // command draws the attention-weights figure and hands over.
 #include <fmt/format.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
 
 #include <cstdlib>
 #include <filesystem>
@@ -29,11 +34,64 @@ std::string quote(const std::string& text) {
   return out + "'";
 }
 
+// Runs `command` with /bin/sh in a child that the kernel kills when attn
+// dies (PR_SET_PDEATHSIG), so a killed report leaves no writer behind.
 int run(const std::string& command) {
-  int status = std::system(command.c_str());
-  if (status == -1 || !WIFEXITED(status)) throw Error(fmt::format("could not run: {}", command));
+  const pid_t parent = ::getpid();
+  const pid_t child = ::fork();
+  if (child < 0) throw Error(fmt::format("could not run: {}", command));
+  if (child == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);  // attn died before the line above
+    ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  int status = 0;
+  while (::waitpid(child, &status, 0) < 0) {
+    if (errno != EINTR) throw Error(fmt::format("could not run: {}", command));
+  }
+  if (!WIFEXITED(status)) throw Error(fmt::format("could not run: {}", command));
   return WEXITSTATUS(status);
 }
+
+// The report is drawn into a new folder beside --out and swapped in once
+// complete: an interrupted or failed report leaves the previous one, or none,
+// never a half one.
+class ReportFolder {
+ public:
+  explicit ReportFolder(std::filesystem::path out) : out_(std::move(out)) {
+    namespace fs = std::filesystem;
+    const fs::path parent = out_.has_parent_path() ? out_.parent_path() : fs::path(".");
+    fs::create_directories(parent);
+    std::string pattern = (parent / fmt::format(".{}.tmp-XXXXXX", out_.filename().string())).string();
+    if (::mkdtemp(pattern.data()) == nullptr) throw Error(fmt::format("{}: cannot create a folder beside it", out_.string()));
+    temp_ = pattern;
+  }
+  ~ReportFolder() {
+    std::error_code ec;
+    if (!temp_.empty()) std::filesystem::remove_all(temp_, ec);
+  }
+  const std::filesystem::path& temp() const { return temp_; }
+  void commit() {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    fs::path old;
+    if (fs::exists(out_)) {
+      old = temp_.string() + ".old";
+      fs::rename(out_, old);
+    }
+    fs::rename(temp_, out_, ec);
+    if (ec) {
+      if (!old.empty()) fs::rename(old, out_);
+      throw Error(fmt::format("{}: cannot move the finished report into place: {}", out_.string(), ec.message()));
+    }
+    temp_.clear();
+    if (!old.empty()) fs::remove_all(old, ec);
+  }
+
+ private:
+  std::filesystem::path out_, temp_;
+};
 
 std::string python() {
   const char* python = std::getenv("ATTN_PYTHON");
@@ -60,18 +118,24 @@ Runner add_report_command(CLI::App& app) {
       return code == 0 ? 0 : code == 1 ? 1 : 2;
     }
     if (args->files.empty() || args->out.empty()) throw Error("report: give result files and --out DIR (or --compare BASE NEW)");
-    std::filesystem::create_directories(args->out);
-    const std::string weights = (std::filesystem::path(args->out) / "weights.png").string();
+    if (std::filesystem::exists(args->out) && !std::filesystem::is_directory(args->out)) {
+      throw Error(fmt::format("{}: is not a folder", args->out));
+    }
+    ReportFolder folder(args->out);
+    const std::string weights = (folder.temp() / "weights.png").string();
     const std::string self = quote(std::filesystem::read_symlink("/proc/self/exe").string());
     int drawn = run(fmt::format("{} show {} --heatmap {} > /dev/null", self, quote(args->weights_case), quote(weights)));
     std::string command = fmt::format("{} {} report", python(), script);
     for (const auto& f : args->files) command += " " + quote(f);
-    command += " --out " + quote(args->out);
+    command += " --out " + quote(folder.temp().string());
     if (drawn == 0) command += " --weights " + quote(weights);
     else fmt::print(stderr, "attn report: no attention-weights figure (drawing {} failed)\n", args->weights_case);
     int code = run(command);
     std::filesystem::remove(weights);
-    return code == 0 ? 0 : 2;
+    if (code != 0) return 2;
+    folder.commit();
+    fmt::print("attn report: the report is complete in {}\n", args->out);
+    return 0;
   };
 }
 

@@ -6,6 +6,7 @@
 
 #include "cli/commands.hpp"
 #include "core/error.hpp"
+#include "core/output_file.hpp"
 #include "core/registry.hpp"
 #include "fixtures/fixture.hpp"
 #include "verify/report.hpp"
@@ -62,6 +63,11 @@ Runner add_verify_command(CLI::App& app) {
   return [args, argv0 = std::string("attn")]() {
     std::vector<std::filesystem::path> roots(args->paths.begin(), args->paths.end());
     if (roots.empty()) roots.emplace_back(ATTN_DEFAULT_FIXTURES);
+    check_outputs({args->json, args->junit}, roots);
+    // An earlier run's results go now: a run that is interrupted leaves none that look current.
+    for (const auto& out : {args->json, args->junit}) {
+      if (!out.empty()) remove_stale_output(out);
+    }
     auto files = find_fixture_files(roots);
     if (files.empty()) throw Error("no fixture files (*.h5) found");
     auto backends = make_backends(args->backends);

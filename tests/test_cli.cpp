@@ -162,3 +162,103 @@ TEST_F(Cli, GenerateReproducesTheCommittedFilesBitForBit) {
   }
   EXPECT_GE(compared, 10);
 }
+
+// ---- Outputs written whole or not at all (core/output_file.hpp) ----------------
+
+namespace {
+
+CliRun run_shell(const std::string& script) {
+  FILE* pipe = popen(("bash -c '" + script + "' 2>&1").c_str(), "r");
+  std::string output;
+  std::array<char, 4096> buffer;
+  while (std::size_t n = std::fread(buffer.data(), 1, buffer.size(), pipe)) output.append(buffer.data(), n);
+  int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+int entries(const fs::path& dir) {
+  int n = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir)) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST_F(Cli, AFullDiskIsExit2AndLeavesNoHalfFile) {
+  const std::string small = kGolden + "/basic/b1_h2_q4_k4_d8_f32.h5";
+  // /dev/full: written in place (a device is not renamed over), and the failure is seen.
+  CliRun full = run_attn("verify " + small + " --backend naive --json /dev/full");
+  EXPECT_EQ(full.code, 2) << full.output;
+  EXPECT_NE(full.output.find("/dev/full: cannot write"), std::string::npos) << full.output;
+  // A file size limit makes the JSON's write fail part way: nothing under the name, no temporary left.
+  const fs::path out = dir_ / "v.json";
+  CliRun limited = run_shell("ulimit -f 1; trap \"\" XFSZ; exec " + std::string(ATTN_CLI) + " verify " + small + " " +
+                             kGolden + "/mha --backend naive,blocked --json " + out.string());
+  EXPECT_EQ(limited.code, 2) << limited.output;
+  EXPECT_NE(limited.output.find("cannot write"), std::string::npos) << limited.output;
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_EQ(entries(dir_), 0) << "a temporary was left behind";
+}
+
+TEST_F(Cli, AKilledRunLeavesNoOutputThatLooksCurrent) {
+  const fs::path out = dir_ / "v.json", xml = dir_ / "v.xml";
+  std::ofstream(out) << "{\"results\": []}\n";  // an earlier run's
+  std::ofstream(xml) << "<testsuites/>\n";
+  CliRun r = run_shell(std::string(ATTN_CLI) + " verify --threads 1,8 --json " + out.string() + " --junit " +
+                       xml.string() + " > /dev/null & pid=$!; sleep 2; kill -9 $pid; wait $pid; echo killed");
+  EXPECT_NE(r.output.find("killed"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(out)) << "the earlier JSON still looks like this run's";
+  EXPECT_FALSE(fs::exists(xml));
+  EXPECT_EQ(entries(dir_), 0);
+}
+
+TEST_F(Cli, OutputsThatCollideWithEachOtherOrAnInputAreRefused) {
+  const std::string small = kGolden + "/basic/b1_h2_q4_k4_d8_f32.h5";
+  const std::string same = (dir_ / "x").string();
+  CliRun twice = run_attn("verify " + small + " --backend naive --json " + same + " --junit " + same);
+  EXPECT_EQ(twice.code, 2);
+  EXPECT_NE(twice.output.find("named as two outputs"), std::string::npos) << twice.output;
+  fs::copy_file(small, dir_ / "case.h5");
+  CliRun input = run_attn("verify " + (dir_ / "case.h5").string() + " --backend naive --json " + (dir_ / "case.h5").string());
+  EXPECT_EQ(input.code, 2);
+  EXPECT_NE(input.output.find("is the input"), std::string::npos) << input.output;
+  EXPECT_TRUE(fs::exists(dir_ / "case.h5"));
+  CliRun inside = run_attn("verify " + dir_.string() + " --backend naive --junit " + (dir_ / "out.h5").string());
+  EXPECT_EQ(inside.code, 2);
+  EXPECT_NE(inside.output.find("would be read as a fixture"), std::string::npos) << inside.output;
+}
+
+TEST_F(Cli, GenerateRefusesAFolderInUseAndReplaceRemovesWhatTheSuiteNoLongerHas) {
+  const fs::path stale = dir_ / "old" / "gone.h5";
+  fs::create_directories(stale.parent_path());
+  fs::copy_file(kGolden + "/basic/b1_h2_q4_k4_d8_f32.h5", stale);
+  CliRun refused = run_attn("fixtures generate --out " + dir_.string());
+  EXPECT_EQ(refused.code, 2);
+  EXPECT_NE(refused.output.find("is not empty"), std::string::npos) << refused.output;
+  EXPECT_TRUE(fs::exists(stale));
+  CliRun some = run_attn("fixtures generate --out " + dir_.string() + " --replace --match basic/");
+  EXPECT_EQ(some.code, 0) << some.output;
+  EXPECT_TRUE(fs::exists(stale)) << "a filtered generate must not remove the rest";
+  EXPECT_TRUE(fs::exists(dir_ / "basic" / "b1_h2_q4_k4_d8_f16.h5"));
+  for (const auto& e : fs::recursive_directory_iterator(dir_)) {
+    EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
+  }
+}
+
+TEST_F(Cli, InvalidUtf8AndControlCharactersInANameKeepTheJsonAndTheJUnitWellFormed) {
+  attn::Fixture f = attn::read_fixture(kGolden + "/basic/b1_h2_q4_k4_d8_f32.h5");
+  f.header.name = "bad\xff\xfe name\x1b[31m";
+  attn::write_fixture(f, dir_ / "bad.h5");
+  const fs::path json = dir_ / "v.json", xml = dir_ / "v.xml";
+  CliRun r = run_attn("verify " + (dir_ / "bad.h5").string() + " --backend naive --json " + json.string() + " --junit " +
+                      xml.string());
+  EXPECT_EQ(r.code, 0) << r.output;
+  std::ifstream in(json);
+  nlohmann::json doc = nlohmann::json::parse(in);  // throws on a broken file
+  EXPECT_EQ(doc["results"].size(), 1u);
+  std::ifstream x(xml);
+  std::string text((std::istreambuf_iterator<char>(x)), {});
+  EXPECT_EQ(text.find('\xff'), std::string::npos);
+  EXPECT_EQ(text.find('\x1b'), std::string::npos);
+  EXPECT_NE(text.find("\\xff"), std::string::npos) << text;
+}

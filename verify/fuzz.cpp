@@ -1,7 +1,6 @@
 #include "verify/fuzz.hpp"
 
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -9,6 +8,7 @@
 #include <limits>
 
 #include "core/error.hpp"
+#include "core/output_file.hpp"
 #include "core/rng.hpp"
 #include "reference/reference.hpp"
 
@@ -436,10 +436,9 @@ FuzzSummary run_fuzz(const std::vector<std::unique_ptr<Backend>>& backends, cons
       ReferenceResult truth = reference_attention(shrunk.data);
       shrunk.out = std::move(truth.out);
       shrunk.lse = std::move(truth.lse);
-      // Written whole or not at all: a temporary beside it, then a rename.
-      const std::filesystem::path temporary = f.file.string() + fmt::format(".tmp{}", ::getpid());
-      write_fixture(shrunk, temporary);
-      std::filesystem::rename(temporary, f.file);
+      OutputFile file(f.file);  // written whole or not at all
+      write_fixture(shrunk, file.temp_path());
+      file.commit();
       say(fmt::format("      shrunk in {} steps ({} cases judged{}) to: {}\n      {}\n      wrote {}", f.shrunk.steps,
                       f.shrunk.evaluations, f.shrunk.minimal ? "; nothing simpler fails" : "; shrink budget spent",
                       f.shrunk.smallest.describe(), f.shrunk.reason, f.file.string()));

@@ -5,11 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <fstream>
+#include <sstream>
 #include <map>
 #include <nlohmann/json.hpp>
 
 #include "core/error.hpp"
+#include "core/output_file.hpp"
 
 namespace attn {
 
@@ -20,8 +21,29 @@ std::string ratio_text(const Comparison& c) {
   return fmt::format("{:.3f}", c.worst_ratio);
 }
 
-std::string xml_escape(std::string_view text) {
+// Bytes that do not form valid UTF-8 (a fixture's name may hold anything)
+// become \xNN, so the XML stays well-formed.
+std::string valid_utf8(std::string_view text) {
   std::string out;
+  for (std::size_t i = 0; i < text.size();) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    std::size_t length = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    bool ok = length > 0 && i + length <= text.size() && !(length == 2 && c < 0xc2);
+    for (std::size_t k = 1; ok && k < length; ++k) ok = (static_cast<unsigned char>(text[i + k]) >> 6) == 0x2;
+    if (ok) {
+      out.append(text.substr(i, length));
+      i += length;
+    } else {
+      out += fmt::format("\\x{:02x}", c);
+      ++i;
+    }
+  }
+  return out;
+}
+
+std::string xml_escape(std::string_view raw) {
+  std::string out;
+  const std::string text = valid_utf8(raw);
   for (char ch : text) {
     switch (ch) {
       case '&': out += "&amp;"; break;
@@ -39,12 +61,6 @@ std::string xml_escape(std::string_view text) {
   return out;
 }
 
-std::ofstream open_output(const std::filesystem::path& path) {
-  if (!path.parent_path().empty()) std::filesystem::create_directories(path.parent_path());
-  std::ofstream file(path);
-  if (!file) throw Error(fmt::format("{}: cannot write", path.string()));
-  return file;
-}
 
 Distribution distribution_of(std::vector<double> values) {
   Distribution d;
@@ -223,13 +239,14 @@ void write_json(const VerifySummary& summary, const std::filesystem::path& path)
                         {"budget", budget},
                         {"input_errors", summary.input_errors},
                         {"warnings", summary.warnings}};
-  open_output(path) << doc.dump(2) << "\n";
+  // Names and paths from fixtures may hold invalid UTF-8: replaced, not thrown.
+  write_whole_file(path, doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
 
 void write_junit(const VerifySummary& summary, const std::filesystem::path& path, const std::string& attn_command) {
   std::map<std::string, std::vector<const CaseOutcome*>> suites;
   for (const auto& o : summary.outcomes) suites[o.backend].push_back(&o);
-  std::ofstream file = open_output(path);
+  std::ostringstream file;
   file << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"attn verify\">\n";
   for (const auto& [backend, outcomes] : suites) {
     int failures = 0, skipped = 0;
@@ -270,6 +287,7 @@ void write_junit(const VerifySummary& summary, const std::filesystem::path& path
     file << "  </testsuite>\n";
   }
   file << "</testsuites>\n";
+  write_whole_file(path, file.str());
 }
 
 }  // namespace attn
