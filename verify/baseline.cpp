@@ -22,6 +22,7 @@ template <typename A>
 void baseline_row(const CaseData& data, std::int64_t row, std::vector<double>& out, std::vector<A>& weights,
                   std::vector<std::int64_t>& keys, Formulation formulation) {
   const bool folded = formulation == Formulation::log2_folded;
+  const bool reversed = formulation == Formulation::reversed;
   const Problem& p = data.problem;
   const std::int64_t i = row % p.seq_q, bh = row / p.seq_q, b = bh / p.heads_q, h = bh % p.heads_q;
   const std::int64_t g = h / p.group_size();
@@ -38,7 +39,10 @@ void baseline_row(const CaseData& data, std::int64_t row, std::vector<double>& o
     if (folded) {
       for (std::int64_t d = 0; d < p.head_dim; ++d) dot = std::fma(folded_scale * static_cast<A>(q[d]), static_cast<A>(k[d]), dot);
     } else {
-      for (std::int64_t d = 0; d < p.head_dim; ++d) dot += static_cast<A>(q[d]) * static_cast<A>(k[d]);
+      for (std::int64_t e = 0; e < p.head_dim; ++e) {
+        const std::int64_t d = reversed ? p.head_dim - 1 - e : e;
+        dot += static_cast<A>(q[d]) * static_cast<A>(k[d]);
+      }
     }
     A s = folded ? dot : scale * dot;
     if (p.bias.present) {
@@ -57,18 +61,21 @@ void baseline_row(const CaseData& data, std::int64_t row, std::vector<double>& o
     std::fill(o, o + p.head_dim_v, 0.0);
     return;
   }
-  A sum = 0;
   for (A& w : weights) {
     const double x = static_cast<double>(w - max_score);  // exact in double
     w = static_cast<A>(detmath::exp(folded ? x * kLn2 : x));
-    sum += w;
   }
+  const std::size_t count = keys.size();
+  auto nth = [&](std::size_t n) { return reversed ? count - 1 - n : n; };  // the order of the sums over keys
+  A sum = 0;
+  for (std::size_t n = 0; n < count; ++n) sum += weights[nth(n)];
   const bool normalised = formulation == Formulation::normalised;
   for (A& w : weights) w = static_cast<A>(round_to_dtype(static_cast<double>(normalised ? w / sum : w), p.dtype));
   const A reciprocal = A{1} / sum;
   for (std::int64_t d = 0; d < p.head_dim_v; ++d) {
     A acc = 0;
-    for (std::size_t n = 0; n < keys.size(); ++n) {
+    for (std::size_t step = 0; step < count; ++step) {
+      const std::size_t n = nth(step);
       const double v = data.v[static_cast<std::size_t>(((b * p.heads_kv + g) * p.seq_k + keys[n]) * p.head_dim_v + d)];
       acc = folded ? std::fma(weights[n], static_cast<A>(v), acc) : acc + weights[n] * static_cast<A>(v);
     }
