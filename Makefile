@@ -13,7 +13,7 @@ export OPENBLAS_CORETYPE ?= Haswell
 # mutant tests (tests/mutants) read this line.
 VERIFY_ARGS ?= --threads 1,8 --layout bhsd,bshd
 
-.PHONY: all deps configure build verify test asan coverage fixtures clean
+.PHONY: all deps configure build verify test asan coverage fuzz-targets fuzz-short fixtures clean
 
 all: build
 
@@ -40,9 +40,21 @@ asan: deps
 coverage: deps
 	@VERIFY_ARGS="$(VERIFY_ARGS)" JOBS=$(JOBS) scripts/coverage
 
+# libFuzzer targets (tests/fuzz), built with clang, ASan and UBSan in build-fuzz/.
+fuzz-targets:
+	@ATTN_EXTRA_PACKAGES="clang" scripts/install-deps
+	@CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATTN_FUZZ=ON \
+	  -DATTN_BUILD_TESTS=OFF -DATTN_WITH_CUDA=OFF > /dev/null
+	@cmake --build build-fuzz -j $(JOBS) --target fuzz_problem_parse fuzz_fixture_structured fuzz_fixture_bytes
+
+# A short fixed-time run of the targets CI runs, seeded from tests/fuzz/corpus.
+FUZZ_SECONDS ?= 20
+fuzz-short: fuzz-targets
+	@FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/fuzz-short build-fuzz/fuzz
+
 fixtures: build
 	rm -rf fixtures/golden
 	$(BUILD)/bin/attn fixtures generate --out fixtures/golden
 
 clean:
-	rm -rf $(BUILD) build-asan build-coverage
+	rm -rf $(BUILD) build-asan build-coverage build-fuzz
