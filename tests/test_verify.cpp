@@ -307,6 +307,16 @@ TEST(Baseline, TheFoldedFormulationIsAsCarefulButRoundsElsewhere) {
     scale = std::max(scale, std::fabs(f.out[e]));
   }
   EXPECT_LT(worst, 64 * unit_roundoff(DType::f32) * scale);
+  // The family's passes give each formulation's out, and its probe is that
+  // formulation run on V = ones.
+  Fixture g = read_fixture(kGolden / "mask" / "fully_masked_rows_bf16.h5");
+  const BaselineFamily family = baseline_family(g.data, 2);
+  CaseData ones = g.data;
+  std::fill(ones.v.begin(), ones.v.end(), 1.0);
+  for (std::size_t i = 0; i < std::size(kFormulations); ++i) {
+    EXPECT_EQ(family.out[i], baseline_attention(g.data, 1, kFormulations[i])) << i;
+    EXPECT_EQ(family.probe[i], baseline_attention(ones, 1, kFormulations[i])) << i;
+  }
 }
 
 TEST(BiasTest, TruncationLeansTowardZeroAndNearestDoesNot) {

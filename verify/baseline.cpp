@@ -18,9 +18,19 @@ namespace {
 constexpr double kLog2e = 1.4426950408889634;
 constexpr double kLn2 = 0.6931471805599453;
 
+// Where one row's results go: out and, when `probe` is set, the same row with
+// V replaced by ones; with `normalised_out` set, a natural pass also gives the
+// normalised formulation's results (the same scores and weights).
+struct RowSinks {
+  std::vector<double>* out = nullptr;
+  std::vector<double>* probe = nullptr;
+  std::vector<double>* normalised_out = nullptr;
+  std::vector<double>* normalised_probe = nullptr;
+};
+
 template <typename A>
-void baseline_row(const CaseData& data, std::int64_t row, std::vector<double>& out, std::vector<A>& weights,
-                  std::vector<std::int64_t>& keys, Formulation formulation) {
+void baseline_row(const CaseData& data, std::int64_t row, const RowSinks& sinks, std::vector<A>& weights,
+                  std::vector<A>& rounded, std::vector<std::int64_t>& keys, Formulation formulation) {
   const bool folded = formulation == Formulation::log2_folded;
   const bool reversed = formulation == Formulation::reversed;
   const Problem& p = data.problem;
@@ -56,9 +66,11 @@ void baseline_row(const CaseData& data, std::int64_t row, std::vector<double>& o
     weights.push_back(s);
     max_score = std::max(max_score, s);
   }
-  double* o = &out[static_cast<std::size_t>(row * p.head_dim_v)];
+  const auto first = static_cast<std::size_t>(row * p.head_dim_v), width = static_cast<std::size_t>(p.head_dim_v);
   if (keys.empty()) {
-    std::fill(o, o + p.head_dim_v, 0.0);
+    for (std::vector<double>* sink : {sinks.out, sinks.probe, sinks.normalised_out, sinks.normalised_probe}) {
+      if (sink) std::fill_n(sink->begin() + static_cast<std::ptrdiff_t>(first), width, 0.0);
+    }
     return;
   }
   for (A& w : weights) {
@@ -69,34 +81,44 @@ void baseline_row(const CaseData& data, std::int64_t row, std::vector<double>& o
   auto nth = [&](std::size_t n) { return reversed ? count - 1 - n : n; };  // the order of the sums over keys
   A sum = 0;
   for (std::size_t n = 0; n < count; ++n) sum += weights[nth(n)];
-  const bool normalised = formulation == Formulation::normalised;
-  for (A& w : weights) w = static_cast<A>(round_to_dtype(static_cast<double>(normalised ? w / sum : w), p.dtype));
   const A reciprocal = A{1} / sum;
-  for (std::int64_t d = 0; d < p.head_dim_v; ++d) {
-    A acc = 0;
-    for (std::size_t step = 0; step < count; ++step) {
-      const std::size_t n = nth(step);
-      const double v = data.v[static_cast<std::size_t>(((b * p.heads_kv + g) * p.seq_k + keys[n]) * p.head_dim_v + d)];
-      acc = folded ? std::fma(weights[n], static_cast<A>(v), acc) : acc + weights[n] * static_cast<A>(v);
+  auto finish = [&](bool normalised, std::vector<double>* out, std::vector<double>* probe) {
+    rounded.resize(count);
+    for (std::size_t n = 0; n < count; ++n) {
+      rounded[n] = static_cast<A>(round_to_dtype(static_cast<double>(normalised ? weights[n] / sum : weights[n]), p.dtype));
     }
-    o[d] = round_to_dtype(static_cast<double>(normalised ? acc : folded ? acc * reciprocal : acc / sum), p.dtype);
-  }
+    auto result = [&](A acc) {
+      return round_to_dtype(static_cast<double>(normalised ? acc : folded ? acc * reciprocal : acc / sum), p.dtype);
+    };
+    for (std::int64_t d = 0; d < p.head_dim_v; ++d) {
+      A acc = 0;
+      for (std::size_t step = 0; step < count; ++step) {
+        const std::size_t n = nth(step);
+        const double v = data.v[static_cast<std::size_t>(((b * p.heads_kv + g) * p.seq_k + keys[n]) * p.head_dim_v + d)];
+        acc = folded ? std::fma(rounded[n], static_cast<A>(v), acc) : acc + rounded[n] * static_cast<A>(v);
+      }
+      (*out)[first + static_cast<std::size_t>(d)] = result(acc);
+    }
+    if (probe) {  // V = ones: the same sum with every v exactly 1
+      A acc = 0;
+      for (std::size_t step = 0; step < count; ++step) acc = folded ? std::fma(rounded[nth(step)], A{1}, acc) : acc + rounded[nth(step)];
+      std::fill_n(probe->begin() + static_cast<std::ptrdiff_t>(first), width, result(acc));
+    }
+  };
+  finish(formulation == Formulation::normalised, sinks.out, sinks.probe);
+  if (sinks.normalised_out) finish(true, sinks.normalised_out, sinks.normalised_probe);
 }
 
-}  // namespace
-
-std::vector<double> baseline_attention(const CaseData& data, int threads, Formulation formulation) {
-  const Problem& p = data.problem;
-  std::vector<double> out(static_cast<std::size_t>(p.out_elements()), 0.0);
+template <typename Body> void rows_in_parallel(const Problem& p, int threads, Body body) {
   const std::int64_t rows = p.rows();
   int workers = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (rows * p.seq_k * (p.head_dim + p.head_dim_v) < (1 << 16)) workers = 1;
   auto work = [&](int worker) {
     auto run = [&](auto zero) {
       using A = decltype(zero);
-      std::vector<A> weights;
+      std::vector<A> weights, rounded;
       std::vector<std::int64_t> keys;
-      for (std::int64_t row = worker; row < rows; row += workers) baseline_row<A>(data, row, out, weights, keys, formulation);
+      for (std::int64_t row = worker; row < rows; row += workers) body(row, weights, rounded, keys);
     };
     if (p.dtype == DType::f64) run(0.0);
     else run(0.0f);
@@ -105,13 +127,39 @@ std::vector<double> baseline_attention(const CaseData& data, int threads, Formul
   for (int w = 1; w < workers; ++w) pool.emplace_back(work, w);
   work(0);
   for (auto& t : pool) t.join();
+}
+
+}  // namespace
+
+std::vector<double> baseline_attention(const CaseData& data, int threads, Formulation formulation) {
+  std::vector<double> out(static_cast<std::size_t>(data.problem.out_elements()), 0.0);
+  const RowSinks sinks{&out};
+  rows_in_parallel(data.problem, threads, [&](std::int64_t row, auto& weights, auto& rounded, auto& keys) {
+    baseline_row(data, row, sinks, weights, rounded, keys, formulation);
+  });
   return out;
 }
 
-std::vector<std::vector<double>> baseline_family(const CaseData& data, int threads) {
-  std::vector<std::vector<double>> outs;
-  for (Formulation f : kFormulations) outs.push_back(baseline_attention(data, threads, f));
-  return outs;
+BaselineFamily baseline_family(const CaseData& data, int threads) {
+  const auto n = static_cast<std::size_t>(data.problem.out_elements());
+  BaselineFamily family;
+  family.out.assign(std::size(kFormulations), std::vector<double>(n, 0.0));
+  family.probe.assign(std::size(kFormulations), std::vector<double>(n, 0.0));
+  auto at = [](Formulation f) {
+    return static_cast<std::size_t>(std::find(std::begin(kFormulations), std::end(kFormulations), f) - std::begin(kFormulations));
+  };
+  // Three passes for four formulations: the normalised one shares the natural pass.
+  for (Formulation f : {Formulation::natural, Formulation::log2_folded, Formulation::reversed}) {
+    RowSinks sinks{&family.out[at(f)], &family.probe[at(f)]};
+    if (f == Formulation::natural) {
+      sinks.normalised_out = &family.out[at(Formulation::normalised)];
+      sinks.normalised_probe = &family.probe[at(Formulation::normalised)];
+    }
+    rows_in_parallel(data.problem, threads, [&](std::int64_t row, auto& weights, auto& rounded, auto& keys) {
+      baseline_row(data, row, sinks, weights, rounded, keys, f);
+    });
+  }
+  return family;
 }
 
 std::vector<double> baseline_layer(const LayerData& layer, int threads) {

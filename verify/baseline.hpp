@@ -53,7 +53,11 @@ std::vector<double> baseline_attention(const CaseData& data, int threads = 0,
 // the baseline attention.
 std::vector<double> baseline_layer(const LayerData& layer, int threads = 0);
 
-// Every formulation's out, in the order of kFormulations.
-std::vector<std::vector<double>> baseline_family(const CaseData& data, int threads = 0);
+// Every formulation's out and its normalisation probe (the same case with V
+// replaced by ones), in the order of kFormulations; three passes over the case.
+struct BaselineFamily {
+  std::vector<std::vector<double>> out, probe;
+};
+BaselineFamily baseline_family(const CaseData& data, int threads = 0);
 
 }  // namespace attn

@@ -49,7 +49,7 @@ std::int64_t draw_head_dim(Rng& rng) {
   if (u < 0.3) return rng.uniform_int(1, 8);
   if (u < 0.7) {
     const std::int64_t base[] = {16, 32, 64, 128, 256};
-    const std::int64_t offset[] = {0, 0, 0, -1, 1, -3, 5};
+    const std::int64_t offset[] = {0, 0, 0, 0, -1, 1, -3, 5};  // kernels special-case multiples of 16
     return std::clamp<std::int64_t>(pick(rng, base) + pick(rng, offset), 1, 256);
   }
   return rng.uniform_int(1, 256);
@@ -216,7 +216,8 @@ FuzzCase draw_fuzz_case(std::uint64_t seed, std::int64_t index) {
                                   BiasPattern::very_negative};
     r.bias = pick(rng, biases);
   }
-  if (rng.uniform() < 0.25) {
+  const bool decode = family >= 0.55 && family < 0.8;
+  if (rng.uniform() < (decode ? 0.5 : 0.25)) {  // decode with padding is how decoding runs
     p.kv_len = true;
     for (std::int64_t b = 0; b < p.batch; ++b) r.kv_len.push_back(rng.uniform_int(0, p.seq_k));
     if (rng.uniform() < 0.3) r.kv_len[static_cast<std::size_t>(rng.uniform_int(0, p.batch - 1))] = 0;

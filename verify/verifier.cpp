@@ -246,7 +246,9 @@ void verify_sdpa(const Fixture& fixture, const std::vector<std::unique_ptr<Backe
   if (anyone_runs(backends, problem, configs)) {
     std::vector<char> counts(j.stats.visible.size());
     for (std::size_t r = 0; r < counts.size(); ++r) counts[r] = j.stats.visible[r] > 0;
-    j.baselines = baseline_family(fixture.data, options.run.threads);
+    BaselineFamily family = baseline_family(fixture.data, options.run.threads);
+    j.baselines = std::move(family.out);
+    j.probe_baselines = std::move(family.probe);
     const std::int64_t longest = *std::max_element(j.stats.visible.begin(), j.stats.visible.end());
     j.measured = measured_limit(problem.dtype, j.truth.out, j.baselines, j.stats.weighted_abs_v,
                                 problem.head_dim_v, counts, longest);
@@ -255,7 +257,6 @@ void verify_sdpa(const Fixture& fixture, const std::vector<std::unique_ptr<Backe
     if (!warning.empty()) summary.warnings.push_back(fmt::format("{}: {}", fixture.header.path.string(), warning));
     j.probe_bounds = probe_bounds(problem, j.stats);
     j.probe = ones_probe(fixture.data);
-    j.probe_baselines = baseline_family(j.probe, options.run.threads);
   }
   for (const RunConfig& config : configs) {
     Fixture laid_out = fixture;
