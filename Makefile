@@ -35,7 +35,7 @@ test: build
 asan: deps
 	@cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATTN_SANITIZE=ON $(CMAKE_FLAGS) > /dev/null
 	@cmake --build build-asan -j $(JOBS)
-	ctest --test-dir build-asan --output-on-failure -j $(JOBS) -LE slow
+	ctest --test-dir build-asan --output-on-failure -j $(JOBS)
 
 coverage: deps
 	@VERIFY_ARGS="$(VERIFY_ARGS)" JOBS=$(JOBS) scripts/coverage

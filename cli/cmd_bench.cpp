@@ -54,7 +54,8 @@ Runner add_bench_command(CLI::App& app) {
   cmd->add_option("--preset", options->preset, "quick (about a minute), standard (about ten), full, gpu (for scripts/gpu-check)")
       ->check(CLI::IsMember({"quick", "standard", "full", "gpu"}));
   cmd->add_option("--backend", *names, "Backends to time (default: all)");
-  cmd->add_option("--threads", options->threads, "Threads per backend (default: OMP_NUM_THREADS or all cores)");
+  cmd->add_option("--threads", options->threads, "Threads per backend, 1 to 256 (default: OMP_NUM_THREADS or all cores)")
+      ->check(CLI::Range(1, 256));
   cmd->add_option("--out", options->out, "Write Google Benchmark JSON (with the environment context) to this file");
   cmd->add_flag("!--no-peak", options->measure_peak, "Skip measuring the machine's peaks for the context");
   cmd->add_option("--max-seconds", options->max_seconds_per_call, "Skip a case whose estimated time per call is above this (default by preset: 2, 5, 60 s)");

@@ -15,7 +15,7 @@ Runner add_peak_command(CLI::App& app) {
   auto threads = std::make_shared<int>(0);
   auto out = std::make_shared<std::string>();
   CLI::App* cmd = app.add_subcommand("peak", "Measure this machine's fp32 FMA peak, bf16 dot peak and memory bandwidth");
-  cmd->add_option("--threads", *threads, "Threads (default: OMP_NUM_THREADS or all cores)");
+  cmd->add_option("--threads", *threads, "Threads, 1 to 256 (default: OMP_NUM_THREADS or all cores)")->check(CLI::Range(1, 256));
   cmd->add_option("--out", *out, "Also write the figures as JSON");
   return [threads, out]() {
     bench::MachinePeak peak = bench::measure_peak(*threads);

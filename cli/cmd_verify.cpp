@@ -75,7 +75,7 @@ Runner add_verify_command(CLI::App& app) {
     options.tags = args->tags;
     options.thread_counts = args->threads;
     for (const auto& layout : args->layouts) options.layouts.push_back(layout == "bshd" ? Layout::bshd : Layout::bhsd);
-    print_outcome_header(stdout);
+    if (!args->quiet) print_outcome_header(stdout);
     VerifySummary summary = verify(files, backends, options, [&](const CaseOutcome& o) {
       if (!args->quiet || o.comparison.verdict == Verdict::fail) print_outcome(stdout, o);
       std::fflush(stdout);

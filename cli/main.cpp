@@ -10,6 +10,7 @@
 int main(int argc, char** argv) {
   CLI::App app{"attn: verify and benchmark scaled-dot-product attention backends"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", "attn (attnbench) " ATTN_VERSION ", commit " ATTN_GIT_COMMIT ", " ATTN_BUILD_TYPE " build");
   std::map<CLI::App*, attn::cli::Runner> runners;
   auto add = [&](attn::cli::Runner (*adder)(CLI::App&)) {
     std::size_t before = app.get_subcommands({}).size();

@@ -262,3 +262,19 @@ TEST_F(Cli, InvalidUtf8AndControlCharactersInANameKeepTheJsonAndTheJUnitWellForm
   EXPECT_EQ(text.find('\x1b'), std::string::npos);
   EXPECT_NE(text.find("\\xff"), std::string::npos) << text;
 }
+
+TEST_F(Cli, VersionThreadLimitsAndQuiet) {
+  CliRun v = run_attn("--version");
+  EXPECT_EQ(v.code, 0);
+  EXPECT_NE(v.output.find("attn (attnbench) "), std::string::npos) << v.output;
+  EXPECT_NE(v.output.find("commit "), std::string::npos) << v.output;
+  for (const char* bad : {"bench --threads 0", "bench --threads 1000", "peak --threads -1", "verify --threads 300",
+                          "fuzz --cases 0"}) {
+    CliRun r = run_attn(bad);
+    EXPECT_EQ(r.code, 2) << bad << ": " << r.output;
+    EXPECT_LT(r.output.size(), 400u) << bad << " printed a wall of text";
+  }
+  CliRun q = run_attn("verify " + kGolden + "/basic --backend naive --quiet");
+  EXPECT_EQ(q.code, 0) << q.output;
+  EXPECT_EQ(q.output.find("max_abs"), std::string::npos) << "--quiet printed the table header:\n" << q.output;
+}
