@@ -1,5 +1,6 @@
 // End to end: the attn binary as a user or CI runs it, exit codes included.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <array>
@@ -277,4 +278,18 @@ TEST_F(Cli, VersionThreadLimitsAndQuiet) {
   CliRun q = run_attn("verify " + kGolden + "/basic --backend naive --quiet");
   EXPECT_EQ(q.code, 0) << q.output;
   EXPECT_EQ(q.output.find("max_abs"), std::string::npos) << "--quiet printed the table header:\n" << q.output;
+}
+
+TEST_F(Cli, AFolderScanReportsDanglingLinksAndFifosAndReadsHdf5Files) {
+  fs::copy_file(kGolden + "/basic/b1_h2_q4_k4_d8_f32.h5", dir_ / "other_tool.hdf5");
+  fs::create_symlink(dir_ / "missing.h5", dir_ / "dangling.h5");
+  ASSERT_EQ(::mkfifo((dir_ / "pipe.h5").c_str(), 0600), 0);
+  CliRun r = run_attn("verify " + dir_.string() + " --backend naive");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("dangling.h5: a link to nothing"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("pipe.h5: not a regular file"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("basic/b1_h2_q4_k4_d8_f32"), std::string::npos) << "the .hdf5 file was not verified\n" << r.output;
+  CliRun folder = run_attn("fixtures show " + dir_.string());
+  EXPECT_EQ(folder.code, 2);
+  EXPECT_NE(folder.output.find("is a folder"), std::string::npos) << folder.output;
 }
