@@ -8,6 +8,7 @@
 #include "core/error.hpp"
 #include "core/output_file.hpp"
 #include "core/registry.hpp"
+#include "impls/cpu_kernels/kernels.hpp"
 #include "fixtures/fixture.hpp"
 #include "verify/report.hpp"
 
@@ -84,7 +85,11 @@ Runner add_verify_command(CLI::App& app) {
     char exe[4096];
     if (ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1); n > 0) self.assign(exe, static_cast<std::size_t>(n));
     print_summary(stdout, summary, self);
-    if (!args->json.empty()) write_json(summary, args->json);
+    if (!args->json.empty()) {
+      RunInfo run = this_run(ATTN_VERSION, ATTN_GIT_COMMIT);
+      run.kernels = std::string(cpu::best_kernels().isa);
+      write_json(summary, args->json, run);
+    }
     if (!args->junit.empty()) write_junit(summary, args->junit, self);
     if (summary.outcomes.empty() && summary.input_errors.empty()) {
       fmt::print(stderr, "attn verify: no fixture matched the tags given\n");

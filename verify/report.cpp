@@ -1,10 +1,12 @@
 #include "verify/report.hpp"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <sstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -183,7 +185,21 @@ void print_summary(std::FILE* out, const VerifySummary& summary, const std::stri
   }
 }
 
-void write_json(const VerifySummary& summary, const std::filesystem::path& path) {
+RunInfo this_run(std::string version, std::string commit) {
+  RunInfo info{std::move(version), std::move(commit), {}, {}, {}};
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) == 0) info.hostname = host;
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; std::getline(cpuinfo, line);) {
+    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
+      info.cpu = line.substr(line.find(':') + 2);
+      break;
+    }
+  }
+  return info;
+}
+
+void write_json(const VerifySummary& summary, const std::filesystem::path& path, const RunInfo& run) {
   nlohmann::json results = nlohmann::json::array();
   for (const auto& o : summary.outcomes) {
     const Comparison& c = o.comparison;
@@ -229,7 +245,19 @@ void write_json(const VerifySummary& summary, const std::filesystem::path& path)
     budget.push_back({{"backend", b.backend}, {"dtype", b.dtype}, {"error_over_bound", distribution_json(b.over_bound)},
                       {"error_over_baseline", distribution_json(b.over_baseline)}});
   }
+  nlohmann::json counts = nlohmann::json::object();
+  for (const auto& o : summary.outcomes) {
+    nlohmann::json& c = counts[o.backend];
+    if (c.is_null()) c = {{"PASS", 0}, {"FAIL", 0}, {"SKIP", 0}, {"MISTRUSTED", 0}};
+    c[std::string(verdict_name(o.comparison.verdict))] = c[std::string(verdict_name(o.comparison.verdict))].get<int>() + 1;
+  }
   nlohmann::json doc = {{"schema", "attn-verify-1"},
+                        {"tool", {{"name", "attn"}, {"version", run.version}, {"commit", run.commit}}},
+                        {"host", {{"hostname", run.hostname}, {"cpu", run.cpu}, {"kernels", run.kernels}}},
+                        {"summary", {{"per_backend", counts},
+                                     {"results", summary.outcomes.size()},
+                                     {"failed", summary.failed()},
+                                     {"input_errors", summary.input_errors.size()}}},
                         {"limits",
                          {{"error_over_bound", 1.0},
                           {"error_over_baseline",

@@ -30,7 +30,16 @@ struct BudgetUse {
 };
 std::vector<BudgetUse> budget_use(const VerifySummary& summary);
 
-void write_json(const VerifySummary& summary, const std::filesystem::path& path);
+// What the JSON says about the run itself (schemas/verify.schema.json).
+struct RunInfo {
+  std::string version, commit;  // of attn
+  std::string hostname, cpu;    // where it ran (cpu: the model name)
+  std::string kernels;          // the CPU kernel set the fast backends use
+};
+RunInfo this_run(std::string version, std::string commit);  // fills hostname and cpu
+
+// Follows schemas/verify.schema.json ("schema": "attn-verify-1").
+void write_json(const VerifySummary& summary, const std::filesystem::path& path, const RunInfo& run = {});
 // `attn_command` (the attn binary) goes into each failure's reproduce command.
 void write_junit(const VerifySummary& summary, const std::filesystem::path& path,
                  const std::string& attn_command = "attn");
