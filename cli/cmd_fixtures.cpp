@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <set>
 #include <cmath>
 
 #include "cli/commands.hpp"
@@ -146,13 +147,21 @@ int show(const FixturesArgs& args) {
 int list(const FixturesArgs& args) {
   std::vector<std::filesystem::path> roots(args.paths.begin(), args.paths.end());
   if (roots.empty()) roots.emplace_back(ATTN_DEFAULT_FIXTURES);
+  std::set<std::string> known;
+  int shown = 0;
   for (const auto& file : find_fixture_files(roots)) {
     FixtureHeader h = read_fixture_header(file);
+    known.insert(h.tags.begin(), h.tags.end());
     if (!args.tags.empty() &&
         std::none_of(args.tags.begin(), args.tags.end(), [&](const std::string& t) { return h.has_tag(t); })) {
       continue;
     }
-    fmt::print("{:<44} {:<12} {}\n", h.name, fmt::join(h.tags, ","), h.problem.to_string());
+    fmt::print("{:<44} {:<12} {}\n", h.name, fmt::format("{}", fmt::join(h.tags, ",")), h.problem.to_string());
+    ++shown;
+  }
+  if (shown == 0) {
+    throw Error(fmt::format("no fixture has any of the tags {}; the tags there are: {}", fmt::join(args.tags, ","),
+                            fmt::join(known, ", ")));
   }
   return 0;
 }
@@ -165,7 +174,9 @@ Runner add_fixtures_command(CLI::App& app) {
   cmd->require_subcommand(1);
   CLI::App* gen = cmd->add_subcommand("generate", "Write the standard suite (deterministic, bit-identical)");
   gen->add_option("--out", args->out, "Output folder")->required();
-  gen->add_option("--tag", args->tags, "Only cases with one of these tags");
+  gen->add_option("-t,--tag", args->tags, "Only cases that have any of these tags, e.g. --tag smoke,edge")
+      ->allow_extra_args(false)
+      ->delimiter(',');
   gen->add_option("--match", args->match, "Only cases whose name contains this text");
   gen->add_flag("--replace", args->replace,
                 "Write into a folder that already holds files (for the whole suite, remove the .h5 files it no longer has)");
@@ -174,7 +185,9 @@ Runner add_fixtures_command(CLI::App& app) {
   sh->add_option("--rows", args->rows, "Output rows to print")->check(CLI::PositiveNumber);
   CLI::App* ls = cmd->add_subcommand("list", "List fixtures with their tags and problem strings");
   ls->add_option("paths", args->paths, "Files or folders (default: " ATTN_DEFAULT_FIXTURES ")");
-  ls->add_option("--tag", args->tags, "Only fixtures with one of these tags");
+  ls->add_option("-t,--tag", args->tags, "Only fixtures that have any of these tags, e.g. --tag smoke,edge")
+      ->allow_extra_args(false)
+      ->delimiter(',');
   return [args, gen, sh, ls]() {
     if (gen->parsed()) return generate(*args);
     if (sh->parsed()) return show(*args);

@@ -293,3 +293,16 @@ TEST_F(Cli, AFolderScanReportsDanglingLinksAndFifosAndReadsHdf5Files) {
   EXPECT_EQ(folder.code, 2);
   EXPECT_NE(folder.output.find("is a folder"), std::string::npos) << folder.output;
 }
+
+TEST_F(Cli, TagsMeanAnyOfTheListEverywhereAndAnUnknownOneListsTheKnown) {
+  CliRun unknown = run_attn("fixtures list --tag nosuch");
+  EXPECT_EQ(unknown.code, 2);
+  EXPECT_NE(unknown.output.find("the tags there are: "), std::string::npos) << unknown.output;
+  EXPECT_NE(unknown.output.find("smoke"), std::string::npos) << unknown.output;
+  CliRun both = run_attn("fixtures list -t smoke,edge " + kGolden);
+  EXPECT_EQ(both.code, 0);
+  EXPECT_NE(both.output.find("smoke"), std::string::npos);
+  EXPECT_NE(both.output.find("edge"), std::string::npos);
+  CliRun generated = run_attn("fixtures generate --out " + (dir_ / "g").string() + " -t edge --match seq_k_0");
+  EXPECT_EQ(generated.code, 0) << generated.output;
+}
