@@ -61,6 +61,22 @@ class ReportFolder {
  public:
   explicit ReportFolder(std::filesystem::path out) : out_(std::move(out)) {
     namespace fs = std::filesystem;
+    // The swap replaces the whole folder: only one that holds nothing but an
+    // earlier report (or nothing) may be replaced, never a folder of other files.
+    std::error_code ec;
+    if (fs::exists(out_, ec)) {
+      if (fs::equivalent(out_, fs::current_path(), ec)) {
+        throw Error(fmt::format("{}: is the current folder; give the report a folder of its own", out_.string()));
+      }
+      for (const auto& entry : fs::directory_iterator(out_)) {
+        const std::string name = entry.path().filename().string();
+        if (name != "report.html" && name != "summary.md" && name != "plots") {
+          throw Error(fmt::format("{}: holds {}, which is not part of a report; give a new or empty folder "
+                                  "(the report replaces its folder whole)",
+                                  out_.string(), name));
+        }
+      }
+    }
     const fs::path parent = out_.has_parent_path() ? out_.parent_path() : fs::path(".");
     fs::create_directories(parent);
     std::string pattern = (parent / fmt::format(".{}.tmp-XXXXXX", out_.filename().string())).string();

@@ -306,3 +306,15 @@ TEST_F(Cli, TagsMeanAnyOfTheListEverywhereAndAnUnknownOneListsTheKnown) {
   CliRun generated = run_attn("fixtures generate --out " + (dir_ / "g").string() + " -t edge --match seq_k_0");
   EXPECT_EQ(generated.code, 0) << generated.output;
 }
+
+TEST_F(Cli, AReportNeverReplacesAFolderOfOtherFiles) {
+  std::ofstream(dir_ / "notes.txt") << "mine\n";
+  const std::string results = std::string(ATTN_SOURCE_DIR) + "/reports/samples/bench_standard.json";
+  CliRun r = run_attn("report " + results + " --out " + dir_.string());
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("holds notes.txt"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(dir_ / "notes.txt"));
+  CliRun here = run_shell("cd " + dir_.string() + " && " + std::string(ATTN_CLI) + " report " + results + " --out .");
+  EXPECT_EQ(here.code, 2) << here.output;
+  EXPECT_TRUE(fs::exists(dir_ / "notes.txt"));
+}
