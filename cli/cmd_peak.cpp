@@ -18,6 +18,7 @@ Runner add_peak_command(CLI::App& app) {
   cmd->add_option("--threads", *threads, "Threads, 1 to 256 (default: OMP_NUM_THREADS or all cores)")->check(CLI::Range(1, 256));
   cmd->add_option("--out", *out, "Also write the figures as JSON");
   return [threads, out]() {
+    if (!out->empty()) check_outputs({*out}, {});  // an unwritable --out is found before the measurement
     bench::MachinePeak peak = bench::measure_peak(*threads);
     fmt::print("threads              {}\nkernels              {}\nfp32 FMA peak        {:.1f} GFLOP/s\n", peak.threads,
                peak.isa, peak.fp32_gflops);

@@ -6,6 +6,7 @@
 
 #include "cli/commands.hpp"
 #include "core/error.hpp"
+#include "core/text.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"attn: verify and benchmark scaled-dot-product attention backends"};
@@ -36,10 +37,10 @@ int main(int argc, char** argv) {
       if (command->parsed()) return runner();
     }
   } catch (const attn::Error& e) {
-    fmt::print(stderr, "attn: error: {}\n", e.what());
+    fmt::print(stderr, "attn: error: {}\n", attn::printable(e.what()));
     return 2;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "attn: internal error: {}\n", e.what());
+    fmt::print(stderr, "attn: internal error: {}\n", attn::printable(e.what()));
     return 3;
   }
   return 2;

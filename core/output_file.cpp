@@ -125,6 +125,25 @@ void check_outputs(const std::vector<fs::path>& outputs, const std::vector<fs::p
       }
     }
     seen.push_back(o);
+    // Found now rather than after a long run: the nearest existing folder
+    // (or the existing non-regular target, such as a device) must be writable.
+    std::error_code ec;
+    fs::path target = fs::absolute(out, ec);
+    const auto status = fs::status(target, ec);
+    if (fs::exists(status) && !fs::is_regular_file(status) && !fs::is_directory(status)) {
+      if (::access(target.c_str(), W_OK) != 0) {
+        throw Error(fmt::format("{}: cannot write it: {}", out.string(), std::strerror(errno)));
+      }
+      continue;
+    }
+    fs::path folder = target.parent_path();
+    while (!folder.empty() && !fs::exists(folder, ec) && folder != folder.parent_path()) folder = folder.parent_path();
+    if (!fs::is_directory(folder, ec)) {
+      throw Error(fmt::format("{}: cannot create it: {} is not a folder", out.string(), folder.string()));
+    }
+    if (::access(folder.c_str(), W_OK | X_OK) != 0) {
+      throw Error(fmt::format("{}: cannot create it in {}: {}", out.string(), folder.string(), std::strerror(errno)));
+    }
   }
 }
 

@@ -239,7 +239,18 @@ TEST_F(FixtureIo, ImpossibleSizesAreRefusedBeforeAllocating) {
     file.write_unwritten_dataset("out", {2, 2, huge, 2}, h5::File::Stored::float64);
   }
   EXPECT_LT(fs::file_size(path), 1u << 20);
-  EXPECT_ERROR(error_of(path), "more than the");
+  EXPECT_ERROR(error_of(path), "stores 0 of its");
+  // A case whose stored data is more than the memory a case may take.
+  {
+    RawCase raw;
+    raw.write(dir_ / "stored.h5");
+    ::setenv("ATTN_MAX_CASE_GIB", "1e-9", 1);
+    EXPECT_ERROR(error_of(dir_ / "stored.h5"), "more than the limit of 0.00 GiB; set ATTN_MAX_CASE_GIB");
+    ::setenv("ATTN_MAX_CASE_GIB", "-1", 1);
+    EXPECT_ERROR(error_of(dir_ / "stored.h5"), "ATTN_MAX_CASE_GIB=-1: expected a positive number of GiB");
+    ::unsetenv("ATTN_MAX_CASE_GIB");
+    EXPECT_EQ(error_of(dir_ / "stored.h5"), "");
+  }
 }
 
 TEST_F(FixtureIo, FindsFixturesInFoldersSorted) {

@@ -13,6 +13,7 @@
 
 #include "core/error.hpp"
 #include "core/output_file.hpp"
+#include "core/text.hpp"
 
 namespace attn {
 
@@ -21,26 +22,6 @@ namespace {
 std::string ratio_text(const Comparison& c) {
   if (std::isinf(c.worst_ratio)) return "inf";
   return fmt::format("{:.3f}", c.worst_ratio);
-}
-
-// Bytes that do not form valid UTF-8 (a fixture's name may hold anything)
-// become \xNN, so the XML stays well-formed.
-std::string valid_utf8(std::string_view text) {
-  std::string out;
-  for (std::size_t i = 0; i < text.size();) {
-    const auto c = static_cast<unsigned char>(text[i]);
-    std::size_t length = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
-    bool ok = length > 0 && i + length <= text.size() && !(length == 2 && c < 0xc2);
-    for (std::size_t k = 1; ok && k < length; ++k) ok = (static_cast<unsigned char>(text[i + k]) >> 6) == 0x2;
-    if (ok) {
-      out.append(text.substr(i, length));
-      i += length;
-    } else {
-      out += fmt::format("\\x{:02x}", c);
-      ++i;
-    }
-  }
-  return out;
 }
 
 std::string xml_escape(std::string_view raw) {
@@ -95,8 +76,9 @@ std::string reproduce_command(const CaseOutcome& o, const std::string& attn_comm
   const char* isa = std::getenv("ATTN_CPU_ISA");
   std::error_code ec;
   const std::filesystem::path file = std::filesystem::absolute(o.file, ec);
-  return fmt::format("{}{} verify {} --backend {}{}", isa ? fmt::format("ATTN_CPU_ISA={} ", isa) : "", attn_command,
-                     (ec ? o.file : file).string(), o.backend, o.config.arguments());
+  return fmt::format("{}{} verify {} --backend {}{}", isa ? fmt::format("ATTN_CPU_ISA={} ", shell_quote(isa)) : "",
+                     attn_command, shell_quote((ec ? o.file : file).string()), shell_quote(o.backend),
+                     o.config.arguments());
 }
 
 std::vector<BudgetUse> budget_use(const VerifySummary& summary) {
@@ -123,8 +105,8 @@ void print_outcome_header(std::FILE* out) {
 void print_outcome(std::FILE* out, const CaseOutcome& o) {
   const Comparison& c = o.comparison;
   if (c.verdict == Verdict::skip) {
-    fmt::print(out, "{:<12} {:<44} {:>10} {:>10} {:>10} {:>9} {:>8} {:<16} SKIP ({})\n", o.backend, fixture_label(o), "-", "-",
-               "-", "-", "-", "-", c.reason);
+    fmt::print(out, "{:<12} {:<44} {:>10} {:>10} {:>10} {:>9} {:>8} {:<16} SKIP ({})\n", printable(o.backend),
+               printable(fixture_label(o)), "-", "-", "-", "-", "-", "-", printable(c.reason));
     return;
   }
   std::string worst = c.worst_index >= 0 ? fmt::format("[{}]", fmt::join(c.worst_coords, ",")) : "-";
@@ -132,8 +114,9 @@ void print_outcome(std::FILE* out, const CaseOutcome& o) {
   if (!c.reason.empty()) verdict += fmt::format(" ({})", c.reason);
   if (!o.warning.empty()) verdict += fmt::format(" [{}]", o.warning);
   const std::string base = c.baseline_ratio ? fmt::format("{:.2f}", *c.baseline_ratio) : "-";
-  fmt::print(out, "{:<12} {:<44} {:>10.3g} {:>10.3g} {:>10.3g} {:>9} {:>8} {:<16} {}\n", o.backend, fixture_label(o),
-             c.max_abs_error, c.max_rel_error, c.bound_at_worst, ratio_text(c), base, worst, verdict);
+  fmt::print(out, "{:<12} {:<44} {:>10.3g} {:>10.3g} {:>10.3g} {:>9} {:>8} {:<16} {}\n", printable(o.backend),
+             printable(fixture_label(o)), c.max_abs_error, c.max_rel_error, c.bound_at_worst, ratio_text(c), base, worst,
+             printable(verdict));
 }
 
 void print_summary(std::FILE* out, const VerifySummary& summary, const std::string& attn_command) {
@@ -157,7 +140,7 @@ void print_summary(std::FILE* out, const VerifySummary& summary, const std::stri
   fmt::print(out, "\n{:<12} {:>6} {:>6} {:>6} {:>11} {:>16}\n", "backend", "PASS", "FAIL", "SKIP", "MISTRUSTED",
              "worst err/bound");
   for (const auto& [name, c] : per_backend) {
-    fmt::print(out, "{:<12} {:>6} {:>6} {:>6} {:>11} {:>16.3f}\n", name, c.pass, c.fail, c.skip, c.mistrusted, c.worst);
+    fmt::print(out, "{:<12} {:>6} {:>6} {:>6} {:>11} {:>16.3f}\n", printable(name), c.pass, c.fail, c.skip, c.mistrusted, c.worst);
   }
   const std::vector<BudgetUse> budget = budget_use(summary);
   if (!budget.empty()) {
@@ -174,8 +157,8 @@ void print_summary(std::FILE* out, const VerifySummary& summary, const std::stri
                  text(b.over_baseline));
     }
   }
-  for (const auto& warning : summary.warnings) fmt::print(out, "warning: {}\n", warning);
-  for (const auto& error : summary.input_errors) fmt::print(out, "input error: {}\n", error);
+  for (const auto& warning : summary.warnings) fmt::print(out, "warning: {}\n", printable(warning));
+  for (const auto& error : summary.input_errors) fmt::print(out, "input error: {}\n", printable(error));
   bool header = false;
   for (const auto& o : summary.outcomes) {
     if (o.comparison.verdict != Verdict::fail) continue;
