@@ -10,7 +10,10 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
+#include <regex>
 #include <sstream>
 
 #include "bench/alloc_tracker.hpp"
@@ -101,21 +104,32 @@ struct Progress {
   }
 };
 
-void run_one(benchmark::State& state, const Backend& backend, const Problem& p, const BenchOptions& options) {
+// Whether a benchmark runs, decided once, before its first repetition, and
+// kept for all of them: redone per repetition, a noisy estimate near the limit
+// could skip some repetitions and not others (Google Benchmark then aborts).
+struct SkipDecision {
+  bool decided = false;
+  std::string skip;  // the reason; empty when it runs
+};
+
+std::string decide_skip(const Backend& backend, const Problem& p, const BenchOptions& options) {
   Status ok = backend.available();
   if (ok) ok = backend.supports(p);
-  if (!ok) {
-    state.SkipWithError(fmt::format("SKIP: {}", ok.reason).c_str());
+  if (!ok) return fmt::format("SKIP: {}", ok.reason);
+  double limit = options.max_seconds_per_call;
+  if (limit <= 0) limit = options.preset == "quick" ? 2.0 : options.preset == "full" ? 60.0 : 5.0;
+  const double estimate = estimate_seconds(backend, p, RunOptions{options.threads});
+  if (estimate > limit) return fmt::format("SKIP: about {:.3g} s per call, above the {:.3g} s limit", estimate, limit);
+  return {};
+}
+
+void run_one(benchmark::State& state, const Backend& backend, const Problem& p, const BenchOptions& options,
+             const std::string& skip) {
+  if (!skip.empty()) {
+    state.SkipWithError(skip.c_str());
     return;
   }
   RunOptions run{options.threads};
-  double limit = options.max_seconds_per_call;
-  if (limit <= 0) limit = options.preset == "quick" ? 2.0 : options.preset == "full" ? 60.0 : 5.0;
-  double estimate = estimate_seconds(backend, p, run);
-  if (estimate > limit) {
-    state.SkipWithError(fmt::format("SKIP: about {:.0f} s per call, above the {:.0f} s limit", estimate, limit).c_str());
-    return;
-  }
   // Peak memory of prepare and the first call beyond what the inputs and the
   // output already hold: the backend's own.
   auto prepared = make_inputs(p);
@@ -176,25 +190,39 @@ int run_benchmarks(const std::vector<std::unique_ptr<Backend>>& backends, const 
     for (const auto& backend : backends) {
       const Backend* b = backend.get();
       std::string name = fmt::format("{}/{}", b->name(), p.to_string());
+      auto decision = std::make_shared<SkipDecision>();
       benchmark::RegisterBenchmark(name.c_str(),
-                                   [b, p, name, &options](benchmark::State& state) {
-                                     progress.next(name);
-                                     run_one(state, *b, p, options);
+                                   [b, p, name, decision, &options](benchmark::State& state) {
+                                     if (!decision->decided) {
+                                       progress.next(name);
+                                       decision->skip = decide_skip(*b, p, options);
+                                       decision->decided = true;
+                                     }
+                                     run_one(state, *b, p, options, decision->skip);
                                    })
           ->UseManualTime()
           ->Unit(benchmark::kMillisecond);
     }
   }
-  benchmark::RunSpecifiedBenchmarks();
+  const std::size_t ran = benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
+  if (ran == 0) {
+    throw Error(fmt::format("no benchmark of the '{}' preset matches the filter given (--benchmark_filter); "
+                            "`attn bench --preset {} --benchmark_list_tests` lists them",
+                            options.preset, options.preset));
+  }
   if (out) {
     std::ifstream written(out->temp_path());
     std::string text((std::istreambuf_iterator<char>(written)), std::istreambuf_iterator<char>());
-    const auto last = text.find_last_not_of(" \n\r\t");
-    if (last == std::string::npos || text[last] != '}') {
-      throw Error(fmt::format("{}: Google Benchmark did not write it whole; nothing was written", options.out));
+    // Google Benchmark writes NaN for an aggregate of a counter that is always
+    // zero (its coefficient of variation): not JSON. Such values become null.
+    static const std::regex not_json(R"((:\s*)-?(NaN|nan|Infinity|inf)\b)");
+    text = std::regex_replace(text, not_json, "$1null");
+    if (!nlohmann::json::accept(text)) {
+      throw Error(fmt::format("{}: Google Benchmark did not write whole JSON; nothing was written", options.out));
     }
-    out->commit();
+    out.reset();  // its temporary goes; the checked text is written whole
+    write_whole_file(options.out, text);
   }
   return 0;
 }

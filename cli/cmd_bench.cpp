@@ -53,7 +53,9 @@ Runner add_bench_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("bench", "Time backends over the benchmark matrix (Google Benchmark; --benchmark_* flags pass through)");
   cmd->add_option("--preset", options->preset, "quick (about a minute), standard (about ten), full, gpu (for scripts/gpu-check)")
       ->check(CLI::IsMember({"quick", "standard", "full", "gpu"}));
-  cmd->add_option("--backend", *names, "Backends to time (default: all)");
+  cmd->add_option("-b,--backend", *names, "Backends to time, e.g. -b naive,streaming (default: all)")
+      ->allow_extra_args(false)
+      ->delimiter(',');
   cmd->add_option("--threads", options->threads, "Threads per backend, 1 to 256 (default: OMP_NUM_THREADS or all cores)")
       ->check(CLI::Range(1, 256));
   cmd->add_option("--out", options->out, "Write Google Benchmark JSON (with the environment context) to this file");
@@ -61,6 +63,7 @@ Runner add_bench_command(CLI::App& app) {
   cmd->add_option("--max-seconds", options->max_seconds_per_call, "Skip a case whose estimated time per call is above this (default by preset: 2, 5, 60 s)");
   cmd->allow_extras();
   return [cmd, options, names]() {
+    warn_above_cpus(options->threads, "attn bench");
     auto backends = make_backends(*names);
     options->context = environment_context(backends);
     return bench::run_benchmarks(backends, *options, cmd->remaining());

@@ -8,7 +8,11 @@
 #include "cli/commands.hpp"
 #include "core/error.hpp"
 #include "core/output_file.hpp"
+#include "core/text.hpp"
 #include "fixtures/fixture.hpp"
+#include "fixtures/layer.hpp"
+#include "reference/layer.hpp"
+#include "verify/weights.hpp"
 #include "fixtures/suite.hpp"
 #include "reference/reference.hpp"
 
@@ -97,12 +101,41 @@ void print_matrix(const std::vector<double>& values, std::int64_t rows, std::int
   if (rows > show_rows) fmt::print("    ... {} more rows\n", rows - show_rows);
 }
 
+// A layer case (kind mha): its projections' shapes, y, and the attention
+// weights of the projected inputs (float64 reference).
+int show_layer(const FixturesArgs& args, const FixtureHeader& h) {
+  const LayerFixture f = read_layer_fixture(args.file);
+  const Problem& p = f.problem();
+  const LayerData& w = f.data;
+  fmt::print("file        {}\nname        {}\ndescription {}\ngenerator   {}\ntags        {}\nkind        mha (a whole "
+             "layer: projections, attention, output projection)\nproblem     {}\nmodel_dim   {}\n",
+             printable(h.path.string()), printable(h.name), printable(h.description), printable(h.generator),
+             printable(fmt::format("{}", fmt::join(h.tags, ","))), p.to_string(), w.model_dim);
+  fmt::print("datasets\n  x_q  [{}, {}, {}]\n  x_k  [{}, {}, {}]\n  x_v  [{}, {}, {}]\n", p.batch, p.seq_q, w.model_dim,
+             p.batch, p.seq_k, w.model_dim, p.batch, p.seq_k, w.model_dim);
+  fmt::print("  w_q  [{}, {}]{}\n  w_k  [{}, {}]{}\n  w_v  [{}, {}]{}\n  w_o  [{}, {}]{}\n", w.model_dim, w.q_width(),
+             w.b_q.empty() ? "" : " + b_q", w.model_dim, w.k_width(), w.b_k.empty() ? "" : " + b_k", w.model_dim,
+             w.v_width(), w.b_v.empty() ? "" : " + b_v", w.o_width(), w.model_dim, w.b_o.empty() ? "" : " + b_o");
+  fmt::print("  y    [{}, {}, {}]\n", p.batch, p.seq_q, w.model_dim);
+  const auto rows = static_cast<std::int64_t>(args.rows);
+  fmt::print("\ny[0] (first {} rows, first 8 columns)\n", rows);
+  print_matrix(f.y, p.seq_q, w.model_dim, rows, 8);
+  if (p.seq_k > 0 && p.seq_q > 0) {
+    fmt::print("\nattention weights [0, 0] of the projected inputs (queries down, keys across; '-' = hidden)\n");
+    fmt::print("{}", format_weights_table(reference_weights_view(reference_layer(w).attention, 0, 0), 16, 16));
+  }
+  return 0;
+}
+
 int show(const FixturesArgs& args) {
+  const FixtureHeader header = read_fixture_header(args.file);
+  if (header.kind == FixtureKind::mha) return show_layer(args, header);
   Fixture f = read_fixture(args.file);
   const Problem& p = f.problem();
   const FixtureHeader& h = f.header;
   fmt::print("file        {}\nname        {}\ndescription {}\ngenerator   {}\ntags        {}\nproblem     {}\n",
-             h.path.string(), h.name, h.description, h.generator, fmt::join(h.tags, ","), p.to_string());
+             printable(h.path.string()), printable(h.name), printable(h.description), printable(h.generator),
+             printable(fmt::format("{}", fmt::join(h.tags, ","))), p.to_string());
   fmt::print("dtype       {}\ncausal      {}\nscale       {}\n", dtype_name(p.dtype), causal_name(p.causal), p.scale);
   if (h.atol || h.rtol) fmt::print("tolerance   atol={} rtol={} (the fixture's own)\n", h.atol.value_or(0), h.rtol.value_or(0));
   fmt::print("datasets\n  q    [{}, {}, {}, {}]\n  k    [{}, {}, {}, {}]\n  v    [{}, {}, {}, {}]\n", p.batch, p.heads_q,
@@ -127,19 +160,9 @@ int show(const FixturesArgs& args) {
     fmt::print("lse[0, 0]\n");
     print_matrix(*f.lse, 1, p.seq_q, 1, 8);
   }
-  if (p.seq_q <= 16 && p.seq_k <= 16 && p.seq_k > 0) {
-    fmt::print("\nattention weights [0, 0] (queries down, keys across; '-' = hidden)\n        ");
-    for (std::int64_t j = 0; j < p.seq_k; ++j) fmt::print(" {:>6}", fmt::format("k{}", j));
-    fmt::print("\n");
-    std::vector<double> weights = reference_weights(f.data, 0, 0);
-    for (std::int64_t i = 0; i < p.seq_q; ++i) {
-      fmt::print("    q{:<3}", i);
-      for (std::int64_t j = 0; j < p.seq_k; ++j) {
-        if (!reference_visible(f.data, 0, 0, i, j)) fmt::print(" {:>6}", "-");
-        else fmt::print(" {:>6.3f}", weights[static_cast<std::size_t>(i * p.seq_k + j)]);
-      }
-      fmt::print("\n");
-    }
+  if (p.seq_k > 0 && p.seq_q > 0) {
+    fmt::print("\nattention weights [0, 0] (queries down, keys across; '-' = hidden; attn show for other heads)\n");
+    fmt::print("{}", format_weights_table(reference_weights_view(f.data, 0, 0), 16, 16));
   }
   return 0;
 }

@@ -1,5 +1,6 @@
 // attn peak: this machine's fp32 FMA and bf16 dot peaks and memory bandwidth.
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -19,6 +20,7 @@ Runner add_peak_command(CLI::App& app) {
   cmd->add_option("--out", *out, "Also write the figures as JSON");
   return [threads, out]() {
     if (!out->empty()) check_outputs({*out}, {});  // an unwritable --out is found before the measurement
+    warn_above_cpus(*threads, "attn peak");
     bench::MachinePeak peak = bench::measure_peak(*threads);
     fmt::print("threads              {}\nkernels              {}\nfp32 FMA peak        {:.1f} GFLOP/s\n", peak.threads,
                peak.isa, peak.fp32_gflops);
@@ -33,6 +35,14 @@ Runner add_peak_command(CLI::App& app) {
     }
     return 0;
   };
+}
+
+void warn_above_cpus(int threads, const char* command) {
+  const long cpus = ::sysconf(_SC_NPROCESSORS_ONLN);
+  if (threads > 0 && cpus > 0 && threads > cpus) {
+    fmt::print(stderr, "{}: warning: --threads {} is more than the {} CPUs here; the figures will measure "
+                       "oversubscription\n", command, threads, cpus);
+  }
 }
 
 }  // namespace attn::cli

@@ -4,12 +4,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.hpp"
 #include "core/error.hpp"
+#include "core/output_file.hpp"
+#include "core/text.hpp"
 #include "core/registry.hpp"
 #include "fixtures/fixture.hpp"
 #include "fixtures/layer.hpp"
@@ -23,7 +26,7 @@ namespace {
 
 struct ShowArgs {
   std::string file, heatmap, backend;
-  bool weights = false;
+  bool weights = false, all = false;
   std::int64_t batch = 0, head = -1;  // head -1: the table shows head 0, the heatmap every head
   int threads = 0;
 };
@@ -62,20 +65,32 @@ void draw_heatmap(const ShowArgs& args, const FixtureHeader& header, const CaseD
     }
     spec["heads"].push_back({{"label", fmt::format("head {}", h)}, {"weights", weights}, {"hidden", hidden}});
   }
+  // The image is drawn into a temporary beside its name (missing folders are
+  // created, as for every output) and renamed into place when whole.
+  std::string format = std::filesystem::path(args.heatmap).extension().string();
+  if (!format.empty()) format.erase(0, 1);
+  for (auto& c : format) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (format.empty()) format = "png";
+  if (format != "png" && format != "svg" && format != "pdf") {
+    throw Error(fmt::format("{}: the heatmap is written as .png, .svg or .pdf, not .{}", args.heatmap, format));
+  }
+  OutputFile image(args.heatmap);
   char path[] = "/tmp/attn_heatmap_XXXXXX.json";
   int fd = mkstemps(path, 5);
   if (fd < 0) throw Error("cannot create a temporary file for the heatmap");
   close(fd);
   std::ofstream(path) << spec.dump();
   const char* python = std::getenv("ATTN_PYTHON");
-  std::string command = fmt::format("'{}' '{}' '{}' '{}'", python ? python : "/usr/bin/python3",
-                                    ATTN_SOURCE_DIR "/reports/heatmap.py", path, args.heatmap);
+  std::string command = fmt::format("{} {} {} {} {}", shell_quote(python ? python : "/usr/bin/python3"),
+                                    shell_quote(ATTN_SOURCE_DIR "/reports/heatmap.py"), shell_quote(path),
+                                    shell_quote(image.temp_path().string()), format);
   int status = std::system(command.c_str());
   std::remove(path);
   if (status != 0) {
     throw Error(fmt::format("drawing the heatmap failed (exit {}): {} (needs python3-matplotlib; "
                             "scripts/install-deps installs it)", WEXITSTATUS(status), command));
   }
+  image.commit();
   fmt::print("wrote {}\n", args.heatmap);
 }
 
@@ -86,11 +101,12 @@ Runner add_show_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("show", "Show the attention weights of a case (sdpa or layer) as a table or a heatmap");
   cmd->add_option("file", args->file, "Fixture file")->required();
   cmd->add_flag("--weights", args->weights, "Print the weights as a table (the default)");
-  cmd->add_option("--heatmap", args->heatmap, "Draw the weights as a PNG heatmap, one panel per head");
+  cmd->add_flag("--all", args->all, "Print every weight (by default a long case shows its first and last queries and keys)");
+  cmd->add_option("--heatmap", args->heatmap, "Draw the weights as a heatmap (.png, .svg or .pdf), one panel per head");
   cmd->add_option("--batch", args->batch, "Batch entry (default 0)");
   cmd->add_option("--head", args->head, "Query head (default: 0 for the table, all for the heatmap)");
-  cmd->add_option("--backend", args->backend, "Weights from this backend instead of the float64 reference");
-  cmd->add_option("--threads", args->threads, "Threads for the backend");
+  cmd->add_option("-b,--backend", args->backend, "Weights from this backend instead of the float64 reference");
+  cmd->add_option("--threads", args->threads, "Threads for the backend, 1 to 256")->check(CLI::Range(1, 256));
   return [args]() {
     FixtureHeader header = read_fixture_header(args->file);
     const bool from_backend = !args->backend.empty() && args->backend != "reference";
@@ -102,7 +118,7 @@ Runner add_show_command(CLI::App& app) {
     const std::int64_t head = std::max<std::int64_t>(args->head, 0);
     fmt::print("{}: attention weights, batch {}, head {}, from {} (queries down, keys across; '-' = hidden)\n",
                header.name, args->batch, head, from_backend ? args->backend : "the float64 reference");
-    fmt::print("{}", format_weights_table(view_of(*args, data, head)));
+    fmt::print("{}", format_weights_table(view_of(*args, data, head), args->all ? 0 : 24, args->all ? 0 : 16));
     return 0;
   };
 }

@@ -69,6 +69,7 @@ Runner add_verify_command(CLI::App& app) {
     for (const auto& out : {args->json, args->junit}) {
       if (!out.empty()) remove_stale_output(out);
     }
+    RunInfo run = this_run(ATTN_VERSION, ATTN_GIT_COMMIT);
     auto files = find_fixture_files(roots);
     if (files.empty()) throw Error("no fixture files (*.h5) found");
     auto backends = make_backends(args->backends);
@@ -85,12 +86,13 @@ Runner add_verify_command(CLI::App& app) {
     char exe[4096];
     if (ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1); n > 0) self.assign(exe, static_cast<std::size_t>(n));
     print_summary(stdout, summary, self);
-    if (!args->json.empty()) {
-      RunInfo run = this_run(ATTN_VERSION, ATTN_GIT_COMMIT);
-      run.kernels = std::string(cpu::best_kernels().isa);
-      write_json(summary, args->json, run);
-    }
-    if (!args->junit.empty()) write_junit(summary, args->junit, self);
+    run.kernels = std::string(cpu::best_kernels().isa);
+    run.threads = options.thread_counts.empty() ? std::vector<int>{0} : options.thread_counts;
+    for (Layout l : options.layouts) run.layouts.emplace_back(layout_name(l));
+    if (run.layouts.empty()) run.layouts.emplace_back("bhsd");
+    for (const auto& b : backends) run.backends.emplace_back(std::string(b->name()), std::string(b->description()));
+    if (!args->json.empty()) write_json(summary, args->json, run);
+    if (!args->junit.empty()) write_junit(summary, args->junit, self, run);
     if (summary.outcomes.empty() && summary.input_errors.empty()) {
       fmt::print(stderr, "attn verify: no fixture matched the tags given\n");
       return 2;

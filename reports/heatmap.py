@@ -25,7 +25,7 @@ def figure_size(heads):
     return 3.2 * columns + 1.2, 3.2 * rows + 0.6
 
 
-def draw(spec, out_path):
+def draw(spec, out_path, image_format="png"):
     heads = spec["heads"]
     width, height = figure_size(len(heads))
     columns, rows = layout(len(heads))
@@ -50,11 +50,11 @@ def draw(spec, out_path):
     colorbar = fig.add_subplot(grid[:, columns])
     fig.colorbar(image, cax=colorbar, label="weight")
     fig.suptitle(spec.get("title", "attention weights"), fontsize=10)
-    fig.savefig(out_path, dpi=100)
+    fig.savefig(out_path, dpi=100, format=image_format)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        sys.exit("usage: heatmap.py WEIGHTS.json OUT.png")
+    if len(sys.argv) not in (3, 4):
+        sys.exit("usage: heatmap.py WEIGHTS.json OUT [png|svg|pdf]")
     with open(sys.argv[1]) as f:
-        draw(json.load(f), sys.argv[2])
+        draw(json.load(f), sys.argv[2], sys.argv[3] if len(sys.argv) == 4 else "png")

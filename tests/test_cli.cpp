@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "fixtures/fixture.hpp"
@@ -317,4 +318,69 @@ TEST_F(Cli, AReportNeverReplacesAFolderOfOtherFiles) {
   CliRun here = run_shell("cd " + dir_.string() + " && " + std::string(ATTN_CLI) + " report " + results + " --out .");
   EXPECT_EQ(here.code, 2) << here.output;
   EXPECT_TRUE(fs::exists(dir_ / "notes.txt"));
+}
+
+// The skip of a benchmark is decided once, before its repetitions: every
+// repetition of a benchmark is skipped or none is, the run never aborts, and
+// its JSON is whole. A filter that matches nothing is an error, not a green run.
+TEST_F(Cli, BenchDecidesASkipOnceAndAFilterMatchingNothingIsAnError) {
+  const fs::path out = dir_ / "b.json";
+  CliRun r = run_attn("bench --preset quick -b naive --no-peak '--benchmark_filter=dtype=f32,.*,sq=(1|1024),' "
+                      "--benchmark_repetitions=3 --benchmark_min_time=0.05 --max-seconds 0.05 --out " + out.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto doc = nlohmann::json::parse(std::ifstream(out));
+  std::map<std::string, std::pair<int, int>> runs;  // run_name: repetitions, skipped
+  for (const auto& b : doc["benchmarks"]) {
+    if (b["run_type"] != "iteration") continue;
+    auto& [count, skipped] = runs[b["run_name"].get<std::string>()];
+    ++count;
+    skipped += b.value("error_occurred", false) ? 1 : 0;
+  }
+  ASSERT_EQ(runs.size(), 2u) << r.output;
+  int ran = 0, skipped_all = 0;
+  for (const auto& [name, counts] : runs) {
+    EXPECT_EQ(counts.first, 3) << name;
+    EXPECT_TRUE(counts.second == 0 || counts.second == counts.first) << name << ": " << counts.second << " of "
+                                                                     << counts.first << " repetitions skipped";
+    ran += counts.second == 0;
+    skipped_all += counts.second == counts.first;
+  }
+  EXPECT_EQ(ran, 1) << "sq=1 runs";
+  EXPECT_EQ(skipped_all, 1) << "sq=1024 is above 0.05 s per call for naive";
+  CliRun none = run_attn("bench --preset quick -b naive --no-peak --benchmark_filter=nothing_is_called_this --out " +
+                         (dir_ / "none.json").string());
+  EXPECT_EQ(none.code, 2) << none.output;
+  EXPECT_NE(none.output.find("matches the filter"), std::string::npos) << none.output;
+  EXPECT_FALSE(fs::exists(dir_ / "none.json"));
+}
+
+// attn show and fixtures show on cases of every size and kind.
+TEST_F(Cli, ShowBoundsLongTablesDrawsIntoNewFoldersAndShowsLayers) {
+  const std::string long_case = kGolden + "/long/q16_k16384_hq4_hkv1_d16_f16.h5";
+  CliRun table = run_attn("show " + long_case);
+  EXPECT_EQ(table.code, 0) << table.output;
+  EXPECT_LT(table.output.size(), 8000u) << "a 16384-key row is summarised, not printed whole";
+  EXPECT_NE(table.output.find("k16383"), std::string::npos) << "the last key is shown";
+  EXPECT_NE(table.output.find("--all prints every weight"), std::string::npos);
+  EXPECT_EQ(table.output.find(" 0.000 "), std::string::npos) << "weights of 1/16384 do not read as zeros";
+  CliRun all = run_attn("show " + long_case + " --all");
+  EXPECT_EQ(all.code, 0);
+  EXPECT_GT(all.output.size(), 16u * 16384u * 7u);
+  const fs::path image = dir_ / "new" / "folder" / "h.png";
+  CliRun heatmap = run_attn("show " + kGolden + "/basic/b1_h2_q4_k4_d8_f16.h5 --heatmap " + image.string());
+  EXPECT_EQ(heatmap.code, 0) << heatmap.output;
+  EXPECT_GT(fs::file_size(image), 1000u);
+  CliRun bad = run_attn("show " + kGolden + "/basic/b1_h2_q4_k4_d8_f16.h5 --heatmap " + (dir_ / "h.txt").string());
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.output.find("written as .png, .svg or .pdf"), std::string::npos) << bad.output;
+  EXPECT_EQ(bad.output.find("Traceback"), std::string::npos) << bad.output;
+  CliRun layer = run_attn("fixtures show " + kGolden + "/layer/padding_b2_s10_f32.h5");
+  EXPECT_EQ(layer.code, 0) << layer.output;
+  EXPECT_NE(layer.output.find("w_o  [64, 64] + b_o"), std::string::npos) << layer.output;
+  EXPECT_NE(layer.output.find("attention weights [0, 0] of the projected inputs"), std::string::npos);
+  EXPECT_EQ(layer.output.find("read_layer_fixture"), std::string::npos) << "no internal names: " << layer.output;
+  CliRun folder = run_attn("fixtures show " + kGolden + "/basic");
+  EXPECT_EQ(folder.code, 2);
+  EXPECT_NE(folder.output.find("is a folder, not a fixture file"), std::string::npos) << folder.output;
+  EXPECT_EQ(run_attn("show " + kGolden + "/basic/b1_h2_q4_k4_d8_f16.h5 -b blocked --threads 999").code, 2);
 }

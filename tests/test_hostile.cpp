@@ -321,6 +321,8 @@ struct HostileFile {
   std::function<void(const fs::path&)> make;  // writes the file at this path
 };
 
+void PrintTo(const HostileFile& file, std::ostream* os) { *os << file.name; }
+
 class HostileRun : public Hostile, public ::testing::WithParamInterface<HostileFile> {};
 
 const fs::path kGood = kGolden / "basic" / "b1_h2_q4_k4_d8_f32.h5";

@@ -1,9 +1,15 @@
 """Validates a JSON file against a JSON Schema (python3-jsonschema), and
-checks that the schema itself is valid. Exit 0 when it conforms."""
+checks that the schema itself is valid. The file must be strict JSON: NaN and
+Infinity, which Python's json module accepts by default, are refused. Exit 0
+when it conforms."""
 import json
 import sys
 
 import jsonschema
+
+
+def refuse(constant):
+    raise ValueError(f"{constant} is not JSON")
 
 
 def main(schema_path, *files):
@@ -13,7 +19,7 @@ def main(schema_path, *files):
     validator = validator_class(schema)
     bad = 0
     for path in files:
-        doc = json.load(open(path))
+        doc = json.load(open(path), parse_constant=refuse)
         errors = sorted(validator.iter_errors(doc), key=lambda e: list(e.path))
         for e in errors[:10]:
             print(f"{path}: {'/'.join(map(str, e.path)) or '(root)'}: {e.message}")

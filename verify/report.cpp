@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <ctime>
 #include <fstream>
 #include <sstream>
 #include <map>
@@ -169,7 +170,15 @@ void print_summary(std::FILE* out, const VerifySummary& summary, const std::stri
 }
 
 RunInfo this_run(std::string version, std::string commit) {
-  RunInfo info{std::move(version), std::move(commit), {}, {}, {}};
+  RunInfo info;
+  info.version = std::move(version);
+  info.commit = std::move(commit);
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char stamp[32] = {};
+  std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%S", &utc);
+  info.started = stamp;
   char host[256] = {};
   if (::gethostname(host, sizeof host - 1) == 0) info.hostname = host;
   std::ifstream cpuinfo("/proc/cpuinfo");
@@ -234,9 +243,13 @@ void write_json(const VerifySummary& summary, const std::filesystem::path& path,
     if (c.is_null()) c = {{"PASS", 0}, {"FAIL", 0}, {"SKIP", 0}, {"MISTRUSTED", 0}};
     c[std::string(verdict_name(o.comparison.verdict))] = c[std::string(verdict_name(o.comparison.verdict))].get<int>() + 1;
   }
+  nlohmann::json backends = nlohmann::json::object();
+  for (const auto& [name, description] : run.backends) backends[name] = description;
   nlohmann::json doc = {{"schema", "attn-verify-1"},
                         {"tool", {{"name", "attn"}, {"version", run.version}, {"commit", run.commit}}},
                         {"host", {{"hostname", run.hostname}, {"cpu", run.cpu}, {"kernels", run.kernels}}},
+                        {"run", {{"started", run.started}, {"threads", run.threads}, {"layouts", run.layouts},
+                                 {"backends", backends}}},
                         {"summary", {{"per_backend", counts},
                                      {"results", summary.outcomes.size()},
                                      {"failed", summary.failed()},
@@ -254,28 +267,80 @@ void write_json(const VerifySummary& summary, const std::filesystem::path& path,
   write_whole_file(path, doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
 
-void write_junit(const VerifySummary& summary, const std::filesystem::path& path, const std::string& attn_command) {
+void write_junit(const VerifySummary& summary, const std::filesystem::path& path, const std::string& attn_command,
+                 const RunInfo& run) {
   std::map<std::string, std::vector<const CaseOutcome*>> suites;
   for (const auto& o : summary.outcomes) suites[o.backend].push_back(&o);
-  std::ostringstream file;
-  file << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"attn verify\">\n";
-  for (const auto& [backend, outcomes] : suites) {
-    int failures = 0, skipped = 0;
+  struct Totals {
+    std::size_t tests = 0, failures = 0, errors = 0, skipped = 0;
+    double seconds = 0;
+  };
+  auto totals_of = [](const std::vector<const CaseOutcome*>& outcomes) {
+    Totals t;
     for (const auto* o : outcomes) {
-      failures += o->comparison.verdict == Verdict::fail;
+      ++t.tests;
+      t.failures += o->comparison.verdict == Verdict::fail;
       // MISTRUSTED is reported as skipped with its reason: it proved nothing,
       // so a dashboard must not count it as a pass.
-      skipped += o->comparison.verdict == Verdict::skip || o->comparison.verdict == Verdict::mistrusted;
+      t.skipped += o->comparison.verdict == Verdict::skip || o->comparison.verdict == Verdict::mistrusted;
+      t.seconds += o->seconds;
     }
-    file << fmt::format("  <testsuite name=\"{}\" tests=\"{}\" failures=\"{}\" skipped=\"{}\">\n", xml_escape(backend),
-                        outcomes.size(), failures, skipped);
+    return t;
+  };
+  Totals all;
+  for (const auto& [backend, outcomes] : suites) {
+    const Totals t = totals_of(outcomes);
+    all.tests += t.tests;
+    all.failures += t.failures;
+    all.skipped += t.skipped;
+    all.seconds += t.seconds;
+  }
+  all.tests += summary.input_errors.size();
+  all.errors += summary.input_errors.size();
+  const std::string stamp = run.started.empty() ? "1970-01-01T00:00:00" : run.started;
+  const std::string host = xml_escape(run.hostname.empty() ? "localhost" : run.hostname);
+  std::string threads, layouts;
+  for (int t : run.threads) threads += (threads.empty() ? "" : ",") + (t == 0 ? std::string("default") : std::to_string(t));
+  for (const auto& l : run.layouts) layouts += (layouts.empty() ? "" : ",") + l;
+  auto properties = [&](const std::string& description) {
+    std::string text = "    <properties>\n";
+    auto add = [&](const char* name, const std::string& value) {
+      if (!value.empty()) text += fmt::format("      <property name=\"{}\" value=\"{}\"/>\n", name, xml_escape(value));
+    };
+    add("attn.version", run.version);
+    add("attn.commit", run.commit);
+    add("host.cpu", run.cpu);
+    add("host.kernels", run.kernels);
+    add("run.threads", threads);
+    add("run.layouts", layouts);
+    add("backend.description", description);
+    return text + "    </properties>\n";
+  };
+  auto description_of = [&](const std::string& backend) {
+    for (const auto& [name, description] : run.backends) {
+      if (name == backend) return description;
+    }
+    return std::string();
+  };
+  std::ostringstream file;
+  file << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
+  file << fmt::format("<testsuites name=\"attn verify\" tests=\"{}\" failures=\"{}\" errors=\"{}\" skipped=\"{}\" "
+                      "time=\"{:.6f}\" timestamp=\"{}\">\n",
+                      all.tests, all.failures, all.errors, all.skipped, all.seconds, stamp);
+  int id = 0;
+  for (const auto& [backend, outcomes] : suites) {
+    const Totals t = totals_of(outcomes);
+    file << fmt::format("  <testsuite name=\"{}\" id=\"{}\" tests=\"{}\" failures=\"{}\" errors=\"0\" skipped=\"{}\" "
+                        "time=\"{:.6f}\" timestamp=\"{}\" hostname=\"{}\">\n",
+                        xml_escape(backend), id++, t.tests, t.failures, t.skipped, t.seconds, stamp, host);
+    file << properties(description_of(backend));
     for (const auto* o : outcomes) {
       file << fmt::format("    <testcase classname=\"{}\" name=\"{}\" time=\"{:.6f}\">", xml_escape(backend),
                           xml_escape(fixture_label(*o)), o->seconds);
       const Comparison& c = o->comparison;
       if (c.verdict == Verdict::fail) {
-        file << fmt::format("<failure message=\"{}\">problem: {}\nreproduce: {}</failure>", xml_escape(c.reason),
-                            xml_escape(o->problem), xml_escape(reproduce_command(*o, attn_command)));
+        file << fmt::format("<failure message=\"{}\" type=\"FAIL\">problem: {}\nreproduce: {}</failure>",
+                            xml_escape(c.reason), xml_escape(o->problem), xml_escape(reproduce_command(*o, attn_command)));
       } else if (c.verdict == Verdict::skip) {
         file << fmt::format("<skipped message=\"{}\"/>", xml_escape(c.reason));
       } else if (c.verdict == Verdict::mistrusted) {
@@ -289,11 +354,14 @@ void write_junit(const VerifySummary& summary, const std::filesystem::path& path
   // Fixtures that could not be judged (unreadable, or a golden that is not the
   // attention of its own inputs) are errors, so no dashboard shows them green.
   if (!summary.input_errors.empty()) {
-    file << fmt::format("  <testsuite name=\"inputs\" tests=\"{0}\" failures=\"0\" errors=\"{0}\" skipped=\"0\">\n",
-                        summary.input_errors.size());
+    file << fmt::format("  <testsuite name=\"inputs\" id=\"{0}\" tests=\"{1}\" failures=\"0\" errors=\"{1}\" "
+                        "skipped=\"0\" time=\"0\" timestamp=\"{2}\" hostname=\"{3}\">\n",
+                        id, summary.input_errors.size(), stamp, host);
+    file << properties("fixtures that could not be judged");
     for (std::size_t n = 0; n < summary.input_errors.size(); ++n) {
-      file << fmt::format("    <testcase classname=\"inputs\" name=\"input {}\"><error message=\"{}\"/></testcase>\n", n + 1,
-                          xml_escape(summary.input_errors[n]));
+      file << fmt::format("    <testcase classname=\"inputs\" name=\"input {}\" time=\"0\"><error message=\"{}\" "
+                          "type=\"input error\"/></testcase>\n",
+                          n + 1, xml_escape(summary.input_errors[n]));
     }
     file << "  </testsuite>\n";
   }

@@ -35,14 +35,19 @@ struct RunInfo {
   std::string version, commit;  // of attn
   std::string hostname, cpu;    // where it ran (cpu: the model name)
   std::string kernels;          // the CPU kernel set the fast backends use
+  std::string started;          // UTC, ISO 8601 ("2026-12-01T16:40:00")
+  std::vector<int> threads;     // the thread counts asked for (0: the backend's default)
+  std::vector<std::string> layouts;
+  std::vector<std::pair<std::string, std::string>> backends;  // name, description
 };
 RunInfo this_run(std::string version, std::string commit);  // fills hostname and cpu
 
 // Follows schemas/verify.schema.json ("schema": "attn-verify-1").
 void write_json(const VerifySummary& summary, const std::filesystem::path& path, const RunInfo& run = {});
 // `attn_command` (the attn binary) goes into each failure's reproduce command.
+// Follows schemas/junit.xsd.
 void write_junit(const VerifySummary& summary, const std::filesystem::path& path,
-                 const std::string& attn_command = "attn");
+                 const std::string& attn_command = "attn", const RunInfo& run = {});
 // The command that reruns one outcome alone: absolute fixture path, backend,
 // threads, layout and ATTN_CPU_ISA when set.
 std::string reproduce_command(const CaseOutcome& outcome, const std::string& attn_command);

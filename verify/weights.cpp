@@ -54,17 +54,42 @@ WeightsView backend_weights_view(const Backend& backend, const CaseData& data, s
   return view;
 }
 
-std::string format_weights_table(const WeightsView& view) {
-  std::string out = "       ";
-  for (std::int64_t j = 0; j < view.keys; ++j) out += fmt::format(" {:>6}", fmt::format("k{}", j));
-  out += "\n";
-  for (std::int64_t i = 0; i < view.queries; ++i) {
-    out += fmt::format("{:<7}", fmt::format("q{}", i));
-    for (std::int64_t j = 0; j < view.keys; ++j) {
-      const auto e = static_cast<std::size_t>(i * view.keys + j);
-      out += view.hidden[e] ? fmt::format(" {:>6}", "-") : fmt::format(" {:>6.3f}", view.weights[e]);
+std::string format_weights_table(const WeightsView& view, std::int64_t max_queries, std::int64_t max_keys) {
+  // Which indices to show along one axis: all, or the first and last halves
+  // of the limit with a gap (-1) between them.
+  auto shown = [](std::int64_t n, std::int64_t limit) {
+    std::vector<std::int64_t> index;
+    if (limit <= 0 || n <= limit) {
+      for (std::int64_t i = 0; i < n; ++i) index.push_back(i);
+      return index;
     }
+    const std::int64_t head = (limit + 1) / 2, tail = limit / 2;
+    for (std::int64_t i = 0; i < head; ++i) index.push_back(i);
+    index.push_back(-1);
+    for (std::int64_t i = n - tail; i < n; ++i) index.push_back(i);
+    return index;
+  };
+  const std::vector<std::int64_t> rows = shown(view.queries, max_queries), cols = shown(view.keys, max_keys);
+  // Three decimals; a weight too small for them keeps two significant digits,
+  // so a long row of tiny weights does not read as zeros.
+  auto cell = [&](std::int64_t i, std::int64_t j) {
+    if (i < 0 || j < 0) return fmt::format(" {:>7}", "...");
+    const auto e = static_cast<std::size_t>(i * view.keys + j);
+    if (view.hidden[e]) return fmt::format(" {:>7}", "-");
+    const double w = view.weights[e];
+    return w == 0 || w >= 0.0005 ? fmt::format(" {:>7.3f}", w) : fmt::format(" {:>7.1e}", w);
+  };
+  std::string out = "        ";
+  for (std::int64_t j : cols) out += fmt::format(" {:>7}", j < 0 ? std::string("...") : fmt::format("k{}", j));
+  out += "\n";
+  for (std::int64_t i : rows) {
+    out += fmt::format("{:<8}", i < 0 ? std::string("...") : fmt::format("q{}", i));
+    for (std::int64_t j : cols) out += cell(i, j);
     out += "\n";
+  }
+  if (static_cast<std::int64_t>(rows.size()) < view.queries || static_cast<std::int64_t>(cols.size()) < view.keys) {
+    out += fmt::format("(showing the first and last of {} queries and {} keys; --all prints every weight)\n",
+                       view.queries, view.keys);
   }
   return out;
 }

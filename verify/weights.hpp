@@ -23,7 +23,9 @@ WeightsView reference_weights_view(const CaseData& data, std::int64_t b, std::in
 WeightsView backend_weights_view(const Backend& backend, const CaseData& data, std::int64_t b, std::int64_t h,
                                  const RunOptions& options);
 
-// The table: query rows, key columns, 3 decimals, hidden keys as '-'.
-std::string format_weights_table(const WeightsView& view);
+// The table: query rows, key columns, 3 decimals (2 significant digits for
+// smaller weights), hidden keys as '-'. With limits (0: none), a longer axis
+// shows its first and last indices with '...' between.
+std::string format_weights_table(const WeightsView& view, std::int64_t max_queries = 0, std::int64_t max_keys = 0);
 
 }  // namespace attn

@@ -1,3 +1,4 @@
+#include <dlfcn.h>
 #include <fmt/format.h>
 
 #include "core/error.hpp"
@@ -17,13 +18,27 @@ void throw_cublas(cublasStatus_t status, const char* call, const char* file, int
 
 Status device_status() {
   int count = 0;
-  cudaError_t status = cudaGetDeviceCount(&count);
-  if (status != cudaSuccess) {
-    cudaGetLastError();  // clear it
-    return Status::no(fmt::format("no CUDA device ({})", cudaGetErrorString(status)));
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status == cudaSuccess && count > 0) return Status::yes();
+  cudaGetLastError();  // clear it
+  // The runtime says "driver version is insufficient" also when there is no
+  // driver at all: tell the cases apart.
+  if (void* driver = ::dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL)) {
+    ::dlclose(driver);
+  } else {
+    return Status::no("no NVIDIA driver on this machine (libcuda.so.1 cannot be loaded)");
   }
-  if (count == 0) return Status::no("no CUDA device");
-  return Status::yes();
+  if (status == cudaSuccess || status == cudaErrorNoDevice) {
+    return Status::no("no CUDA device (the NVIDIA driver is installed but sees no GPU)");
+  }
+  if (status == cudaErrorInsufficientDriver) {
+    int driver = 0, runtime = 0;
+    cudaDriverGetVersion(&driver);
+    cudaRuntimeGetVersion(&runtime);
+    return Status::no(fmt::format("the NVIDIA driver supports CUDA up to {}.{}, older than this build's runtime {}.{}",
+                                  driver / 1000, driver % 1000 / 10, runtime / 1000, runtime % 1000 / 10));
+  }
+  return Status::no(fmt::format("no usable CUDA device: {} ({})", cudaGetErrorString(status), cudaGetErrorName(status)));
 }
 
 DeviceBuffer::DeviceBuffer(std::size_t bytes) : bytes_(bytes) {

@@ -1,5 +1,6 @@
 """Parsing `attn bench` (Google Benchmark JSON) and `attn verify --json` files."""
 import json
+from pathlib import Path
 import statistics
 from dataclasses import dataclass, field
 
@@ -93,8 +94,10 @@ _UNIT = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 def load_bench(path, data=None):
     """Reads one Google Benchmark JSON file written by `attn bench`."""
     if data is None:
-        with open(path) as f:
-            data = json.load(f)
+        data = read_json(path)
+        if not isinstance(data, dict) or "benchmarks" not in data or "context" not in data:
+            raise ValueError(f"{path}: not Google Benchmark JSON (no 'benchmarks' and 'context')")
+        validate(path, data, "bench")
     if "benchmarks" not in data or "context" not in data:
         raise ValueError(f"{path}: not Google Benchmark JSON (no 'benchmarks' and 'context')")
     context = data["context"]
@@ -177,12 +180,48 @@ def verify_summary(results):
     return table
 
 
+SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
+
+
+def validate(path, data, kind):
+    """Raises ValueError naming the file, the field and the rule when `data`
+    is not what the report reads (schemas/report-input.schema.json)."""
+    schema_path = SCHEMAS / "report-input.schema.json"
+    try:
+        import jsonschema
+    except ImportError:  # python3-jsonschema is a dependency; without it the loaders' own checks remain
+        return
+    with open(schema_path) as f:
+        full = json.load(f)
+    # The part for this kind of file, so the message is about its fields.
+    schema = {"$schema": full["$schema"], "$defs": full["$defs"], "$ref": f"#/$defs/{kind}"}
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    errors = sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.path)))
+    if errors:
+        where = "/".join(map(str, errors[0].path)) or "(top level)"
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise ValueError(f"{path}: {where}: {errors[0].message}{more} (see schemas/{schema_path.name})")
+
+
+def read_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not JSON ({error})") from None
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not UTF-8 text ({error})") from None
+
+
 def detect(path):
-    """'bench' or 'verify', from the file's content."""
-    with open(path) as f:
-        data = json.load(f)
+    """'bench' or 'verify', from the file's content, checked against its schema."""
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: neither `attn bench` nor `attn verify --json` output (not a JSON object)")
     if data.get("schema") == "attn-verify-1":
+        validate(path, data, "verify")
         return "verify", data
     if "benchmarks" in data:
+        validate(path, data, "bench")
         return "bench", data
     raise ValueError(f"{path}: neither `attn bench` nor `attn verify --json` output")

@@ -1,6 +1,7 @@
 """Tests of the report code, fed by stored JSON in tests/data (real `attn bench`
 and `attn verify --json` output from this project, trimmed, plus small
 hand-made files for a second host and for comparisons)."""
+import json
 import os
 import re
 import shutil
@@ -74,6 +75,37 @@ class Results(unittest.TestCase):
             results.load_verify(data("bench_gpu.json"))
         with self.assertRaises(ValueError):
             results.load_bench(data("verify.json"))
+
+    def test_inputs_are_checked_against_the_report_input_schema(self):
+        # A value of the wrong type, a verdict that does not exist, a file that
+        # is not JSON: each names the file and the field, and the report exits 2.
+        with tempfile.TemporaryDirectory() as tmp:
+            cases = {
+                "time.json": ({"context": {}, "benchmarks": [{"name": "naive/dtype=f32,b=1", "real_time": "fast"}]},
+                              "benchmarks/0/real_time: 'fast' is not of type 'number'"),
+                "verdict.json": ({"schema": "attn-verify-1", "results": [{"backend": "naive", "problem": "p",
+                                                                           "verdict": "OK"}]},
+                                 "results/0/verdict: 'OK' is not one of"),
+                "peak.json": ({"context": {"attn_peak_fp32_gflops": "lots"}, "benchmarks": []},
+                              "context/attn_peak_fp32_gflops"),
+            }
+            for name, (doc, words) in cases.items():
+                path = os.path.join(tmp, name)
+                with open(path, "w") as f:
+                    json.dump(doc, f)
+                with self.assertRaises(ValueError) as caught:
+                    results.detect(path)
+                self.assertIn(path, str(caught.exception))
+                self.assertIn(words, str(caught.exception))
+            with open(os.path.join(tmp, "broken.json"), "w") as f:
+                f.write('{"context": ')
+            run = subprocess.run([sys.executable, REPORT, "report", os.path.join(tmp, "broken.json"), "--out",
+                                  os.path.join(tmp, "out")], capture_output=True, text=True)
+            self.assertEqual(run.returncode, 2, run.stderr)
+            self.assertIn("broken.json: not JSON", run.stderr)
+            # What attnbench itself wrote passes.
+            for sample in ("bench_cpu.json", "bench_gpu.json", "compare_base.json", "verify.json"):
+                results.detect(data(sample))
 
 
 class Compare(unittest.TestCase):
