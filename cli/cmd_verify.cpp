@@ -44,7 +44,8 @@ Runner add_verify_command(CLI::App& app) {
   cmd->add_option("--json", args->json, "Write the results as JSON to this file");
   cmd->add_option("--junit", args->junit, "Write the results as JUnit XML to this file");
   cmd->add_option("--threads", args->threads,
-                  "Threads per backend (default: the backend's own); a comma-separated list runs every backend at each")
+                  "Threads per backend, 1 to 256 (default: the backend's own); a comma-separated list runs every backend at "
+                  "each; more than the CPUs is allowed (it reaches the split-K paths) and not warned about")
       ->allow_extra_args(false)
       ->delimiter(',')
       ->check(CLI::Range(1, 256));

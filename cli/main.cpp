@@ -2,15 +2,19 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <cstdlib>
 #include <map>
 
 #include "cli/commands.hpp"
 #include "core/error.hpp"
 #include "core/text.hpp"
+#include "impls/cpu_kernels/kernels.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"attn: verify and benchmark scaled-dot-product attention backends"};
   app.require_subcommand(1);
+  app.footer("Exit status, for every command: 0 success; 1 a verdict failed (a FAIL, a run where everything was "
+             "skipped, a regression); 2 a usage or input error; 3 an internal error (a bug of attnbench).");
   app.set_version_flag("--version", "attn (attnbench) " ATTN_VERSION ", commit " ATTN_GIT_COMMIT ", " ATTN_BUILD_TYPE " build");
   std::map<CLI::App*, attn::cli::Runner> runners;
   auto add = [&](attn::cli::Runner (*adder)(CLI::App&)) {
@@ -33,6 +37,8 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : 2;
   }
   try {
+    // A kernel set forced by ATTN_CPU_ISA is checked now, not when a kernel first runs.
+    if (std::getenv("ATTN_CPU_ISA")) (void)attn::cpu::best_kernels();
     for (auto& [command, runner] : runners) {
       if (command->parsed()) return runner();
     }

@@ -20,8 +20,9 @@ struct CliRun {
   std::string output;
 };
 
-CliRun run_attn(const std::string& args) {
-  std::string command = std::string(ATTN_CLI) + " " + args + " 2>&1";
+CliRun run_attn_with(const std::string& environment, const std::string& args) {
+  std::string command = (environment.empty() ? "" : "env " + environment + " ") + std::string(ATTN_CLI) + " " + args +
+                        " 2>&1";
   FILE* pipe = popen(command.c_str(), "r");
   std::string output;
   std::array<char, 4096> buffer;
@@ -29,6 +30,11 @@ CliRun run_attn(const std::string& args) {
   int status = pclose(pipe);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
 }
+
+CliRun run_attn(const std::string& args) { return run_attn_with("", args); }
+
+// The same with variables set for this one command.
+CliRun run_attn_env(const std::string& environment, const std::string& args) { return run_attn_with(environment, args); }
 
 const std::string kGolden = std::string(ATTN_SOURCE_DIR) + "/fixtures/golden";
 
@@ -98,6 +104,25 @@ TEST_F(Cli, AFailureExitsOneWithAReproduceCommand) {
   EXPECT_NE(r.output.find("FAIL"), std::string::npos);
   EXPECT_NE(r.output.find("To reproduce"), std::string::npos);
   EXPECT_NE(r.output.find("verify " + wrong.string() + " --backend naive"), std::string::npos) << r.output;
+  // Variables that shaped the run travel in the command, and a path with a
+  // space is quoted: the printed line, pasted into a shell, fails the same way.
+  const fs::path spaced = dir_ / "with space" / "wrong case.h5";
+  fs::create_directories(spaced.parent_path());
+  fs::copy_file(wrong, spaced);
+  CliRun env = run_attn_env("ATTN_CPU_ISA=portable ATTN_MAX_WORK=1e12",
+                            "verify '" + spaced.string() + "' -b blocked --threads 2 --quiet");
+  EXPECT_EQ(env.code, 1) << env.output;
+  const auto at = env.output.find("ATTN_CPU_ISA=portable ");
+  ASSERT_NE(at, std::string::npos) << env.output;
+  const std::string line = env.output.substr(at, env.output.find('\n', at) - at);
+  EXPECT_NE(line.find("ATTN_MAX_WORK=1e12 "), std::string::npos) << line;
+  EXPECT_NE(line.find("'" + spaced.string() + "' --backend blocked --threads 2"), std::string::npos) << line;
+  const int again = std::system((line + " > /dev/null 2>&1").c_str());
+  EXPECT_EQ(WEXITSTATUS(again), 1) << "the reproduce command reproduces the failure: " << line;
+  // A kernel set that does not exist is refused before anything runs.
+  CliRun isa = run_attn_env("ATTN_CPU_ISA=sse9", "list");
+  EXPECT_EQ(isa.code, 2) << isa.output;
+  EXPECT_NE(isa.output.find("ATTN_CPU_ISA=sse9: expected amx, avx512 or portable"), std::string::npos) << isa.output;
 }
 
 TEST_F(Cli, OptionsNeverTakeThePathsAfterThem) {

@@ -201,7 +201,7 @@ TEST(CpuKernels, Avx512Exp2IsWithinOneTenMillionth) {
   std::vector<float> t(n), w;
   for (std::int64_t i = 0; i < n; ++i) t[i] = -125.99f * static_cast<float>(i) / static_cast<float>(n);  // (-126, 0]
   w = t;
-  const float returned = avx->exp2_sum(w.data(), n, 1.0f, 0.0f);
+  const float returned = avx->exp2_sum(w.data(), n, 1.0f, 0.0f, 0);
   // The sum is of the weights written, in 32 float32 lanes of n / 32 terms each.
   double sum = 0;
   for (float x : w) sum += x;
@@ -257,7 +257,7 @@ TEST(CpuKernels, Avx512AndPortableAgree) {
   for (float& x : x1) x = normal(gen) * 10;
   x1[5] = -INFINITY;
   x2 = x1;
-  float sum1 = avx->exp2_sum(x1.data(), 70, 1.0f, 3.0f), sum2 = portable.exp2_sum(x2.data(), 70, 1.0f, 3.0f);
+  float sum1 = avx->exp2_sum(x1.data(), 70, 1.0f, 3.0f, 0), sum2 = portable.exp2_sum(x2.data(), 70, 1.0f, 3.0f, 0);
   EXPECT_NEAR(sum1, sum2, 1e-6f * sum2);
   EXPECT_EQ(x1[5], 0.0f);
   for (std::size_t e = 0; e < x1.size(); ++e) EXPECT_NEAR(x1[e], x2[e], 2e-7f * x2[e] + 1e-30f);
@@ -269,7 +269,7 @@ TEST(CpuKernels, Avx512AndPortableAgree) {
   y[2] = -INFINITY;
   y[3] = 3.0f - 125.5f;
   y[18] = 2.0f;
-  EXPECT_NEAR(avx->exp2_sum(y.data(), 18, 1.0f, 3.0f), 15.0f, 1e-6f);
+  EXPECT_NEAR(avx->exp2_sum(y.data(), 18, 1.0f, 3.0f, 0), 15.0f, 1e-6f);
   EXPECT_EQ(y[0], 1.0f);
   EXPECT_EQ(y[1], 0.0f);
   EXPECT_EQ(y[2], 0.0f);
@@ -285,8 +285,8 @@ TEST(CpuKernels, Avx512AndPortableAgree) {
   for (const cpu::Kernels* k : {avx, &portable}) {
     std::vector<bf16> out(71, bf16{0x7777});
     std::vector<float> in_place = z;
-    const float sum_bf16 = k->exp2_sum_bf16(z.data(), 70, 0.25f, z_max * 0.25f, out.data());
-    const float sum = k->exp2_sum(in_place.data(), 70, 0.25f, z_max * 0.25f);
+    const float sum_bf16 = k->exp2_sum_bf16(z.data(), 70, 0.25f, z_max * 0.25f, 0, out.data());
+    const float sum = k->exp2_sum(in_place.data(), 70, 0.25f, z_max * 0.25f, 0);
     EXPECT_EQ(sum_bf16, sum) << k->isa;
     for (std::size_t e = 0; e < 70; ++e) EXPECT_EQ(out[e].bits, float_to_bf16(in_place[e]).bits) << k->isa << " at " << e;
     EXPECT_EQ(in_place[9], 0.0f) << k->isa;
@@ -297,9 +297,27 @@ TEST(CpuKernels, Avx512AndPortableAgree) {
     EXPECT_EQ(k->max_of(z.data() + 9, 1), -INFINITY) << k->isa;
   }
   std::vector<float> za = z, zp = z;
-  const float sa = avx->exp2_sum(za.data(), 70, 0.25f, z_max * 0.25f), sp = portable.exp2_sum(zp.data(), 70, 0.25f, z_max * 0.25f);
+  const float sa = avx->exp2_sum(za.data(), 70, 0.25f, z_max * 0.25f, 0), sp = portable.exp2_sum(zp.data(), 70, 0.25f, z_max * 0.25f, 0);
   EXPECT_NEAR(sa, sp, 1e-6f * sp);
   for (std::size_t e = 0; e < za.size(); ++e) EXPECT_NEAR(za[e], zp[e], 2e-7f * zp[e] + 1e-30f) << "at " << e;
+  // A shift divides every weight and the sum by exactly 2^shift (the
+  // coefficients carry it), in both kernel sets and in bfloat16 too.
+  for (const cpu::Kernels* k : {avx, &portable}) {
+    for (int shift : {1, 7, 16, 30}) {
+      std::vector<float> plain = z, shifted = z;
+      std::vector<bf16> plain_bf16(70), shifted_bf16(70);
+      const float plain_sum = k->exp2_sum(plain.data(), 70, 0.25f, z_max * 0.25f, 0);
+      const float shifted_sum = k->exp2_sum(shifted.data(), 70, 0.25f, z_max * 0.25f, shift);
+      EXPECT_EQ(shifted_sum, std::ldexp(plain_sum, -shift)) << k->isa << " shift " << shift;
+      k->exp2_sum_bf16(z.data(), 70, 0.25f, z_max * 0.25f, 0, plain_bf16.data());
+      k->exp2_sum_bf16(z.data(), 70, 0.25f, z_max * 0.25f, shift, shifted_bf16.data());
+      for (std::size_t e = 0; e < 70; ++e) {
+        if (plain[e] < std::ldexp(1.0f, shift - 126)) continue;  // may be dropped: under 2^(shift-126) of the max
+        EXPECT_EQ(shifted[e], std::ldexp(plain[e], -shift)) << k->isa << " shift " << shift << " at " << e;
+        EXPECT_EQ(bf16_to_float(shifted_bf16[e]), std::ldexp(bf16_to_float(plain_bf16[e]), -shift)) << k->isa;
+      }
+    }
+  }
   std::vector<float> r1(64, 2.0f), r2(64, 2.0f);
   r1[3] = r2[3] = 5.0f;
   EXPECT_EQ(avx->scale_row(r1.data(), 0.5f, 40), portable.scale_row(r2.data(), 0.5f, 40));

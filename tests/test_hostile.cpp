@@ -601,6 +601,13 @@ TEST_F(Hostile, AnUnreadableInputAndAnUnwritableOutputAreExitTwoWithTheReason) {
   std::tie(code, text) = run("verify " + (locked / "case.h5").string() + " -b naive");
   EXPECT_EQ(code, 2) << text;
   EXPECT_NE(text.find("Permission denied"), std::string::npos) << text;
+  fs::copy_file(kGood, dir_ / "unreadable.h5");
+  fs::permissions(dir_ / "unreadable.h5", fs::perms::none);
+  std::tie(code, text) = run("verify " + (dir_ / "unreadable.h5").string() + " -b naive");
+  EXPECT_EQ(code, 2) << text;
+  EXPECT_NE(text.find((dir_ / "unreadable.h5").string() + ": cannot read it: Permission denied"), std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("not an HDF5 file"), std::string::npos) << text;
   std::tie(code, text) = run("verify " + (dir_ / "case.h5").string() + " -b naive --json " +
                              (read_only / "v.json").string());
   EXPECT_EQ(code, 2) << text;

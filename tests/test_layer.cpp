@@ -160,8 +160,8 @@ TEST(WeightsView, TableOfAHandMadeCaseMatchesHandValues) {
     std::string table = run_cli("show " + (dir / "hand.h5").string() + " --weights" + backend, &code);
     ASSERT_EQ(code, 0) << table;
     char expected0[128], expected1[128];
-    std::snprintf(expected0, sizeof expected0, "%-7s %6.3f %6.3f %6.3f", "q0", e / (2 * e + 1), 1 / (2 * e + 1), e / (2 * e + 1));
-    std::snprintf(expected1, sizeof expected1, "%-7s %6.3f %6s %6.3f", "q1", 1 / (1 + e), "-", e / (1 + e));
+    std::snprintf(expected0, sizeof expected0, "%-8s %7.3f %7.3f %7.3f", "q0", e / (2 * e + 1), 1 / (2 * e + 1), e / (2 * e + 1));
+    std::snprintf(expected1, sizeof expected1, "%-8s %7.3f %7s %7.3f", "q1", 1 / (1 + e), "-", e / (1 + e));
     EXPECT_NE(table.find(expected0), std::string::npos) << table << "\nexpected: " << expected0;
     EXPECT_NE(table.find(expected1), std::string::npos) << table << "\nexpected: " << expected1;
   }

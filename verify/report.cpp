@@ -74,12 +74,17 @@ std::string fixture_label(const CaseOutcome& o) {
 }  // namespace
 
 std::string reproduce_command(const CaseOutcome& o, const std::string& attn_command) {
-  const char* isa = std::getenv("ATTN_CPU_ISA");
+  // Every variable that shaped the run: the kernel set, the threads a backend
+  // takes by default, OpenBLAS's kernels, the reader's limits.
+  std::string environment;
+  for (const char* name : {"ATTN_CPU_ISA", "OMP_NUM_THREADS", "OPENBLAS_CORETYPE", "ATTN_MAX_WORK", "ATTN_MAX_CASE_GIB",
+                           "ATTN_READ_SECONDS", "ATTN_READ_MEMORY_GIB"}) {
+    if (const char* value = std::getenv(name)) environment += fmt::format("{}={} ", name, shell_quote(value));
+  }
   std::error_code ec;
   const std::filesystem::path file = std::filesystem::absolute(o.file, ec);
-  return fmt::format("{}{} verify {} --backend {}{}", isa ? fmt::format("ATTN_CPU_ISA={} ", shell_quote(isa)) : "",
-                     attn_command, shell_quote((ec ? o.file : file).string()), shell_quote(o.backend),
-                     o.config.arguments());
+  return fmt::format("{}{} verify {} --backend {}{}", environment, attn_command,
+                     shell_quote((ec ? o.file : file).string()), shell_quote(o.backend), o.config.arguments());
 }
 
 std::vector<BudgetUse> budget_use(const VerifySummary& summary) {

@@ -43,7 +43,9 @@ class BlockedPlan final : public Plan {
   }
 
  private:
-  void compute(std::int64_t tile_index, Scratch& s) {
+  // shift 0 first; a tile whose sums of weights times V overflowed is redone
+  // with the weights scaled down (Kernels::exp2_sum).
+  void compute(std::int64_t tile_index, Scratch& s, int shift = 0) {
     const QueryTile t = cpu::query_tile(p_, g_, tile_index);
     const std::int64_t rows = t.rows();
     const std::int64_t end_block = (cpu::visible_key_end(p_, io_, t) + kKeyBlock - 1) / kKeyBlock;
@@ -69,7 +71,7 @@ class BlockedPlan final : public Plan {
       for (std::int64_t r = 0; r < rows; ++r) {
         float* row = tile_scores + r * kKeyBlock;
         if (s.m[r] == kNegInf) std::fill_n(row, kKeyBlock, 0.0f);
-        else s.l[r] += kernels_.exp2_sum(row, kKeyBlock, 1.0f, s.m[r]);
+        else s.l[r] += kernels_.exp2_sum(row, kKeyBlock, 1.0f, s.m[r], shift);
       }
       const std::int64_t j0 = block * kKeyBlock;
       const std::int64_t keys = std::min(kKeyBlock, p_.seq_k - j0);
@@ -80,7 +82,11 @@ class BlockedPlan final : public Plan {
         kernels_.pv_f32(tile_scores, rows, keys, s.pack.v_f32(j0), s.pack.ldv(), g_.dv_pad, s.o.data());
       }
     }
-    cpu::write_rows(p_, g_, io_, t, s.o.data(), s.m.data(), s.l.data());
+    if (shift == 0 && g_.weight_shift > 0 && !cpu::outputs_finite(g_, s.o.data(), rows)) {
+      compute(tile_index, s, g_.weight_shift);
+      return;
+    }
+    cpu::write_rows(p_, g_, io_, t, s.o.data(), s.m.data(), s.l.data(), shift);
   }
 
   Problem p_;

@@ -40,16 +40,21 @@ struct Kernels {
                  std::int64_t dv_pad, float* o);
   // Same with bfloat16 P and Vp; keys even (the odd one's P is 0).
   void (*pv_bf16)(const bf16* p, std::int64_t rows, std::int64_t keys, const bf16* vp, std::int64_t dv_pad, float* o);
-  // x[j] = exp2(scale * x[j] - m) for j < n, exactly 0 where x[j] = -inf;
-  // returns the sum. scale is 1 for finished scores, or the score scale for
-  // raw Q K^T products of a fully visible block (then m is in scaled units).
-  // Where scale * x[j] - m <= -126 (a weight under 2^-126 of the largest) a
-  // kernel may give 0: the AVX-512 one does, since underflowing costs a
-  // microcode assist.
-  float (*exp2_sum)(float* x, std::int64_t n, float scale, float m);
+  // x[j] = exp2(scale * x[j] - m) * 2^-shift for j < n, exactly 0 where
+  // x[j] = -inf; returns the sum. scale is 1 for finished scores, or the
+  // score scale for raw Q K^T products of a fully visible block (then m is in
+  // scaled units). shift (0 to 62) keeps sums of weights times V finite: with
+  // 2^shift >= the keys of a row, sum_j p_j |v_j| <= max |v| however large V
+  // is. The factor is exact in the normal range (the polynomial's
+  // coefficients carry it), but weights times subnormal v lose bits, so the
+  // backends use shift 0 and redo a tile with weight_shift(seq_k) only when
+  // its output came out non-finite. Where scale * x[j] - m <= -126 + shift
+  // (a weight under 2^(shift-126) of the largest) a kernel may give 0: the
+  // AVX-512 one does, since underflowing costs a microcode assist.
+  float (*exp2_sum)(float* x, std::int64_t n, float scale, float m, int shift);
   // The same weights written as bfloat16 to out (round to nearest even); x is
   // left alone and the sum is of the float32 weights.
-  float (*exp2_sum_bf16)(const float* x, std::int64_t n, float scale, float m, bf16* out);
+  float (*exp2_sum_bf16)(const float* x, std::int64_t n, float scale, float m, int shift, bf16* out);
   // max_j x[j] for j < n (n >= 1).
   float (*max_of)(const float* x, std::int64_t n);
   // Decode shapes: S[r][j] = sum_d Q[r][d] * K[j * ldk + d] for j < keys, reading
@@ -74,5 +79,13 @@ const Kernels* amx_kernels();     // nullptr without AMX-BF16, or when Linux ref
 // For `attn peak` only: `iterations` x 4 back-to-back TDPBF16PS (16 x 16 x 32
 // products each); call only when amx_kernels() is not nullptr.
 double amx_peak_loop(std::int64_t iterations);
+
+// The smallest shift with 2^shift >= keys (0 for one key or none): what
+// exp2_sum needs so that no sum of weights times V can overflow.
+inline int weight_shift(std::int64_t keys) {
+  int shift = 0;
+  while (shift < 62 && (std::int64_t{1} << shift) < keys) ++shift;
+  return shift;
+}
 
 }  // namespace attn::cpu

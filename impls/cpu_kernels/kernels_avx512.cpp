@@ -207,29 +207,44 @@ ATTN_AVX512 void pv_bf16(const bf16* p, std::int64_t rows, std::int64_t keys, co
 // bias) costs a microcode assist per vector, and causal runs spent a quarter
 // of their time there. 10 instructions a vector, where rounding, a separate
 // fraction, a degree-7 polynomial and the -inf masks took 13.
-ATTN_AVX512 inline __m512 exp2_live(__m512 x, __m512 scale, __m512 m) {
+// A shift of the weights by 2^-shift goes into the coefficients (a power of
+// two times each of them scales every Horner step exactly) and into the
+// threshold, so no result is subnormal.
+struct Exp2Constants {
+  __m512 c[7];
+  __m512 floor_t;  // t must be above this: -126 + shift
+  ATTN_AVX512 explicit Exp2Constants(int shift) {
+    static constexpr float kCoefficients[7] = {2.16138083e-04f, 1.24673767e-03f, 9.67553258e-03f, 5.54852188e-02f,
+                                               2.40229324e-01f, 6.93147063e-01f, 1.0f};
+    for (int i = 0; i < 7; ++i) c[i] = _mm512_set1_ps(std::ldexp(kCoefficients[i], -shift));
+    floor_t = _mm512_set1_ps(static_cast<float>(-126 + shift));
+  }
+};
+
+ATTN_AVX512 inline __m512 exp2_live(__m512 x, __m512 scale, __m512 m, const Exp2Constants& k) {
   const __m512 t = _mm512_fmsub_ps(x, scale, m);
-  const __mmask16 live = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-126.0f), _CMP_GT_OQ);
+  const __mmask16 live = _mm512_cmp_ps_mask(t, k.floor_t, _CMP_GT_OQ);
   const __m512 f = _mm512_reduce_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m512 p = _mm512_set1_ps(2.16138083e-04f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.24673767e-03f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.67553258e-03f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.54852188e-02f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.40229324e-01f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.93147063e-01f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  __m512 p = k.c[0];
+  p = _mm512_fmadd_ps(p, f, k.c[1]);
+  p = _mm512_fmadd_ps(p, f, k.c[2]);
+  p = _mm512_fmadd_ps(p, f, k.c[3]);
+  p = _mm512_fmadd_ps(p, f, k.c[4]);
+  p = _mm512_fmadd_ps(p, f, k.c[5]);
+  p = _mm512_fmadd_ps(p, f, k.c[6]);
   return _mm512_maskz_scalef_ps(live, p, t);
 }
 
 // Weights for n scores, two independent chains; Store(j, e, lanes) writes them.
 template <typename Store>
-ATTN_AVX512 inline float exp2_sum_with(const float* x, std::int64_t n, float scale, float m, Store store) {
+ATTN_AVX512 inline float exp2_sum_with(const float* x, std::int64_t n, float scale, float m, int shift, Store store) {
   const __m512 sv = _mm512_set1_ps(scale), mv = _mm512_set1_ps(m);
+  const Exp2Constants k(shift);
   __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
   std::int64_t j = 0;
   for (; j + 32 <= n; j += 32) {
-    const __m512 e0 = exp2_live(_mm512_loadu_ps(x + j), sv, mv);
-    const __m512 e1 = exp2_live(_mm512_loadu_ps(x + j + 16), sv, mv);
+    const __m512 e0 = exp2_live(_mm512_loadu_ps(x + j), sv, mv, k);
+    const __m512 e1 = exp2_live(_mm512_loadu_ps(x + j + 16), sv, mv, k);
     store(j, e0, static_cast<__mmask16>(0xFFFF));
     store(j + 16, e1, static_cast<__mmask16>(0xFFFF));
     sum0 = _mm512_add_ps(sum0, e0);
@@ -238,20 +253,20 @@ ATTN_AVX512 inline float exp2_sum_with(const float* x, std::int64_t n, float sca
   for (; j < n; j += 16) {
     const __mmask16 tail = static_cast<__mmask16>(n - j >= 16 ? 0xFFFF : (1u << (n - j)) - 1);
     const __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()), tail, x + j);
-    const __m512 e = exp2_live(v, sv, mv);
+    const __m512 e = exp2_live(v, sv, mv, k);
     store(j, e, tail);
     sum0 = _mm512_add_ps(sum0, e);
   }
   return _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
 }
 
-ATTN_AVX512 float exp2_sum(float* x, std::int64_t n, float scale, float m) {
-  return exp2_sum_with(x, n, scale, m,
+ATTN_AVX512 float exp2_sum(float* x, std::int64_t n, float scale, float m, int shift) {
+  return exp2_sum_with(x, n, scale, m, shift,
                        [x](std::int64_t j, __m512 e, __mmask16 lanes) ATTN_AVX512 { _mm512_mask_storeu_ps(x + j, lanes, e); });
 }
 
-ATTN_AVX512 float exp2_sum_bf16(const float* x, std::int64_t n, float scale, float m, bf16* out) {
-  return exp2_sum_with(x, n, scale, m, [out](std::int64_t j, __m512 e, __mmask16 lanes) ATTN_AVX512 {
+ATTN_AVX512 float exp2_sum_bf16(const float* x, std::int64_t n, float scale, float m, int shift, bf16* out) {
+  return exp2_sum_with(x, n, scale, m, shift, [out](std::int64_t j, __m512 e, __mmask16 lanes) ATTN_AVX512 {
     _mm256_mask_storeu_epi16(out + j, lanes, (__m256i)_mm512_cvtneps_pbh(e));
   });
 }

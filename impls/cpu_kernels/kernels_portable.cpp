@@ -67,23 +67,23 @@ void pv_bf16(const bf16* p, std::int64_t rows, std::int64_t keys, const bf16* vp
   }
 }
 
-float weight(float x, float scale, float m) {
-  return std::isinf(x) && x < 0 ? 0.0f : std::exp2(std::fma(scale, x, -m));
+float weight(float x, float scale, float m, int shift) {
+  return std::isinf(x) && x < 0 ? 0.0f : std::ldexp(std::exp2(std::fma(scale, x, -m)), -shift);
 }
 
-float exp2_sum(float* x, std::int64_t n, float scale, float m) {
+float exp2_sum(float* x, std::int64_t n, float scale, float m, int shift) {
   float sum = 0;
   for (std::int64_t j = 0; j < n; ++j) {
-    x[j] = weight(x[j], scale, m);
+    x[j] = weight(x[j], scale, m, shift);
     sum += x[j];
   }
   return sum;
 }
 
-float exp2_sum_bf16(const float* x, std::int64_t n, float scale, float m, bf16* out) {
+float exp2_sum_bf16(const float* x, std::int64_t n, float scale, float m, int shift, bf16* out) {
   float sum = 0;
   for (std::int64_t j = 0; j < n; ++j) {
-    const float w = weight(x[j], scale, m);
+    const float w = weight(x[j], scale, m, shift);
     out[j] = float_to_bf16(w);
     sum += w;
   }

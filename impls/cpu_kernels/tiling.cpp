@@ -66,6 +66,7 @@ Geometry Geometry::of(const Problem& p, std::int64_t max_tile_rows, const Kernel
   }
   g.dv_pad = round_up(p.head_dim_v, 16);
   g.score_scale = static_cast<float>(p.scale * 1.4426950408889634);
+  g.weight_shift = cpu::weight_shift(p.seq_k);
   g.q_prescaled = !g.bf16_kernels;
   return g;
 }
@@ -238,7 +239,7 @@ void probabilities_bf16(const Kernels& kernels, const Geometry& g, const float* 
 }
 
 void write_rows(const Problem& p, const Geometry& g, const AttentionIO& io, const QueryTile& t, const float* o,
-                const float* m, const float* l) {
+                const float* m, const float* l, int shift) {
   const MutableTensorView& out = io.out;
   const std::int64_t step = out.strides[3];
   for (std::int64_t r = 0; r < t.rows(); ++r) {
@@ -258,10 +259,17 @@ void write_rows(const Problem& p, const Geometry& g, const AttentionIO& io, cons
     }
     if (io.lse) {
       const std::int64_t row = (t.b * p.heads_q + h) * p.seq_q + i;
-      io.lse[row] = l[r] > 0 ? (static_cast<double>(m[r]) + std::log2(static_cast<double>(l[r]))) * 0.6931471805599453
+      io.lse[row] = l[r] > 0 ? (static_cast<double>(m[r]) + std::log2(static_cast<double>(l[r])) + shift) * 0.6931471805599453
                              : -std::numeric_limits<double>::infinity();
     }
   }
+}
+
+bool outputs_finite(const Geometry& g, const float* o, std::int64_t rows) {
+  for (std::int64_t e = 0; e < rows * g.dv_pad; ++e) {
+    if (!std::isfinite(o[e])) return false;
+  }
+  return true;
 }
 
 }  // namespace attn::cpu

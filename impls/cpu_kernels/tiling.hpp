@@ -40,6 +40,7 @@ struct Geometry {
   std::int64_t dv_pad = 16;        // head_dim_v rounded up to 16
   bool bf16_kernels = false;       // bfloat16 dot products (else float32)
   float score_scale = 1;           // scale * log2(e): scores live in the log2 domain
+  int weight_shift = 0;            // 2^weight_shift >= seq_k: the shift of a tile redone because it overflowed (Kernels::exp2_sum)
   // float32 kernels: pack_queries multiplies Q by score_scale, so Q K^T comes
   // out of the kernel already in the log2 domain (bfloat16 Q stays as given,
   // since rounding a scaled Q to bfloat16 would add an error of its own).
@@ -124,8 +125,14 @@ void finish_scores(const Problem& p, const Geometry& g, const AttentionIO& io, c
 // padding rows up to scratch_rows zeroed (the AMX kernels read them).
 void probabilities_bf16(const Kernels& kernels, const Geometry& g, const float* p, std::int64_t rows, bf16* out);
 
-// out = O / l in the dtype; lse = (m + log2 l) ln 2, or 0 and -inf for rows with l = 0.
+// out = O / l in the dtype; lse = (m + log2 l + shift) ln 2 (shift: the one
+// the weights were computed with), or 0 and -inf for rows with l = 0.
 void write_rows(const Problem& p, const Geometry& g, const AttentionIO& io, const QueryTile& t, const float* o,
-                const float* m, const float* l);
+                const float* m, const float* l, int shift);
+
+// Whether the tile's accumulated outputs (rows x dv_pad) are all finite: when
+// not, sum_j p_j v_j overflowed float32 (|v| near its largest, many keys) and
+// the tile is redone with weights scaled down by 2^weight_shift.
+bool outputs_finite(const Geometry& g, const float* o, std::int64_t rows);
 
 }  // namespace attn::cpu

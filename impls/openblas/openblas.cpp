@@ -70,19 +70,32 @@ class OpenBlasPlan final : public Plan {
                     static_cast<int>(p_.head_dim), 1.0f, q_.data() + i0 * p_.head_dim, static_cast<int>(p_.head_dim),
                     k_.data(), static_cast<int>(p_.head_dim), 0.0f, s_.data(), static_cast<int>(n));
       }
-      for (std::int64_t r = 0; r < rows; ++r) softmax_row(b, h, i0 + r, r);
-      std::fill(o_.begin(), o_.end(), 0.0f);
-      if (n > 0) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), static_cast<int>(p_.head_dim_v),
-                    static_cast<int>(n), 1.0f, s_.data(), static_cast<int>(n), v_.data(), static_cast<int>(p_.head_dim_v),
-                    0.0f, o_.data(), static_cast<int>(p_.head_dim_v));
+      // shift 0 first; a row block whose sums of weights times V overflowed
+      // is redone with the weights scaled down (Kernels::exp2_sum).
+      int shift = 0;
+      for (;;) {
+        for (std::int64_t r = 0; r < rows; ++r) softmax_row(b, h, i0 + r, r, shift);
+        std::fill(o_.begin(), o_.end(), 0.0f);
+        if (n > 0) {
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), static_cast<int>(p_.head_dim_v),
+                      static_cast<int>(n), 1.0f, s_.data(), static_cast<int>(n), v_.data(),
+                      static_cast<int>(p_.head_dim_v), 0.0f, o_.data(), static_cast<int>(p_.head_dim_v));
+        }
+        if (shift != 0 || shift_ == 0 ||
+            std::all_of(o_.begin(), o_.begin() + rows * p_.head_dim_v, [](float x) { return std::isfinite(x); })) {
+          break;
+        }
+        shift = shift_;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows), static_cast<int>(n),
+                    static_cast<int>(p_.head_dim), 1.0f, q_.data() + i0 * p_.head_dim, static_cast<int>(p_.head_dim),
+                    k_.data(), static_cast<int>(p_.head_dim), 0.0f, s_.data(), static_cast<int>(n));
       }
-      write(b, h, i0, rows);
+      write(b, h, i0, rows, shift);
     }
   }
 
   // Scores of one row in the log2 domain, hidden keys -inf, then exp2 and sum.
-  void softmax_row(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t r) {
+  void softmax_row(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t r, int shift) {
     float* row = s_.data() + r * p_.seq_k;
     const std::int64_t end = p_.key_end(i, io_.kv_len ? io_.kv_len[b] : p_.seq_k);
     // scale * log2(e) rounded once (in double, then to float): rounding the
@@ -107,10 +120,10 @@ class OpenBlasPlan final : public Plan {
       l_[static_cast<std::size_t>(r)] = 0;
       return;
     }
-    l_[static_cast<std::size_t>(r)] = kernels_.exp2_sum(row, p_.seq_k, 1.0f, m);
+    l_[static_cast<std::size_t>(r)] = kernels_.exp2_sum(row, p_.seq_k, 1.0f, m, shift);
   }
 
-  void write(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t rows) {
+  void write(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t rows, int shift) {
     for (std::int64_t r = 0; r < rows; ++r) {
       const float l = l_[static_cast<std::size_t>(r)];
       const float inv = l > 0 ? 1.0f / l : 0.0f;
@@ -120,7 +133,7 @@ class OpenBlasPlan final : public Plan {
       }
       if (io_.lse) {
         io_.lse[(b * p_.heads_q + h) * p_.seq_q + i0 + r] =
-            l > 0 ? (static_cast<double>(m_[static_cast<std::size_t>(r)]) + std::log2(static_cast<double>(l))) * 0.6931471805599453
+            l > 0 ? (static_cast<double>(m_[static_cast<std::size_t>(r)]) + std::log2(static_cast<double>(l)) + shift) * 0.6931471805599453
                   : -std::numeric_limits<double>::infinity();
       }
     }
@@ -131,6 +144,7 @@ class OpenBlasPlan final : public Plan {
   const cpu::Kernels& kernels_;
   int threads_ = 1;
   std::vector<float> q_, k_, v_, s_, o_, m_, l_;
+  int shift_ = cpu::weight_shift(p_.seq_k);  // for a row block that overflowed
 };
 
 std::string trim(std::string text) {

@@ -63,7 +63,10 @@ class StreamingPlan final : public Plan {
   }
 
  private:
-  void compute(std::int64_t tile_index, std::int64_t chunk, Scratch& s) {
+  // shift 0 first; a tile whose sums of weights times V overflowed is redone
+  // with the weights scaled down (Kernels::exp2_sum): here when the tile is
+  // one chunk, in merge when it is split.
+  void compute(std::int64_t tile_index, std::int64_t chunk, Scratch& s, int shift = 0) {
     const QueryTile t = cpu::query_tile(p_, g_, tile_index);
     const std::int64_t rows = t.rows();
     const std::int64_t end_key = cpu::visible_key_end(p_, io_, t);
@@ -103,7 +106,7 @@ class StreamingPlan final : public Plan {
         const bool kernel_max = !direct && !g_.bf16_kernels;
         cpu::finish_scores(p_, g_, io_, kernels_, t, j0, s.scores.data(), s.block_max.data(), kernel_max);
       }
-      for (std::int64_t r = 0; r < rows; ++r) online_softmax_row(s, r, pending);
+      for (std::int64_t r = 0; r < rows; ++r) online_softmax_row(s, r, pending, shift);
       if (g_.bf16_kernels) {
         kernels_.pv_bf16(s.p_bf16.data(), rows, (keys + 1) / 2 * 2, s.pack.v_bf16(j0), g_.dv_pad, s.o.data());
       } else {
@@ -112,7 +115,11 @@ class StreamingPlan final : public Plan {
       }
     }
     if (chunks_ == 1) {
-      cpu::write_rows(p_, g_, io_, t, s.o.data(), s.m.data(), s.l.data());
+      if (shift == 0 && g_.weight_shift > 0 && !cpu::outputs_finite(g_, s.o.data(), rows)) {
+        compute(tile_index, chunk, s, g_.weight_shift);
+        return;
+      }
+      cpu::write_rows(p_, g_, io_, t, s.o.data(), s.m.data(), s.l.data(), shift);
       return;
     }
     const std::int64_t base = (tile_index * chunks_ + chunk) * g_.tile_rows;
@@ -128,7 +135,7 @@ class StreamingPlan final : public Plan {
   // Folds the scores of one row of the current block (times `pending`) into
   // the running max, sum and output; the block's probabilities go to the row
   // of s.p_bf16 for bfloat16 kernels, else over the row of s.scores.
-  void online_softmax_row(Scratch& s, std::int64_t r, float pending) {
+  void online_softmax_row(Scratch& s, std::int64_t r, float pending, int shift) {
     float* row = s.scores.data() + r * kKeyBlock;
     bf16* p_row = g_.bf16_kernels ? s.p_bf16.data() + r * kKeyBlock : nullptr;
     const float block_max = s.block_max[static_cast<std::size_t>(r)];
@@ -139,8 +146,8 @@ class StreamingPlan final : public Plan {
       else std::fill_n(row, kKeyBlock, 0.0f);
       return;
     }
-    const float sum = p_row ? kernels_.exp2_sum_bf16(row, kKeyBlock, pending, m_new, p_row)
-                            : kernels_.exp2_sum(row, kKeyBlock, pending, m_new);
+    const float sum = p_row ? kernels_.exp2_sum_bf16(row, kKeyBlock, pending, m_new, shift, p_row)
+                            : kernels_.exp2_sum(row, kKeyBlock, pending, m_new, shift);
     float& l = s.l[static_cast<std::size_t>(r)];
     if (m_new > m_old) {  // lazy: rescale only when the max grew
       const float alpha = m_old == kNegInf ? 0.0f : std::exp2(m_old - m_new);
@@ -154,7 +161,7 @@ class StreamingPlan final : public Plan {
 
   // Combines the chunks of one tile: weights 2^(m_c - M) so each partial sum
   // is measured against the common max M.
-  void merge(std::int64_t tile_index, Scratch& s) {
+  void merge(std::int64_t tile_index, Scratch& s, int shift = 0) {
     const QueryTile t = cpu::query_tile(p_, g_, tile_index);
     for (std::int64_t r = 0; r < t.rows(); ++r) {
       float global = kNegInf;
@@ -173,7 +180,14 @@ class StreamingPlan final : public Plan {
       s.m[static_cast<std::size_t>(r)] = global;
       s.l[static_cast<std::size_t>(r)] = l;
     }
-    cpu::write_rows(p_, g_, io_, t, s.o.data(), s.m.data(), s.l.data());
+    if (shift == 0 && g_.weight_shift > 0 && !cpu::outputs_finite(g_, s.o.data(), t.rows())) {
+      // Every chunk of this tile again, here, with the weights scaled down;
+      // only this task touches the tile's partials.
+      for (std::int64_t c = 0; c < chunks_; ++c) compute(tile_index, c, s, g_.weight_shift);
+      merge(tile_index, s, g_.weight_shift);
+      return;
+    }
+    cpu::write_rows(p_, g_, io_, t, s.o.data(), s.m.data(), s.l.data(), shift);
   }
 
   Problem p_;
