@@ -13,8 +13,8 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <regex>
 #include <sstream>
+#include <string_view>
 
 #include "bench/alloc_tracker.hpp"
 #include "core/error.hpp"
@@ -151,6 +151,35 @@ void run_one(benchmark::State& state, const Backend& backend, const Problem& p, 
 
 }  // namespace
 
+// A value written as NaN, -nan, Infinity or inf (after a ':', not in a string)
+// becomes null: what Google Benchmark writes for 0/0 is not JSON.
+static std::string null_for_non_finite(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  std::size_t i = 0;
+  while (i < text.size()) {
+    out += text[i];
+    if (text[i++] != ':') continue;
+    std::size_t j = i;
+    while (j < text.size() && (text[j] == ' ' || text[j] == '\t')) ++j;
+    std::size_t k = j + (j < text.size() && text[j] == '-' ? 1 : 0);
+    for (const char* word : {"NaN", "nan", "Infinity", "inf"}) {
+      const std::size_t n = std::char_traits<char>::length(word);
+      const bool ends = k + n >= text.size() || std::string_view(",}] \n\r\t").find(text[k + n]) != std::string_view::npos;
+      if (text.compare(k, n, word) == 0 && ends) {
+        out.append(text, i, j - i);
+        out += "null";
+        i = k + n;
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+// Repetitions of every benchmark unless --benchmark_repetitions says otherwise.
+constexpr int kRepetitions = 5;
+
 int run_benchmarks(const std::vector<std::unique_ptr<Backend>>& backends, const BenchOptions& options,
                    std::vector<std::string> benchmark_args) {
   std::vector<char*> argv;
@@ -158,7 +187,20 @@ int run_benchmarks(const std::vector<std::unique_ptr<Backend>>& backends, const 
   argv.push_back(program.data());
   const bool min_time_given = std::any_of(benchmark_args.begin(), benchmark_args.end(),
                                           [](const std::string& a) { return a.rfind("--benchmark_min_time", 0) == 0; });
-  if (!min_time_given && options.preset == "quick") benchmark_args.push_back("--benchmark_min_time=0.2");
+  // Statistics by default: every preset runs 5 repetitions (enough for a
+  // median, an interquartile range, and the regression gate's Mann-Whitney
+  // test, which needs at least 4 a side), randomly interleaved with the
+  // other benchmarks' so that slow drift of a shared machine hits every
+  // backend alike. Each flag given on the command line wins.
+  auto given = [&](const char* flag) {
+    return std::any_of(benchmark_args.begin(), benchmark_args.end(),
+                       [flag](const std::string& a) { return a.rfind(flag, 0) == 0; });
+  };
+  if (!given("--benchmark_repetitions")) benchmark_args.push_back(fmt::format("--benchmark_repetitions={}", kRepetitions));
+  if (!given("--benchmark_enable_random_interleaving")) {
+    benchmark_args.push_back("--benchmark_enable_random_interleaving=true");
+  }
+  if (!min_time_given && options.preset == "quick") benchmark_args.push_back("--benchmark_min_time=0.05");
   if (!min_time_given && options.preset == "standard") benchmark_args.push_back("--benchmark_min_time=0.1");
   // Written beside --out and renamed into place once whole (core/output_file.hpp);
   // an earlier run's file goes first, so an interrupted run leaves none.
@@ -175,6 +217,13 @@ int run_benchmarks(const std::vector<std::unique_ptr<Backend>>& backends, const 
   if (benchmark::ReportUnrecognizedArguments(argc, argv.data())) return 2;
   benchmark::AddCustomContext("attn_threads", std::to_string(resolve_threads(options.threads)));
   benchmark::AddCustomContext("attn_preset", options.preset);
+  std::string repetitions, interleaving;
+  for (const std::string& a : benchmark_args) {  // the last of each wins, as in Google Benchmark
+    if (a.rfind("--benchmark_repetitions=", 0) == 0) repetitions = a.substr(24);
+    if (a.rfind("--benchmark_enable_random_interleaving=", 0) == 0) interleaving = a.substr(39);
+  }
+  benchmark::AddCustomContext("attn_repetitions", repetitions);
+  benchmark::AddCustomContext("attn_random_interleaving", interleaving);
   for (const auto& [key, value] : options.context) benchmark::AddCustomContext(key, value);
   if (options.measure_peak) {
     MachinePeak peak = measure_peak(options.threads);
@@ -216,8 +265,7 @@ int run_benchmarks(const std::vector<std::unique_ptr<Backend>>& backends, const 
     std::string text((std::istreambuf_iterator<char>(written)), std::istreambuf_iterator<char>());
     // Google Benchmark writes NaN for an aggregate of a counter that is always
     // zero (its coefficient of variation): not JSON. Such values become null.
-    static const std::regex not_json(R"((:\s*)-?(NaN|nan|Infinity|inf)\b)");
-    text = std::regex_replace(text, not_json, "$1null");
+    text = null_for_non_finite(text);
     if (!nlohmann::json::accept(text)) {
       throw Error(fmt::format("{}: Google Benchmark did not write whole JSON; nothing was written", options.out));
     }

@@ -123,7 +123,9 @@ Runner add_report_command(CLI::App& app) {
   cmd->add_option("--out", args->out, "Folder for report.html, summary.md and plots/");
   cmd->add_option("--compare", args->compare, "BASE.json NEW.json: print a regression table instead")->expected(2);
   cmd->add_option("--fail-on-regression", args->fail_on_regression,
-                  "With --compare: exit 1 if a benchmark got slower by more than PCT percent");
+                  "With --compare: exit 1 if a benchmark got slower by more than PCT percent and significantly "
+                  "(Mann-Whitney over the repetitions, p < 0.05, at least 4 a side); exit 4 when some benchmark has "
+                  "too few repetitions to be judged and none regressed");
   cmd->add_option("--weights-case", args->weights_case, "Fixture whose attention weights the report draws");
   return [args]() {
     const std::string script = quote(ATTN_SOURCE_DIR "/reports/report.py");
@@ -131,7 +133,8 @@ Runner add_report_command(CLI::App& app) {
       std::string command = fmt::format("{} {} compare {} {}", python(), script, quote(args->compare[0]), quote(args->compare[1]));
       if (args->fail_on_regression >= 0) command += fmt::format(" --fail-on-regression {}", args->fail_on_regression);
       int code = run(command);
-      return code == 0 ? 0 : code == 1 ? 1 : 2;
+      // 4: inconclusive, too few repetitions to judge (reports/attn_report/compare.py).
+      return code == 0 || code == 1 || code == 4 ? code : 2;
     }
     if (args->files.empty() || args->out.empty()) throw Error("report: give result files and --out DIR (or --compare BASE NEW)");
     if (std::filesystem::exists(args->out) && !std::filesystem::is_directory(args->out)) {

@@ -45,12 +45,10 @@ def run_compare(args):
         sys.exit("compare: the two files share no benchmark")
     print(cmp.format_table(changes))
     if args.fail_on_regression is not None:
-        bad = cmp.regressions(changes, args.fail_on_regression)
-        if bad:
-            print(f"\n{len(bad)} benchmark(s) slower by more than {args.fail_on_regression}%:")
-            for c in bad:
-                print(f"  {c.name}: {c.change_pct:+.1f}%")
-            return 1
+        code, lines = cmp.gate(changes, args.fail_on_regression)
+        print()
+        print("\n".join(lines))
+        return code
     return 0
 
 

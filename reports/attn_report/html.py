@@ -12,7 +12,7 @@ _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1400px; color: #222; }
 h1 { font-size: 1.6em; } h2 { font-size: 1.2em; margin-top: 2em; border-bottom: 1px solid #ddd; }
 table { border-collapse: collapse; font-size: 0.85em; } td, th { border: 1px solid #ddd; padding: 3px 8px; }
-th { background: #f4f4f4; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+th { background: #f4f4f4; } table.sortable th { cursor: pointer; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .fail { background: #f8d0d0; } .pass { background: #d8f0d8; } .note { color: #666; font-size: 0.9em; }
 img.plot { max-width: 100%; border: 1px solid #eee; }
 """
@@ -44,9 +44,61 @@ def figures(files, measurements):
          "Median time of naive (top) or of the fastest backend (bottom) over this backend's; grey: not measured."),
         ("decode", "Decode bandwidth", plots.decode_bandwidth(measurements, bandwidths),
          "K and V bytes read once per call, against the measured read bandwidth."),
+        ("roofline", "Roofline", plots.roofline(measurements, peaks, bandwidths),
+         "Each case at its arithmetic intensity (useful flops over the bytes of Q, K, V and the output moved once); "
+         "the roof is min(peak, bandwidth x intensity) from the same run's `attn peak` (the AMX tile peak for "
+         "bfloat16 where the CPU has AMX). Decode sits on the bandwidth slope, long prefill under the flat roof."),
         ("threads", "Thread scaling", plots.thread_scaling(measurements),
-         "Only drawn when the results hold several thread counts for one benchmark."),
+         "Speedup over the fewest threads measured, against ideal linear scaling, prefill and decode apart; only "
+         "drawn when the results hold several thread counts for one benchmark."),
     ]
+
+
+FLOP_CONVENTION = (
+    "FLOP convention: useful flops = 2 (d + dv) x batch x query heads x the query-key pairs the causal alignment "
+    "leaves visible (all sq x sk pairs when not causal); a causal square case counts about half the pairs. Tools "
+    "that count every pair report the dense-equivalent figure, given in the table beside it. Times are the "
+    "backend's own timed region (manual time), medians over the repetitions; spreads are interquartile ranges.")
+
+
+def _pct(value, of):
+    return f"{100.0 * value / of:.0f}%" if value and of else "-"
+
+
+def _all_rows(files, measurements):
+    """Every backend x case: the numbers a performance engineer reads first."""
+    peaks, bandwidths = _peaks(files)
+    rows = []
+    for m in sorted(measurements, key=lambda m: (m.host, m.problem.shape_label, m.backend)):
+        if not m.median_seconds:
+            continue
+        iqr = m.seconds_iqr
+        spread = f"{iqr[0] * 1e3:.3g}-{iqr[1] * 1e3:.3g}" if iqr else "-"
+        peak = plots._compute_peak(peaks.get(m.host), m.problem.dtype)
+        dense = m.gflops * m.problem.dense_flops() / m.problem.useful_flops() if m.gflops else None
+        rows.append((m.host, m.backend, m.problem.shape_label, m.threads, m.repetitions,
+                     f"{m.median_seconds * 1e3:.3f}", spread,
+                     f"{m.gflops:.1f}" if m.gflops else "-", f"{dense:.1f}" if dense else "-", _pct(m.gflops, peak),
+                     f"{m.kv_gbs:.1f}" if m.kv_gbs else "-", _pct(m.kv_gbs, bandwidths.get(m.host)),
+                     f"{m.extra_mib:.2f}" if m.extra_mib is not None else "-"))
+    return rows
+
+
+ALL_HEADERS = ["host", "backend", "case", "threads", "repetitions", "median ms", "IQR ms", "GFLOP/s",
+               "dense-equivalent GFLOP/s", "% of peak", "KV GB/s", "% of bandwidth", "extra MiB"]
+
+
+def _header(files, measurements):
+    """Date, commit, host, threads and repetitions of every results file."""
+    lines = []
+    for f in files:
+        c = f.context
+        lines.append(f"{f.host}: {c.get('attn_cpu_model', '?')}, {c.get('date', '?')}, commit "
+                     f"{c.get('attn_git_commit', '?')}, {c.get('attn_threads', '?')} threads, "
+                     f"{c.get('attn_repetitions', '?')} repetitions "
+                     f"({'interleaved' if c.get('attn_random_interleaving') == 'true' else 'not interleaved'}), "
+                     f"preset {c.get('attn_preset', '?')}, {c.get('attn_build_type', '?')} build")
+    return lines
 
 
 def _verify_rows(results):
@@ -58,8 +110,9 @@ def _verify_rows(results):
     return rows
 
 
-def _table(headers, rows, classes=None):
-    out = ["<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in headers) + "</tr>"]
+def _table(headers, rows, classes=None, table_id=None):
+    attributes = f' id="{table_id}" class="sortable"' if table_id else ""
+    out = [f"<table{attributes}><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in headers) + "</tr>"]
     for n, row in enumerate(rows):
         cls = f' class="{classes[n]}"' if classes and classes[n] else ""
         cells = "".join(f'<td class="num">{html.escape(str(c))}</td>' if isinstance(c, (int, float)) or
@@ -91,8 +144,16 @@ def write_report(files, measurements, verify_results, weights_png, out_dir):
     drawn = []
     body = ["<h1>attnbench report</h1>"]
     md = ["# attnbench report", ""]
-    hosts = ", ".join(sorted({f.host for f in files}))
-    body.append(f'<p class="note">Results from {html.escape(hosts)}; {len(measurements)} benchmarks.</p>')
+    hosts = sorted({f.host for f in files})
+    body.append(f'<p class="note">Results from {html.escape(", ".join(hosts))}; {len(measurements)} benchmarks. '
+                'Files from one host (same host name and CPU model) are pooled: their repetitions of a benchmark '
+                'count together; other hosts stay side by side.</p>')
+    header = _header(files, measurements)
+    if header:
+        body.append("<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in header) + "</ul>")
+        md += [f"- {line}" for line in header] + [""]
+    body.append(f'<p class="note">{html.escape(FLOP_CONVENTION)}</p>')
+    md += [FLOP_CONVENTION, ""]
     for key, title, png, note in figures(files, measurements):
         if png is None:
             continue
@@ -101,6 +162,14 @@ def write_report(files, measurements, verify_results, weights_png, out_dir):
             f.write(png)
         body += [f"<h2>{html.escape(title)}</h2>", f'<p class="note">{html.escape(note)}</p>', _img(png, title)]
         md += [f"## {title}", "", note, "", f"![{title}](plots/{key}.png)", ""]
+    every = _all_rows(files, measurements)
+    if every:
+        body += ["<h2>Every backend and case</h2>",
+                 '<p class="note">Click a column to sort. % of peak is against the same run\'s measured peak '
+                 '(float32 FMA for f32 and f16, AMX or vdpbf16ps for bf16).</p>',
+                 _table(ALL_HEADERS, every, table_id="all")]
+        md += ["## Every backend and case", "", "| " + " | ".join(ALL_HEADERS) + " |", "|" + " --- |" * len(ALL_HEADERS)]
+        md += ["| " + " | ".join(str(c) for c in row) + " |" for row in every] + [""]
     best = _best_rows(measurements)
     if best:
         headers = ["host", "shape", "fastest backend", "median ms", "GFLOP/s", "KV GB/s"]
@@ -142,7 +211,14 @@ def write_report(files, measurements, verify_results, weights_png, out_dir):
     # Marks each figure once it has decoded, so a headless browser can check that every plot drew.
     script = ("<script>window.addEventListener('load', () => { for (const img of document.images) "
               "img.dataset.drawn = (img.complete && img.naturalWidth > 0) ? '1' : '0'; "
-              "document.body.dataset.figures = document.images.length; });</script>")
+              "document.body.dataset.figures = document.images.length; "
+              # Sortable tables: a click on a header sorts by that column (numbers as numbers), again reverses.
+              "for (const table of document.querySelectorAll('table.sortable')) { "
+              "table.querySelectorAll('th').forEach((th, col) => th.addEventListener('click', () => { "
+              "const rows = Array.from(table.rows).slice(1); const up = th.dataset.up !== '1'; th.dataset.up = up ? '1' : '0'; "
+              "const key = r => { const t = r.cells[col].textContent; const n = parseFloat(t); return isNaN(n) ? t : n; }; "
+              "rows.sort((a, b) => { const x = key(a), y = key(b); return (x < y ? -1 : x > y ? 1 : 0) * (up ? 1 : -1); }); "
+              "rows.forEach(r => table.tBodies[0].appendChild(r)); })); } });</script>")
     page = ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>attnbench report</title>"
             f"<style>{_CSS}</style>{script}</head><body>" + "\n".join(body) + "</body></html>")
     with open(os.path.join(out_dir, "report.html"), "w") as f:

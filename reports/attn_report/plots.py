@@ -2,6 +2,7 @@
 (None when the results hold nothing to draw)."""
 import io
 import math
+import zlib
 from collections import defaultdict
 
 import matplotlib
@@ -12,10 +13,32 @@ import numpy as np  # noqa: E402
 
 _STYLE = {"naive": "#999999", "blocked": "#1f77b4", "streaming": "#d62728", "openblas": "#2ca02c",
           "onednn": "#9467bd", "cuda-cublas": "#8c564b", "cuda-flash": "#e377c2"}
+# Backends that are not built in (out of tree, other tools) take a colour and a
+# marker from these by a stable hash of their name: the same name gets the
+# same look in every report, and never one of the built-in colours.
+_EXTRA_COLORS = ["#17becf", "#bcbd22", "#ff7f0e", "#7f7f7f", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896",
+                 "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5", "#393b79", "#637939", "#8c6d31"]
+_MARKERS = {"naive": "o", "blocked": "s", "streaming": "D", "openblas": "^", "onednn": "v", "cuda-cublas": "P",
+            "cuda-flash": "X"}
+_EXTRA_MARKERS = ["<", ">", "p", "h", "*", "d", "8", "H"]
+
+
+def _stable_index(name, n):
+    return zlib.crc32(name.encode("utf-8")) % n
 
 
 def _color(backend):
-    return _STYLE.get(backend, None)
+    return _STYLE.get(backend) or _EXTRA_COLORS[_stable_index(backend, len(_EXTRA_COLORS))]
+
+
+def _marker(backend):
+    return _MARKERS.get(backend) or _EXTRA_MARKERS[_stable_index(backend[::-1], len(_EXTRA_MARKERS))]
+
+
+def _legend_outside(ax, fontsize=7):
+    """The legend to the right of the axes, so it never covers the data."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=fontsize, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
 
 
 def _png(fig):
@@ -40,14 +63,15 @@ def gflops_vs_seq(measurements, peaks):
     panels = sorted({(m.problem.head_dim, m.problem.causal, m.problem.dtype) for m in rows})
     columns = min(3, len(panels))
     grid_rows = math.ceil(len(panels) / columns)
-    fig, axes = plt.subplots(grid_rows, columns, figsize=(5.2 * columns, 3.8 * grid_rows), squeeze=False)
+    fig, axes = plt.subplots(grid_rows, columns, figsize=(7.2 * columns, 3.8 * grid_rows), squeeze=False)
     for ax in axes.flat[len(panels):]:
         ax.axis("off")
     for ax, (head_dim, causal, dtype) in zip(axes.flat, panels):
         lines = defaultdict(list)
         for m in rows:
             if (m.problem.head_dim, m.problem.causal, m.problem.dtype) == (head_dim, causal, dtype):
-                lines[(m.backend, m.host, m.problem.heads_q, m.problem.heads_kv)].append((m.problem.seq_q, m.gflops))
+                lines[(m.backend, m.host, m.problem.heads_q, m.problem.heads_kv)].append(
+                    (m.problem.seq_q, m.gflops, m.gflops_iqr))
         head_configs = {(hq, hkv) for (_, _, hq, hkv) in lines}
         for (backend, host, hq, hkv), points in sorted(lines.items()):
             points.sort()
@@ -55,8 +79,11 @@ def gflops_vs_seq(measurements, peaks):
             if len(head_configs) > 1:  # tell the head counts apart
                 label += f" ({hq} heads" + (f", GQA {hq}:{hkv})" if hkv != hq else ")")
             style = "--" if hkv != hq else (":" if len(head_configs) > 1 and hq != min(h for h, _ in head_configs) else "-")
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", ms=4, color=_color(backend),
-                    linestyle=style, label=label)
+            # The median, with the interquartile range over the repetitions as bars.
+            low = [p[1] - p[2][0] if p[2] else 0.0 for p in points]
+            high = [p[2][1] - p[1] if p[2] else 0.0 for p in points]
+            ax.errorbar([p[0] for p in points], [p[1] for p in points], yerr=[low, high], marker=_marker(backend),
+                        ms=4, color=_color(backend), linestyle=style, label=label, capsize=2, elinewidth=1)
         for host in hosts:
             at = "" if len(hosts) == 1 else f" @ {host}"
             amx = peaks.get(host, {}).get("amx_bf16") if dtype == "bf16" else None
@@ -72,10 +99,10 @@ def gflops_vs_seq(measurements, peaks):
         ax.set_xscale("log", base=2)
         ax.set_title(f"{dtype}, head_dim {head_dim}, causal {causal}", fontsize=10)
         ax.set_xlabel("sequence length")
-        ax.set_ylabel("useful GFLOP/s")
+        ax.set_ylabel("useful GFLOP/s (median, IQR bars)")
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        _legend_outside(ax)
     fig.tight_layout()
     return _png(fig)
 
@@ -95,10 +122,12 @@ def memory_vs_seq(measurements):
         for s, v in points:
             by_seq[s].append(v)
         xs = sorted(by_seq)
-        ax.plot(xs, [max(by_seq[x]) for x in xs], marker="o", ms=4, color=_color(backend), label=label)
+        ax.plot(xs, [max(by_seq[x]) for x in xs], marker=_marker(backend), ms=4, color=_color(backend), label=label)
     seqs = sorted({m.problem.seq_q for m in rows})
     if len(seqs) > 1:
-        base = min(m.extra_mib for m in rows)
+        # Anchored at the median of the backends' values at the smallest length,
+        # so the guides run through the middle of the lines, not below them all.
+        base = float(np.median([m.extra_mib for m in rows if m.problem.seq_q == seqs[0]]))
         xs = np.array([seqs[0], seqs[-1]], dtype=float)
         ax.plot(xs, base * xs / xs[0], color="black", linestyle=":", linewidth=1, label="O(S) guide")
         ax.plot(xs, base * (xs / xs[0]) ** 2, color="black", linestyle="--", linewidth=1, label="O(S^2) guide")
@@ -108,7 +137,7 @@ def memory_vs_seq(measurements):
     ax.set_ylabel("peak extra memory (MiB)")
     ax.set_title("memory beyond inputs and output (largest over shapes)", fontsize=10)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
+    _legend_outside(ax)
     fig.tight_layout()
     return _png(fig)
 
@@ -172,11 +201,15 @@ def decode_bandwidth(measurements, bandwidths):
     fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(shapes) + 2), 4.2))
     width = 0.8 / len(backends)
     for n, backend in enumerate(backends):
-        values = []
+        values, low, high = [], [], []
         for host, shape in shapes:
             m = next((m for m in rows if m.backend == backend and m.host == host and m.problem.text == shape), None)
             values.append(m.kv_gbs if m else 0)
-        ax.bar(np.arange(len(shapes)) + n * width, values, width, label=backend, color=_color(backend))
+            iqr = m.kv_gbs_iqr if m else None
+            low.append(m.kv_gbs - iqr[0] if iqr else 0)
+            high.append(iqr[1] - m.kv_gbs if iqr else 0)
+        ax.bar(np.arange(len(shapes)) + n * width, values, width, label=backend, color=_color(backend),
+               yerr=[low, high], capsize=2, error_kw={"elinewidth": 1})
     for host in hosts:
         limit = bandwidths.get(host)
         if limit:
@@ -185,34 +218,95 @@ def decode_bandwidth(measurements, bandwidths):
                         (0.01, limit), xycoords=("axes fraction", "data"), fontsize=7, va="bottom")
     labels = [next(m.problem for m in rows if m.problem.text == s).shape_label for _, s in shapes]
     ax.set_xticks(np.arange(len(shapes)) + 0.4 - width / 2, labels, rotation=20, ha="right", fontsize=7)
-    ax.set_ylabel("K and V read, GB/s")
+    ax.set_ylabel("K and V read, GB/s (median, IQR bars)")
     ax.set_title("decode: bandwidth against the memory limit", fontsize=10)
-    ax.legend(fontsize=7)
+    _legend_outside(ax)
     fig.tight_layout()
     return _png(fig)
 
 
 def thread_scaling(measurements):
-    """GFLOP/s against thread count, when the results hold several."""
+    """Speedup over the fewest threads measured, against the ideal (linear)
+    line, one panel per regime: prefill (many query rows) and decode (one)."""
     groups = defaultdict(dict)
     labels = {}
     for m in measurements:
-        if m.gflops:
-            groups[(m.backend, m.problem.text)][m.threads] = m.gflops
-            labels[m.problem.text] = m.problem.shape_label
+        if m.median_seconds:
+            groups[(m.backend, m.host, m.problem.text)][m.threads] = m.median_seconds
+            labels[m.problem.text] = m.problem
     groups = {k: v for k, v in groups.items() if len(v) > 1}
     if not groups:
         return None
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for (backend, problem), points in sorted(groups.items()):
-        xs = sorted(points)
-        ax.plot(xs, [points[x] for x in xs], marker="o", color=_color(backend), label=f"{backend}: {labels[problem]}")
-    ax.set_xlabel("threads")
-    ax.set_xticks(sorted({t for points in groups.values() for t in points}))
-    ax.set_ylabel("useful GFLOP/s")
-    ax.set_title("thread scaling", fontsize=10)
-    ax.legend(fontsize=6)
-    ax.grid(alpha=0.3)
+    regimes = [("prefill", lambda p: not p.decode), ("decode", lambda p: p.decode)]
+    regimes = [(name, test) for name, test in regimes if any(test(labels[k[2]]) for k in groups)]
+    fig, axes = plt.subplots(1, len(regimes), figsize=(7.5 * len(regimes), 4.2), squeeze=False)
+    for ax, (regime, test) in zip(axes[0], regimes):
+        threads = set()
+        for (backend, host, problem), points in sorted(groups.items()):
+            if not test(labels[problem]):
+                continue
+            xs = sorted(points)
+            threads.update(xs)
+            ax.plot(xs, [points[xs[0]] / points[x] for x in xs], marker=_marker(backend), color=_color(backend),
+                    label=f"{backend}: {labels[problem].shape_label}")
+        lo, hi = min(threads), max(threads)
+        ax.plot([lo, hi], [1.0, hi / lo], color="black", linestyle=":", linewidth=1, label="ideal (linear)")
+        ax.set_xlabel("threads")
+        ax.set_xticks(sorted(threads))
+        ax.set_ylabel(f"speedup over {lo} thread(s), median times")
+        ax.set_title(f"thread scaling: {regime}", fontsize=10)
+        ax.grid(alpha=0.3)
+        _legend_outside(ax, fontsize=6)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def _compute_peak(peaks_of_host, dtype):
+    """The roof for a dtype: float32 FMA for f32 and f16 (widened), the AMX
+    tile peak for bf16 where measured, else the vdpbf16ps one."""
+    if not peaks_of_host:
+        return None
+    if dtype == "bf16":
+        return peaks_of_host.get("amx_bf16") or peaks_of_host.get("bf16")
+    if dtype in ("f32", "f16"):
+        return peaks_of_host.get("fp32")
+    return None
+
+
+def roofline(measurements, peaks, bandwidths):
+    """Every measured case at its arithmetic intensity (useful flops over the
+    bytes of Q, K, V and the output moved once) against the roofline of its
+    host: min(compute peak, bandwidth x intensity), both measured by `attn
+    peak` in the same run. One panel per dtype."""
+    rows = [m for m in measurements if m.gflops]
+    if not rows:
+        return None
+    dtypes = sorted({m.problem.dtype for m in rows})
+    hosts = sorted({m.host for m in rows})
+    fig, axes = plt.subplots(1, len(dtypes), figsize=(7.0 * len(dtypes), 4.4), squeeze=False)
+    for ax, dtype in zip(axes[0], dtypes):
+        points = [m for m in rows if m.problem.dtype == dtype]
+        for backend in sorted({m.backend for m in points}):
+            mine = [m for m in points if m.backend == backend]
+            label = backend
+            ax.scatter([m.problem.useful_flops() / m.problem.min_bytes() for m in mine], [m.gflops for m in mine],
+                       color=_color(backend), marker=_marker(backend), s=22, label=label, zorder=3)
+        intensities = [m.problem.useful_flops() / m.problem.min_bytes() for m in points]
+        xs = np.geomspace(min(intensities) / 2, max(intensities) * 2, 200)
+        for n, host in enumerate(hosts):
+            peak, bandwidth = _compute_peak(peaks.get(host), dtype), bandwidths.get(host)
+            if not peak or not bandwidth:
+                continue
+            at = "" if len(hosts) == 1 else f" @ {host}"
+            ax.plot(xs, np.minimum(peak, bandwidth * xs), color="black", linestyle=["-", "--", ":"][n % 3],
+                    linewidth=1, label=f"roof{at}: {peak:.0f} GFLOP/s, {bandwidth:.0f} GB/s")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("arithmetic intensity (useful flop per byte of Q, K, V, O)")
+        ax.set_ylabel("useful GFLOP/s (median)")
+        ax.set_title(f"roofline, {dtype}", fontsize=10)
+        ax.grid(alpha=0.3, which="both")
+        _legend_outside(ax)
     fig.tight_layout()
     return _png(fig)
 

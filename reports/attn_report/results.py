@@ -22,6 +22,28 @@ class Problem:
     def decode(self):
         return self.seq_q == 1
 
+    def visible_pairs(self):
+        """Query-key pairs the causal alignment leaves visible (all when not causal)."""
+        if self.causal == "none":
+            return self.seq_q * self.seq_k
+        offset = self.seq_k - self.seq_q if self.causal == "bottom_right" else 0
+        return sum(max(0, min(self.seq_k, i + offset + 1)) for i in range(self.seq_q))
+
+    def useful_flops(self):
+        """attnbench's convention (bench/matrix.cpp): 2 (d + dv) flops per visible pair per query head."""
+        return 2.0 * (self.head_dim + self.head_dim_v) * self.batch * self.heads_q * self.visible_pairs()
+
+    def dense_flops(self):
+        """The figure tools that count every pair, causal or not, report."""
+        return 2.0 * (self.head_dim + self.head_dim_v) * self.batch * self.heads_q * self.seq_q * self.seq_k
+
+    def min_bytes(self):
+        """Q, K, V read once and the output written once: the least memory traffic."""
+        size = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2}.get(self.dtype, 4)
+        elements = (self.batch * self.heads_q * self.seq_q * (self.head_dim + self.head_dim_v) +
+                    self.batch * self.heads_kv * self.seq_k * (self.head_dim + self.head_dim_v))
+        return float(size * elements)
+
     @property
     def shape_label(self):
         label = f"{self.dtype} h{self.heads_q}"
@@ -74,6 +96,30 @@ class Measurement:
     @property
     def kv_gbs(self):
         return statistics.median(self.kv_bytes) / 1e9 if self.kv_bytes else None
+
+    @property
+    def repetitions(self):
+        return len(self.seconds)
+
+    @property
+    def gflops_iqr(self):
+        """(first quartile, third quartile) of GFLOP/s over the repetitions; None with fewer than 2."""
+        return _quartiles([f / 1e9 for f in self.flops])
+
+    @property
+    def kv_gbs_iqr(self):
+        return _quartiles([b / 1e9 for b in self.kv_bytes])
+
+    @property
+    def seconds_iqr(self):
+        return _quartiles(self.seconds)
+
+
+def _quartiles(values):
+    if len(values) < 2:
+        return None
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return q[0], q[2]
 
 
 @dataclass
@@ -129,16 +175,33 @@ def load_bench(path, data=None):
 
 
 def merge(files):
-    """Several result files (a CPU host, a GPU host, ...) into one list; hosts
-    with the same name are told apart by their file."""
-    seen = {}
+    """Several result files into one list. Files from one machine (the same
+    host_name and CPU model) are one host: the repetitions of a benchmark at one
+    thread count are pooled. A host_name seen with another CPU model is told
+    apart by its file. Hosts stay side by side."""
+    models = {}
     for f in files:
-        if f.host in seen and seen[f.host] != f.path:
+        model = f.context.get("attn_cpu_model", "")
+        if f.host in models and models[f.host] != model:
             f.host = f"{f.host} ({f.path.rsplit('/', 1)[-1]})"
             for m in f.measurements:
                 m.host = f.host
-        seen[f.host] = f.path
-    return [m for f in files for m in f.measurements]
+        models.setdefault(f.host, model)
+    pooled = {}
+    for f in files:
+        for m in f.measurements:
+            key = (m.host, m.name, m.threads)
+            if key not in pooled:
+                pooled[key] = m
+                continue
+            into = pooled[key]
+            into.seconds += m.seconds
+            into.flops += m.flops
+            into.kv_bytes += m.kv_bytes
+            if m.extra_mib is not None:
+                into.extra_mib = max(into.extra_mib or 0.0, m.extra_mib)
+            into.skipped = into.skipped if into.seconds else (into.skipped or m.skipped)
+    return list(pooled.values())
 
 
 class VerifyResults(list):

@@ -57,7 +57,16 @@ class Results(unittest.TestCase):
         merged = results.merge(files)
         self.assertEqual({m.host for m in merged}, {"vm", "gpu-host"})
         twice = [results.load_bench(data("bench_cpu.json")), results.load_bench(data("compare_base.json"))]
-        self.assertEqual(len({m.host for m in results.merge(twice)}), 2)  # same host name, told apart
+        self.assertEqual(len({m.host for m in results.merge(twice)}), 2)  # same host name, another CPU: apart
+        # Two files of one machine are one host: each benchmark's repetitions pooled (5 + 5).
+        same = [results.load_bench(data("gate_same_commit_a.json")), results.load_bench(data("gate_same_commit_b.json"))]
+        pooled = results.merge(same)
+        self.assertEqual(len({m.host for m in pooled}), 1)
+        self.assertEqual(len(pooled), 9)
+        self.assertTrue(all(m.repetitions == 10 for m in pooled), [m.repetitions for m in pooled])
+        q1, q3 = pooled[0].gflops_iqr
+        self.assertLessEqual(q1, pooled[0].gflops)
+        self.assertLessEqual(pooled[0].gflops, q3)
 
     def test_verify_summary(self):
         summary = results.verify_summary(results.load_verify(data("verify.json")))
@@ -117,24 +126,51 @@ class Compare(unittest.TestCase):
         self.assertTrue(changes["streaming"].significant)
         self.assertEqual(changes["streaming"].verdict, "slower")
         self.assertFalse(changes["blocked"].significant)
-        self.assertEqual(changes["blocked"].verdict, "same")
+        self.assertEqual(changes["blocked"].verdict, "same (not significant)")
         self.assertEqual([c.name.split("/")[0] for c in compare.regressions(changes.values(), 10)], ["streaming"])
         self.assertEqual(compare.regressions(changes.values(), 25), [])
 
-    def test_single_runs_decide_by_the_median(self):
+    def test_the_minimum_repetitions_follow_from_the_test(self):
+        # 3 against 3 can never reach p < 0.05 (the exact test's smallest p is 0.1); 4 against 4 can (0.029).
+        self.assertAlmostEqual(compare.smallest_p(3, 3), 0.1)
+        self.assertLess(compare.smallest_p(4, 4), 0.05)
+        self.assertEqual(compare.MIN_REPETITIONS, 4)
+
+    def test_single_runs_are_inconclusive_never_a_pass_or_a_fail(self):
         cpu = results.load_bench(data("bench_cpu.json")).measurements
         changes = compare.compare(cpu, cpu)
         self.assertTrue(changes)
-        self.assertTrue(all(c.p_value is None and c.verdict == "too few repetitions" for c in changes))
+        self.assertTrue(all(c.p_value is None and c.verdict.startswith("too few repetitions") for c in changes))
+        code, lines = compare.gate(changes, 10)
+        self.assertEqual(code, compare.INCONCLUSIVE)
+        self.assertIn("cannot be judged", "\n".join(lines))
         self.assertIn("benchmark", compare.format_table(changes))
+
+    def test_two_runs_of_one_commit_pass_and_a_real_slowdown_fails(self):
+        # Stored runs of `attn bench --preset quick -b blocked,streaming,openblas '--benchmark_filter=sq=(1|1024),'`
+        # on the AMD EPYC development host (2026-12-01), 5 interleaved repetitions each: two at 2 threads from
+        # one commit, and one at 1 thread (a real slowdown of 1.2x to 2.2x).
+        run = lambda *args: subprocess.run([sys.executable, REPORT, "compare", *args], capture_output=True, text=True)
+        same = run(data("gate_same_commit_a.json"), data("gate_same_commit_b.json"), "--fail-on-regression", "10")
+        self.assertEqual(same.returncode, compare.PASSED, same.stdout)
+        self.assertIn("9 judged", same.stdout)
+        slow = run(data("gate_same_commit_a.json"), data("gate_one_thread.json"), "--fail-on-regression", "10")
+        self.assertEqual(slow.returncode, compare.REGRESSED, slow.stdout)
+        self.assertIn("streaming/dtype=bf16,b=1,hq=8,hkv=8,sq=1024", slow.stdout.split("significant")[-1])
+        # A change of the median alone, however large, does not fail without significance.
+        base = results.load_bench(data("gate_same_commit_a.json")).measurements
+        other = results.load_bench(data("gate_same_commit_b.json")).measurements
+        self.assertEqual(compare.regressions(compare.compare(base, other), 10), [])
 
     def test_command_line_exit_codes(self):
         run = lambda *args: subprocess.run([sys.executable, REPORT, "compare", *args], capture_output=True, text=True)
         self.assertEqual(run(data("compare_base.json"), data("compare_new.json")).returncode, 0)
         failing = run(data("compare_base.json"), data("compare_new.json"), "--fail-on-regression", "10")
         self.assertEqual(failing.returncode, 1)
-        self.assertIn("slower by more than 10.0%", failing.stdout)
+        self.assertIn("slower by more than 10.0% and significant", failing.stdout)
         self.assertEqual(run(data("compare_base.json"), data("compare_new.json"), "--fail-on-regression", "30").returncode, 0)
+        single = run(data("bench_cpu.json"), data("bench_cpu.json"), "--fail-on-regression", "10")
+        self.assertEqual(single.returncode, compare.INCONCLUSIVE, single.stdout)
         self.assertEqual(run(data("verify.json"), data("compare_new.json")).returncode, 2)
 
 
@@ -150,10 +186,33 @@ class Report(unittest.TestCase):
         verify_results = results.load_verify(data("verify.json")) if verify else None
         return html.write_report(files, results.merge(files), verify_results, weights, self.out)
 
+    def test_the_table_roofline_header_and_flop_convention(self):
+        drawn = self.write(["gate_same_commit_a.json"], verify=False)
+        self.assertIn("roofline", drawn)
+        with open(os.path.join(self.out, "report.html")) as f:
+            page = f.read()
+        self.assertIn('<table id="all" class="sortable">', page)
+        for header in html.ALL_HEADERS:
+            self.assertIn(f"<th>{header}</th>", page)
+        # One row per measured benchmark, with its repetitions and a % of the run's own peak.
+        table = page.split('<table id="all"')[1].split("</table>")[0]
+        self.assertEqual(table.count("<tr>") - 1, 9)
+        self.assertRegex(table, r'<td class="num">5</td>')
+        self.assertRegex(table, r"\d+%</td>")
+        self.assertIn("FLOP convention", page)
+        self.assertIn("5 repetitions (interleaved)", page)
+        self.assertIn("commit", page)
+
+    def test_backends_from_outside_get_stable_distinct_colours(self):
+        self.assertEqual(plots._color("my-backend"), plots._color("my-backend"))
+        self.assertNotIn(plots._color("my-backend"), plots._STYLE.values())
+        self.assertNotIn(plots._color("someone-elses"), plots._STYLE.values())
+        self.assertIsNotNone(plots._marker("my-backend"))
+
     def test_every_plot_is_drawn_and_embedded(self):
         png = b"\x89PNG\r\n\x1a\n" + b"0" * 64
         drawn = self.write(["bench_cpu.json", "bench_gpu.json"], weights=png)
-        self.assertEqual(drawn, ["gflops", "memory", "speedup", "decode", "budget", "weights"])
+        self.assertEqual(drawn, ["gflops", "memory", "speedup", "decode", "roofline", "budget", "weights"])
         with open(os.path.join(self.out, "report.html")) as f:
             page = f.read()
         self.assertEqual(page.count('<img class="plot"'), len(drawn))
