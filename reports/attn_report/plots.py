@@ -181,7 +181,11 @@ def speedup_heatmap(measurements):
         for r in range(data.shape[0]):
             for c in range(data.shape[1]):
                 if np.isfinite(data[r, c]):
-                    ax.text(c, r, f"{data[r, c]:.2g}", ha="center", va="center", fontsize=6)
+                    # Light text on dark cells, dark on light, by the cell's own luminance.
+                    red, green, blue, _ = cm(norm(data[r, c]))
+                    dark = 0.299 * red + 0.587 * green + 0.114 * blue < 0.5
+                    ax.text(c, r, f"{data[r, c]:.2g}", ha="center", va="center", fontsize=6,
+                            color="white" if dark else "black")
         ax.set_yticks(range(len(backends)), backends, fontsize=8)
         ax.set_xticks(range(len(labels)), labels, rotation=60, ha="right", fontsize=6)
         ax.set_title(title, fontsize=10)
@@ -289,8 +293,11 @@ def roofline(measurements, peaks, bandwidths):
         for backend in sorted({m.backend for m in points}):
             mine = [m for m in points if m.backend == backend]
             label = backend
-            ax.scatter([m.problem.useful_flops() / m.problem.min_bytes() for m in mine], [m.gflops for m in mine],
-                       color=_color(backend), marker=_marker(backend), s=22, label=label, zorder=3)
+            low = [m.gflops - m.gflops_iqr[0] if m.gflops_iqr else 0.0 for m in mine]
+            high = [m.gflops_iqr[1] - m.gflops if m.gflops_iqr else 0.0 for m in mine]
+            ax.errorbar([m.problem.useful_flops() / m.problem.min_bytes() for m in mine], [m.gflops for m in mine],
+                        yerr=[low, high], color=_color(backend), marker=_marker(backend), ms=4, linestyle="none",
+                        label=label, zorder=3, capsize=2, elinewidth=1)
         intensities = [m.problem.useful_flops() / m.problem.min_bytes() for m in points]
         xs = np.geomspace(min(intensities) / 2, max(intensities) * 2, 200)
         for n, host in enumerate(hosts):
@@ -303,7 +310,7 @@ def roofline(measurements, peaks, bandwidths):
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("arithmetic intensity (useful flop per byte of Q, K, V, O)")
-        ax.set_ylabel("useful GFLOP/s (median)")
+        ax.set_ylabel("useful GFLOP/s (median, IQR bars)")
         ax.set_title(f"roofline, {dtype}", fontsize=10)
         ax.grid(alpha=0.3, which="both")
         _legend_outside(ax)
