@@ -231,6 +231,19 @@ void set_integer(hid_t file, const char* name, std::int64_t value) {
   H5Sclose(space);
 }
 
+// A dataset of `dims` with nothing written, its creation properties set by
+// `configure` (external storage, a virtual layout, chunks), replacing any old one.
+void put_declared(hid_t file, const char* name, std::vector<hsize_t> dims, hid_t type,
+                  const std::function<void(hid_t dcpl, hid_t space)>& configure) {
+  if (H5Lexists(file, name, H5P_DEFAULT) > 0) H5Ldelete(file, name, H5P_DEFAULT);
+  hid_t space = H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
+  hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+  configure(dcpl, space);
+  H5Dclose(H5Dcreate2(file, name, type, space, H5P_DEFAULT, dcpl, H5P_DEFAULT));
+  H5Pclose(dcpl);
+  H5Sclose(space);
+}
+
 // A zlib stream of `mib` MiB of zeros.
 std::vector<unsigned char> deflated_zeros(std::size_t mib, int level) {
   std::vector<unsigned char> zeros(std::size_t{1} << 20), buffer(std::size_t{1} << 20), out;
@@ -370,27 +383,16 @@ std::vector<HostileFile> hostile_files() {
       {"external_storage", "keeps its data in external raw files",
        [](const fs::path& p) {
          edit(p, [](hid_t f) {
-           H5Ldelete(f, "v", H5P_DEFAULT);
-           hsize_t dims[4] = {1, 2, 4, 8};
-           hid_t space = H5Screate_simple(4, dims, nullptr);
-           hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
-           H5Pset_external(dcpl, "/etc/passwd", 0, 64 * sizeof(float));
-           H5Dclose(H5Dcreate2(f, "v", H5T_NATIVE_FLOAT, space, H5P_DEFAULT, dcpl, H5P_DEFAULT));
-           H5Pclose(dcpl);
-           H5Sclose(space);
+           put_declared(f, "v", {1, 2, 4, 8}, H5T_NATIVE_FLOAT,
+                        [](hid_t dcpl, hid_t) { H5Pset_external(dcpl, "/etc/passwd", 0, 64 * sizeof(float)); });
          });
        }},
       {"virtual_dataset", "is a virtual dataset",
        [](const fs::path& p) {
          edit(p, [](hid_t f) {
-           H5Ldelete(f, "v", H5P_DEFAULT);
-           hsize_t dims[4] = {1, 2, 4, 8};
-           hid_t space = H5Screate_simple(4, dims, nullptr);
-           hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
-           H5Pset_virtual(dcpl, space, "missing_source.h5", "/v", space);
-           H5Dclose(H5Dcreate2(f, "v", H5T_NATIVE_FLOAT, space, H5P_DEFAULT, dcpl, H5P_DEFAULT));
-           H5Pclose(dcpl);
-           H5Sclose(space);
+           put_declared(f, "v", {1, 2, 4, 8}, H5T_NATIVE_FLOAT, [](hid_t dcpl, hid_t space) {
+             H5Pset_virtual(dcpl, space, "missing_source.h5", "/v", space);
+           });
          });
        }},
       // 256 bytes of v whose one chunk inflates to 1.5 GiB.
@@ -414,14 +416,11 @@ std::vector<HostileFile> hostile_files() {
        [](const fs::path& p) {
          edit(p, [](hid_t f) {
            make_long_thin(f, 32768);
-           hsize_t dims[4] = {1, 1, 32768, 32768}, chunk[4] = {1, 1, 64, 32768};
-           hid_t space = H5Screate_simple(4, dims, nullptr);
-           hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
-           H5Pset_chunk(dcpl, 4, chunk);
-           H5Pset_deflate(dcpl, 1);
-           H5Dclose(H5Dcreate2(f, "mask", H5T_STD_U8LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT));
-           H5Pclose(dcpl);
-           H5Sclose(space);
+           put_declared(f, "mask", {1, 1, 32768, 32768}, H5T_STD_U8LE, [](hid_t dcpl, hid_t) {
+             const hsize_t chunk[4] = {1, 1, 64, 32768};
+             H5Pset_chunk(dcpl, 4, chunk);
+             H5Pset_deflate(dcpl, 1);
+           });
          });
        }},
       // The same mask really stored (four 256 MiB chunks of zeros, 1 MB of
@@ -441,13 +440,10 @@ std::vector<HostileFile> hostile_files() {
            make_long_thin(f, 4);
            set_integer(f, "seq_q", 131072);
            set_integer(f, "seq_k", 131072);
-           hsize_t dims[4] = {1, 1, 131072, 131072}, chunk[4] = {1, 1, 256, 131072};
-           hid_t space = H5Screate_simple(4, dims, nullptr);
-           hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
-           H5Pset_chunk(dcpl, 4, chunk);
-           H5Dclose(H5Dcreate2(f, "bias", H5T_IEEE_F64LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT));
-           H5Pclose(dcpl);
-           H5Sclose(space);
+           put_declared(f, "bias", {1, 1, 131072, 131072}, H5T_IEEE_F64LE, [](hid_t dcpl, hid_t) {
+             const hsize_t chunk[4] = {1, 1, 256, 131072};
+             H5Pset_chunk(dcpl, 4, chunk);
+           });
          });
        }},
       // 2^33 multiply-adds of stored zeros: hours of work in a small file.
