@@ -25,6 +25,7 @@ struct VerifyArgs {
   bool quiet = false;
   bool allow_all_skipped = false;
   bool fail_on_mistrusted = false;
+  std::string shard;
 };
 }  // namespace
 
@@ -58,6 +59,10 @@ Runner add_verify_command(CLI::App& app) {
   cmd->add_flag("--allow-all-skipped", args->allow_all_skipped,
                 "Exit 0 even when every backend skipped every case (by default such a run exits 1: nothing was verified)");
   cmd->add_flag("--fail-on-mistrusted", args->fail_on_mistrusted, "Exit 1 when any result is MISTRUSTED");
+  cmd->add_option("--shard", args->shard,
+                  "Run shard K of N (1-based, e.g. 2/4) of the (fixture, backend) units; without it, "
+                  "GTEST_SHARD_INDEX/GTEST_TOTAL_SHARDS, then SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT, are read. "
+                  "attn merge combines the shards' --json files");
   cmd->footer("Exit status: 0 when at least one case ran and nothing failed; 1 when something FAILED, when every "
               "case was skipped (unless --allow-all-skipped) or, with --fail-on-mistrusted, when a result was "
               "MISTRUSTED; 2 on a usage error or an input error (an unreadable or hostile fixture, a golden that is "
@@ -75,6 +80,8 @@ Runner add_verify_command(CLI::App& app) {
     if (files.empty()) throw Error("no fixture files (*.h5) found");
     auto backends = make_backends(args->backends);
     VerifyOptions options;
+    std::string shard_source;
+    options.shard = shard_from(args->shard, &shard_source);
     options.tags = args->tags;
     options.thread_counts = args->threads;
     for (const auto& layout : args->layouts) options.layouts.push_back(layout == "bshd" ? Layout::bshd : Layout::bhsd);
@@ -92,8 +99,17 @@ Runner add_verify_command(CLI::App& app) {
     for (Layout l : options.layouts) run.layouts.emplace_back(layout_name(l));
     if (run.layouts.empty()) run.layouts.emplace_back("bhsd");
     for (const auto& b : backends) run.backends.emplace_back(std::string(b->name()), std::string(b->description()));
+    run.shard_source = shard_source;
     if (!args->json.empty()) write_json(summary, args->json, run);
     if (!args->junit.empty()) write_junit(summary, args->junit, self, run);
+    if (summary.shard) {
+      // A shard's own exit: its failures and input errors; whether the whole
+      // run verified anything is the merge's verdict (attn merge).
+      fmt::print("shard {} ({}): {} of the suite's {} (fixture, backend) units\n", summary.shard->text(), shard_source,
+                 summary.units_run, summary.units);
+      if (!summary.input_errors.empty()) return 2;
+      return summary.failed() > 0 ? 1 : 0;
+    }
     if (summary.outcomes.empty() && summary.input_errors.empty()) {
       fmt::print(stderr, "attn verify: no fixture matched the tags given\n");
       return 2;

@@ -18,6 +18,7 @@ Runner add_show_command(CLI::App& app);
 Runner add_peak_command(CLI::App& app);
 Runner add_report_command(CLI::App& app);
 Runner add_fuzz_command(CLI::App& app);
+Runner add_merge_command(CLI::App& app);
 
 // A measurement with more threads than CPUs times the oversubscription, not
 // the backend: says so on stderr (threads 0 = the default, never warned).

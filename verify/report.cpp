@@ -196,6 +196,31 @@ RunInfo this_run(std::string version, std::string commit) {
   return info;
 }
 
+nlohmann::json budget_json(const VerifySummary& summary) {
+  nlohmann::json budget = nlohmann::json::array();
+  auto distribution_json = [](const Distribution& d) {
+    return nlohmann::json{{"count", d.count}, {"min", d.min}, {"median", d.median}, {"p99", d.p99}, {"max", d.max}};
+  };
+  for (const auto& b : budget_use(summary)) {
+    budget.push_back({{"backend", b.backend}, {"dtype", b.dtype}, {"error_over_bound", distribution_json(b.over_bound)},
+                      {"error_over_baseline", distribution_json(b.over_baseline)}});
+  }
+  return budget;
+}
+
+nlohmann::json summary_json(const VerifySummary& summary) {
+  nlohmann::json counts = nlohmann::json::object();
+  for (const auto& o : summary.outcomes) {
+    nlohmann::json& c = counts[o.backend];
+    if (c.is_null()) c = {{"PASS", 0}, {"FAIL", 0}, {"SKIP", 0}, {"MISTRUSTED", 0}};
+    c[std::string(verdict_name(o.comparison.verdict))] = c[std::string(verdict_name(o.comparison.verdict))].get<int>() + 1;
+  }
+  return {{"per_backend", counts},
+          {"results", summary.outcomes.size()},
+          {"failed", summary.failed()},
+          {"input_errors", summary.input_errors.size()}};
+}
+
 void write_json(const VerifySummary& summary, const std::filesystem::path& path, const RunInfo& run) {
   nlohmann::json results = nlohmann::json::array();
   for (const auto& o : summary.outcomes) {
@@ -234,38 +259,26 @@ void write_json(const VerifySummary& summary, const std::filesystem::path& path,
     if (!o.warning.empty()) r["warning"] = o.warning;
     results.push_back(std::move(r));
   }
-  nlohmann::json budget = nlohmann::json::array();
-  auto distribution_json = [](const Distribution& d) {
-    return nlohmann::json{{"count", d.count}, {"min", d.min}, {"median", d.median}, {"p99", d.p99}, {"max", d.max}};
-  };
-  for (const auto& b : budget_use(summary)) {
-    budget.push_back({{"backend", b.backend}, {"dtype", b.dtype}, {"error_over_bound", distribution_json(b.over_bound)},
-                      {"error_over_baseline", distribution_json(b.over_baseline)}});
-  }
-  nlohmann::json counts = nlohmann::json::object();
-  for (const auto& o : summary.outcomes) {
-    nlohmann::json& c = counts[o.backend];
-    if (c.is_null()) c = {{"PASS", 0}, {"FAIL", 0}, {"SKIP", 0}, {"MISTRUSTED", 0}};
-    c[std::string(verdict_name(o.comparison.verdict))] = c[std::string(verdict_name(o.comparison.verdict))].get<int>() + 1;
-  }
   nlohmann::json backends = nlohmann::json::object();
   for (const auto& [name, description] : run.backends) backends[name] = description;
+  nlohmann::json shard = nullptr;
+  if (summary.shard) {
+    shard = {{"index", summary.shard->index}, {"count", summary.shard->count}, {"source", run.shard_source},
+             {"suite", summary.suite},        {"units", summary.units},        {"units_run", summary.units_run}};
+  }
   nlohmann::json doc = {{"schema", "attn-verify-1"},
                         {"tool", {{"name", "attn"}, {"version", run.version}, {"commit", run.commit}}},
                         {"host", {{"hostname", run.hostname}, {"cpu", run.cpu}, {"kernels", run.kernels}}},
                         {"run", {{"started", run.started}, {"threads", run.threads}, {"layouts", run.layouts},
-                                 {"backends", backends}}},
-                        {"summary", {{"per_backend", counts},
-                                     {"results", summary.outcomes.size()},
-                                     {"failed", summary.failed()},
-                                     {"input_errors", summary.input_errors.size()}}},
+                                 {"backends", backends}, {"shard", shard}}},
+                        {"summary", summary_json(summary)},
                         {"limits",
                          {{"error_over_bound", 1.0},
                           {"error_over_baseline",
                            {{"f16", ToleranceConstants::baseline_factor_16bit}, {"bf16", ToleranceConstants::baseline_factor_16bit},
                             {"f32", ToleranceConstants::baseline_factor_wide}, {"f64", ToleranceConstants::baseline_factor_wide}}}}},
                         {"results", results},
-                        {"budget", budget},
+                        {"budget", budget_json(summary)},
                         {"input_errors", summary.input_errors},
                         {"warnings", summary.warnings}};
   // Names and paths from fixtures may hold invalid UTF-8: replaced, not thrown.
@@ -319,6 +332,7 @@ void write_junit(const VerifySummary& summary, const std::filesystem::path& path
     add("run.threads", threads);
     add("run.layouts", layouts);
     add("backend.description", description);
+    if (summary.shard) add("run.shard", summary.shard->text());
     return text + "    </properties>\n";
   };
   auto description_of = [&](const std::string& backend) {

@@ -2,6 +2,8 @@
 // reports and JUnit XML for CI systems.
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -39,8 +41,13 @@ struct RunInfo {
   std::vector<int> threads;     // the thread counts asked for (0: the backend's default)
   std::vector<std::string> layouts;
   std::vector<std::pair<std::string, std::string>> backends;  // name, description
+  std::string shard_source;  // sharded runs: what chose the shard (--shard, GTEST_*, SLURM_*)
 };
 RunInfo this_run(std::string version, std::string commit);  // fills hostname and cpu
+
+// The "summary" and "budget" parts of the verify JSON (also for attn merge).
+nlohmann::json summary_json(const VerifySummary& summary);
+nlohmann::json budget_json(const VerifySummary& summary);
 
 // Follows schemas/verify.schema.json ("schema": "attn-verify-1").
 void write_json(const VerifySummary& summary, const std::filesystem::path& path, const RunInfo& run = {});

@@ -8,6 +8,7 @@
 
 #include "core/error.hpp"
 #include "core/sandbox.hpp"
+#include "core/shard.hpp"
 #include "fixtures/fixture.hpp"
 #include "fixtures/layer.hpp"
 #include "reference/layer.hpp"
@@ -50,12 +51,21 @@ int VerifySummary::failed() const {
 
 namespace {
 
+// The backends a piece of work runs (all of them, or a shard's share).
+using BackendRefs = std::vector<const Backend*>;
+
+BackendRefs refs_of(const std::vector<std::unique_ptr<Backend>>& backends) {
+  BackendRefs refs;
+  for (const auto& b : backends) refs.push_back(b.get());
+  return refs;
+}
+
 bool wanted(const FixtureHeader& header, const std::vector<std::string>& tags) {
   if (tags.empty()) return true;
   return std::any_of(tags.begin(), tags.end(), [&](const std::string& t) { return header.has_tag(t); });
 }
 
-std::vector<Status> support_of(const std::vector<std::unique_ptr<Backend>>& backends, const Problem& problem) {
+std::vector<Status> support_of(const BackendRefs& backends, const Problem& problem) {
   std::vector<Status> support;
   for (const auto& backend : backends) {
     Status s = backend->available();
@@ -70,7 +80,7 @@ Problem laid_out_as(Problem problem, const RunConfig& config) {
 }
 
 // Whether any backend runs the problem under any of the configurations.
-bool anyone_runs(const std::vector<std::unique_ptr<Backend>>& backends, const Problem& problem,
+bool anyone_runs(const BackendRefs& backends, const Problem& problem,
                  const std::vector<RunConfig>& configs) {
   for (const RunConfig& config : configs) {
       const std::vector<Status> support = support_of(backends, laid_out_as(problem, config));
@@ -164,7 +174,7 @@ void record(CaseOutcome outcome, const OutcomeCallback& on_outcome, VerifySummar
 }
 
 // A layer case: y is compared as a one-head [batch, 1, seq_q, model_dim] tensor.
-void verify_layer(const std::filesystem::path& file, const std::vector<std::unique_ptr<Backend>>& backends,
+void verify_layer(const std::filesystem::path& file, const BackendRefs& backends,
                   const VerifyOptions& options, const OutcomeCallback& on_outcome, VerifySummary& summary) {
   LayerFixture fixture = read_layer_fixture(file);
   const Problem& problem = fixture.data.problem;
@@ -224,7 +234,7 @@ void verify_layer(const std::filesystem::path& file, const std::vector<std::uniq
   }
 }
 
-void verify_sdpa(const Fixture& fixture, const std::vector<std::unique_ptr<Backend>>& backends,
+void verify_sdpa(const Fixture& fixture, const BackendRefs& backends,
                  const VerifyOptions& options, const OutcomeCallback& on_outcome, VerifySummary& summary,
                  bool trusted_golden = false) {
   const Problem& problem = fixture.problem();
@@ -287,45 +297,124 @@ void verify_sdpa(const Fixture& fixture, const std::vector<std::unique_ptr<Backe
 VerifySummary verify_fixture(const Fixture& fixture, const std::vector<std::unique_ptr<Backend>>& backends,
                              const VerifyOptions& options, bool trusted_golden, const OutcomeCallback& on_outcome) {
   VerifySummary summary;
-  verify_sdpa(fixture, backends, options, on_outcome, summary, trusted_golden);
+  verify_sdpa(fixture, refs_of(backends), options, on_outcome, summary, trusted_golden);
   return summary;
 }
 
-VerifySummary verify(const std::vector<std::filesystem::path>& files,
-                     const std::vector<std::unique_ptr<Backend>>& backends, const VerifyOptions& options,
-                     const OutcomeCallback& on_outcome) {
+namespace {
+
+// A damaged file can crash or hang libhdf5 itself: it is read first in a
+// child process with limits, and only then for real (the same library on the
+// same bytes does the same thing twice). The message when it failed.
+std::string sandboxed_read(const std::filesystem::path& file, const VerifyOptions& options,
+                           const SandboxLimits& limits) {
+  const std::string trouble = run_sandboxed(
+      [&] {
+        const FixtureHeader h = read_fixture_header(file);
+        if (!wanted(h, options.tags)) return;
+        if (h.kind == FixtureKind::mha) read_layer_fixture(file);
+        else read_fixture(file);
+      },
+      limits);
+  if (trouble.empty()) return {};
+  return trouble.rfind(file.string() + ":", 0) == 0 ? trouble : fmt::format("{}: reading it {}", file.string(), trouble);
+}
+
+void verify_file(const std::filesystem::path& file, const FixtureHeader& header, const BackendRefs& backends,
+                 const VerifyOptions& options, const OutcomeCallback& on_outcome, VerifySummary& summary) {
+  if (header.kind == FixtureKind::mha) {
+    verify_layer(file, backends, options, on_outcome, summary);
+    return;
+  }
+  Fixture fixture = read_fixture(file);
+  verify_sdpa(fixture, backends, options, on_outcome, summary);
+}
+
+// What one (fixture, backend) unit costs, roughly: its multiply-adds under
+// every run configuration, plus a fixed part for the reference and the checks.
+double unit_cost(const FixtureHeader& header, std::size_t configs) {
+  const Problem& p = header.problem;
+  auto d = [](std::int64_t x) { return static_cast<double>(x); };
+  double work = d(p.batch) * d(p.heads_q) * d(p.seq_q) * d(p.seq_k) * d(p.head_dim + p.head_dim_v);
+  if (header.kind == FixtureKind::mha) work += 3.0 * d(p.batch) * d(p.seq_q + 2 * p.seq_k) * d(header.model_dim) * d(header.model_dim);
+  return (work + 1e5) * static_cast<double>(configs);
+}
+
+// Sharded: every fixture's header is read (safely) first, so that every shard
+// sees every (fixture, backend) unit and splits them the same way; then this
+// shard's units run. A fixture that cannot be read is shard 1's input error.
+VerifySummary verify_shard(const std::vector<std::filesystem::path>& files, const BackendRefs& backends,
+                           const VerifyOptions& options, const OutcomeCallback& on_outcome) {
   VerifySummary summary;
+  const Shard shard = *options.shard;
+  summary.shard = shard;
   const SandboxLimits limits = SandboxLimits::from_environment();
+  const std::size_t configs = run_configs(options).size();
+  struct Readable {
+    std::filesystem::path file;
+    FixtureHeader header;
+  };
+  std::vector<Readable> readable;
+  std::vector<ShardUnit> units;
   for (const auto& file : files) {
     try {
-      // A damaged file can crash or hang libhdf5 itself: read it first in a
-      // child process with limits, and only then for real (the same library
-      // on the same bytes does the same thing twice).
-      const std::string trouble = run_sandboxed(
-          [&] {
-            const FixtureHeader h = read_fixture_header(file);
-            if (!wanted(h, options.tags)) return;
-            if (h.kind == FixtureKind::mha) read_layer_fixture(file);
-            else read_fixture(file);
-          },
-          limits);
+      const std::string trouble = sandboxed_read(file, options, limits);
       if (!trouble.empty()) {
-        summary.input_errors.push_back(trouble.rfind(file.string() + ":", 0) == 0
-                                           ? trouble
-                                           : fmt::format("{}: reading it {}", file.string(), trouble));
+        if (shard.index == 1) summary.input_errors.push_back(trouble);
         continue;
       }
       FixtureHeader header = read_fixture_header(file);
       if (!wanted(header, options.tags)) continue;
-      if (header.kind == FixtureKind::mha) {
-        verify_layer(file, backends, options, on_outcome, summary);
+      for (const Backend* b : backends) {
+        units.push_back({fmt::format("{}|{}|{}", b->name(), header.name, header.problem.to_string()),
+                         unit_cost(header, configs)});
+      }
+      readable.push_back({file, std::move(header)});
+    } catch (const Error& e) {
+      if (shard.index == 1) summary.input_errors.push_back(e.what());
+    }
+  }
+  std::vector<std::string> keys;
+  for (const auto& u : units) keys.push_back(u.key);
+  summary.suite = suite_fingerprint(keys);
+  summary.units = units.size();
+  const std::vector<int> owner = assign_shards(units, shard.count);
+  for (std::size_t f = 0; f < readable.size(); ++f) {
+    BackendRefs mine;
+    for (std::size_t b = 0; b < backends.size(); ++b) {
+      if (owner[f * backends.size() + b] == shard.index) mine.push_back(backends[b]);
+    }
+    if (mine.empty()) continue;
+    summary.units_run += mine.size();
+    try {
+      verify_file(readable[f].file, readable[f].header, mine, options, on_outcome, summary);
+    } catch (const Error& e) {
+      summary.input_errors.push_back(e.what());
+    }
+  }
+  return summary;
+}
+
+}  // namespace
+
+VerifySummary verify(const std::vector<std::filesystem::path>& files,
+                     const std::vector<std::unique_ptr<Backend>>& backends, const VerifyOptions& options,
+                     const OutcomeCallback& on_outcome) {
+  if (options.shard) return verify_shard(files, refs_of(backends), options, on_outcome);
+  VerifySummary summary;
+  const SandboxLimits limits = SandboxLimits::from_environment();
+  const BackendRefs all = refs_of(backends);
+  for (const auto& file : files) {
+    try {
+      const std::string trouble = sandboxed_read(file, options, limits);
+      if (!trouble.empty()) {
+        summary.input_errors.push_back(trouble);
         continue;
       }
-      Fixture fixture = read_fixture(file);
-      verify_sdpa(fixture, backends, options, on_outcome, summary);
-    } catch (const InputError& e) {
-      summary.input_errors.push_back(e.what());
-    } catch (const Error& e) {
+      FixtureHeader header = read_fixture_header(file);
+      if (!wanted(header, options.tags)) continue;
+      verify_file(file, header, all, options, on_outcome, summary);
+    } catch (const Error& e) {  // InputError included
       summary.input_errors.push_back(e.what());
     }
   }

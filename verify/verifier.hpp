@@ -3,6 +3,8 @@
 // backend that supports the case and compares.
 #pragma once
 
+#include "core/shard.hpp"
+
 #include <filesystem>
 #include <functional>
 #include <optional>
@@ -26,6 +28,8 @@ struct VerifyOptions {
   // `layout` alone.
   std::vector<int> thread_counts;
   std::vector<Layout> layouts;
+  // Run only this shard's (fixture, backend) units (core/shard.hpp).
+  std::optional<Shard> shard;
 };
 
 // One (threads, layout) pair of a run.
@@ -52,6 +56,11 @@ struct VerifySummary {
   std::vector<CaseOutcome> outcomes;
   std::vector<std::string> input_errors;  // fixtures that could not be read or whose golden is wrong
   std::vector<std::string> warnings;      // fixtures that were run but deserve a look
+  // Sharded runs: which shard, the fingerprint of every unit of the suite
+  // (the same in every shard), and how many units the suite and this shard have.
+  std::optional<Shard> shard;
+  std::string suite;
+  std::size_t units = 0, units_run = 0;
   int failed() const;
 };
 
