@@ -215,6 +215,24 @@ int run_benchmarks(const std::vector<std::unique_ptr<Backend>>& backends, const 
   int argc = static_cast<int>(argv.size());
   benchmark::Initialize(&argc, argv.data());
   if (benchmark::ReportUnrecognizedArguments(argc, argv.data())) return 2;
+  // Sharded: every (backend, problem) of the preset is a unit, split by its
+  // useful flops (plus a fixed part per benchmark), the same way everywhere.
+  const std::vector<Problem> problems = benchmark_problems(options.preset);
+  std::vector<ShardUnit> units;
+  for (const Problem& p : problems) {
+    for (const auto& backend : backends) {
+      units.push_back({fmt::format("{}/{}", backend->name(), p.to_string()), useful_flops(p) + 1e9});
+    }
+  }
+  std::vector<int> owner(units.size(), 1);
+  if (options.shard) {
+    owner = assign_shards(units, options.shard->count);
+    std::vector<std::string> keys;
+    for (const auto& u : units) keys.push_back(u.key);
+    benchmark::AddCustomContext("attn_shard", options.shard->text());
+    benchmark::AddCustomContext("attn_shard_source", options.shard_source);
+    benchmark::AddCustomContext("attn_suite", suite_fingerprint(keys));
+  }
   benchmark::AddCustomContext("attn_threads", std::to_string(resolve_threads(options.threads)));
   benchmark::AddCustomContext("attn_preset", options.preset);
   std::string repetitions, interleaving;
@@ -233,10 +251,11 @@ int run_benchmarks(const std::vector<std::unique_ptr<Backend>>& backends, const 
     benchmark::AddCustomContext("attn_peak_bandwidth_gbs", fmt::format("{:.1f}", peak.bandwidth_gbs));
   }
   static Progress progress;
-  const std::vector<Problem> problems = benchmark_problems(options.preset);
-  progress.total = static_cast<int>(problems.size() * backends.size());
+  progress.total = static_cast<int>(std::count(owner.begin(), owner.end(), options.shard ? options.shard->index : 1));
+  std::size_t unit = 0;
   for (const Problem& p : problems) {
     for (const auto& backend : backends) {
+      if (owner[unit++] != (options.shard ? options.shard->index : 1)) continue;
       const Backend* b = backend.get();
       std::string name = fmt::format("{}/{}", b->name(), p.to_string());
       auto decision = std::make_shared<SkipDecision>();
@@ -255,6 +274,13 @@ int run_benchmarks(const std::vector<std::unique_ptr<Backend>>& backends, const 
   }
   const std::size_t ran = benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
+  if (ran == 0 && options.shard) {
+    // A shard may own nothing that the filter keeps (or nothing at all): the
+    // other shards hold the work; no file is written.
+    fmt::print(stderr, "attn bench: shard {} ({}) has no benchmark to time here ({} of the {} units are its own)\n",
+               options.shard->text(), options.shard_source, progress.total, units.size());
+    return 0;
+  }
   if (ran == 0) {
     throw Error(fmt::format("no benchmark of the '{}' preset matches the filter given (--benchmark_filter); "
                             "`attn bench --preset {} --benchmark_list_tests` lists them",

@@ -4,11 +4,13 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/backend.hpp"
+#include "core/shard.hpp"
 
 namespace attn::bench {
 
@@ -23,6 +25,10 @@ struct BenchOptions {
   bool measure_peak = true;  // put this machine's peaks in the context
   // Extra context entries (library versions and the like) from the caller.
   std::vector<std::pair<std::string, std::string>> context;
+  // Time only this shard's (backend, problem) benchmarks (core/shard.hpp),
+  // split by their flops; shard_source says what chose it.
+  std::optional<Shard> shard;
+  std::string shard_source;
 };
 
 // argv holds only Google Benchmark's own flags (--benchmark_*).

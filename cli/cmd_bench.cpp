@@ -61,8 +61,14 @@ Runner add_bench_command(CLI::App& app) {
   cmd->add_option("--out", options->out, "Write Google Benchmark JSON (with the environment context) to this file");
   cmd->add_flag("!--no-peak", options->measure_peak, "Skip measuring the machine's peaks for the context");
   cmd->add_option("--max-seconds", options->max_seconds_per_call, "Skip a case whose estimated time per call is above this (default by preset: 2, 5, 60 s)");
+  auto shard = std::make_shared<std::string>();
+  cmd->add_option("--shard", *shard,
+                  "Time shard K of N (1-based, e.g. 2/4) of the preset's benchmarks; without it, "
+                  "GTEST_SHARD_INDEX/GTEST_TOTAL_SHARDS, then SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT, are read. "
+                  "attn report pools the shards of one host");
   cmd->allow_extras();
-  return [cmd, options, names]() {
+  return [cmd, options, names, shard]() {
+    options->shard = shard_from(*shard, &options->shard_source);
     warn_above_cpus(options->threads, "attn bench");
     auto backends = make_backends(*names);
     options->context = environment_context(backends);

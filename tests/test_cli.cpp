@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "fixtures/fixture.hpp"
@@ -408,4 +409,67 @@ TEST_F(Cli, ShowBoundsLongTablesDrawsIntoNewFoldersAndShowsLayers) {
   EXPECT_EQ(folder.code, 2);
   EXPECT_NE(folder.output.find("is a folder, not a fixture file"), std::string::npos) << folder.output;
   EXPECT_EQ(run_attn("show " + kGolden + "/basic/b1_h2_q4_k4_d8_f16.h5 -b blocked --threads 999").code, 2);
+}
+
+// Four shards run side by side, merged: exactly the unsharded run (every
+// result, with its verdict and its error). A shard chosen by GoogleTest's or
+// Slurm's variables is the same shard. A missing, duplicated or foreign shard
+// is exit 2 with the reason.
+TEST_F(Cli, FourShardsMergeIntoTheUnshardedRun) {
+  const std::string inputs = kGolden + "/basic " + kGolden + "/mha " + kGolden + "/layer " + kGolden + "/edge";
+  const std::string common = " -b naive,blocked --threads 1,2 -q";
+  CliRun whole = run_attn("verify " + inputs + common + " --json " + (dir_ / "whole.json").string());
+  ASSERT_EQ(whole.code, 0) << whole.output;
+  std::vector<std::string> shards;
+  for (int k = 1; k <= 4; ++k) {
+    const std::string out = (dir_ / ("s" + std::to_string(k) + ".json")).string();
+    CliRun r = run_attn("verify " + inputs + common + " --shard " + std::to_string(k) + "/4 --json " + out);
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_NE(r.output.find("shard " + std::to_string(k) + "/4 (--shard)"), std::string::npos) << r.output;
+    shards.push_back(out);
+  }
+  const std::string all = shards[0] + " " + shards[1] + " " + shards[2] + " " + shards[3];
+  CliRun merged = run_attn("merge " + all + " --json " + (dir_ / "merged.json").string() + " --junit " +
+                           (dir_ / "merged.xml").string());
+  ASSERT_EQ(merged.code, 0) << merged.output;
+  auto results_of = [](const fs::path& path) {
+    std::multiset<std::string> keys;
+    const auto doc = nlohmann::json::parse(std::ifstream(path));  // alive for the loop
+    for (const auto& r : doc["results"]) {
+      keys.insert(r["backend"].dump() + r["fixture"].dump() + r["threads"].dump() + r["layout"].dump() +
+                  r["verdict"].dump() + r.value("max_abs_error", nlohmann::json()).dump());
+    }
+    return keys;
+  };
+  const auto expected = results_of(dir_ / "whole.json");
+  EXPECT_GT(expected.size(), 100u);
+  EXPECT_EQ(results_of(dir_ / "merged.json"), expected);
+  std::size_t sum = 0;
+  for (const auto& s : shards) sum += results_of(s).size();
+  EXPECT_EQ(sum, expected.size()) << "no result in two shards";
+  // The same shard from the variables CI systems set.
+  CliRun gtest = run_attn_env("GTEST_SHARD_INDEX=2 GTEST_TOTAL_SHARDS=4",
+                              "verify " + inputs + common + " --json " + (dir_ / "g3.json").string());
+  EXPECT_EQ(gtest.code, 0) << gtest.output;
+  EXPECT_EQ(results_of(dir_ / "g3.json"), results_of(shards[2]));
+  CliRun slurm = run_attn_env("SLURM_ARRAY_TASK_ID=3 SLURM_ARRAY_TASK_MIN=1 SLURM_ARRAY_TASK_COUNT=4",
+                              "verify " + inputs + common + " --json " + (dir_ / "l3.json").string());
+  EXPECT_EQ(slurm.code, 0) << slurm.output;
+  EXPECT_EQ(results_of(dir_ / "l3.json"), results_of(shards[2]));
+  // A shard missing, one given twice, one of another suite.
+  CliRun missing = run_attn("merge " + shards[0] + " " + shards[1] + " " + shards[3]);
+  EXPECT_EQ(missing.code, 2) << missing.output;
+  EXPECT_NE(missing.output.find("shard 3/4 is missing"), std::string::npos) << missing.output;
+  CliRun twice = run_attn("merge " + all + " " + shards[1]);
+  EXPECT_EQ(twice.code, 2) << twice.output;
+  EXPECT_NE(twice.output.find("shard 2/4 is given 2 times"), std::string::npos) << twice.output;
+  CliRun other = run_attn("verify " + kGolden + "/basic" + common + " --shard 3/4 --json " + (dir_ / "o3.json").string());
+  ASSERT_EQ(other.code, 0) << other.output;
+  const std::string foreign = shards[0] + " " + shards[1] + " " + (dir_ / "o3.json").string() + " " + shards[3];
+  CliRun mixed = run_attn("merge " + foreign);
+  EXPECT_EQ(mixed.code, 2) << mixed.output;
+  EXPECT_NE(mixed.output.find("suite"), std::string::npos) << mixed.output;
+  CliRun unsharded = run_attn("merge " + (dir_ / "whole.json").string());
+  EXPECT_EQ(unsharded.code, 2) << unsharded.output;
+  EXPECT_NE(unsharded.output.find("is not a shard"), std::string::npos) << unsharded.output;
 }
