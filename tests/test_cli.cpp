@@ -350,29 +350,30 @@ TEST_F(Cli, AReportNeverReplacesAFolderOfOtherFiles) {
 // repetition of a benchmark is skipped or none is, the run never aborts, and
 // its JSON is whole. A filter that matches nothing is an error, not a green run.
 TEST_F(Cli, BenchDecidesASkipOnceAndAFilterMatchingNothingIsAnError) {
-  const fs::path out = dir_ / "b.json";
-  CliRun r = run_attn("bench --preset quick -b naive --no-peak '--benchmark_filter=dtype=f32,.*,sq=(1|1024),' "
-                      "--benchmark_repetitions=3 --benchmark_min_time=0.05 --max-seconds 0.05 --out " + out.string());
-  ASSERT_EQ(r.code, 0) << r.output;
-  auto doc = nlohmann::json::parse(std::ifstream(out));
-  std::map<std::string, std::pair<int, int>> runs;  // run_name: repetitions, skipped
-  for (const auto& b : doc["benchmarks"]) {
-    if (b["run_type"] != "iteration") continue;
-    auto& [count, skipped] = runs[b["run_name"].get<std::string>()];
-    ++count;
-    skipped += b.value("error_occurred", false) ? 1 : 0;
+  // Whatever the estimate says, it is said once: with a limit every estimate
+  // is above, all repetitions are skipped; with one every estimate is under,
+  // none is (no timing assumption: the limits are 1 ns and 1000 s).
+  for (const char* limit : {"1e-9", "1000"}) {
+    const fs::path out = dir_ / (std::string("b") + limit + ".json");
+    CliRun r = run_attn(std::string("bench --preset quick -b blocked,streaming --no-peak '--benchmark_filter=dtype=f32,.*,sq=1024,' "
+                                    "--benchmark_repetitions=3 --benchmark_min_time=0.01 --max-seconds ") +
+                        limit + " --out " + out.string());
+    ASSERT_EQ(r.code, 0) << r.output;
+    auto doc = nlohmann::json::parse(std::ifstream(out));
+    std::map<std::string, std::pair<int, int>> runs;  // run_name: repetitions, skipped
+    for (const auto& b : doc["benchmarks"]) {
+      if (b["run_type"] != "iteration") continue;
+      auto& [count, skipped] = runs[b["run_name"].get<std::string>()];
+      ++count;
+      skipped += b.value("error_occurred", false) ? 1 : 0;
+    }
+    ASSERT_EQ(runs.size(), 2u) << r.output;
+    const bool all = std::string(limit) == "1e-9";
+    for (const auto& [name, counts] : runs) {
+      EXPECT_EQ(counts.first, 3) << name;
+      EXPECT_EQ(counts.second, all ? 3 : 0) << name << " with --max-seconds " << limit;
+    }
   }
-  ASSERT_EQ(runs.size(), 2u) << r.output;
-  int ran = 0, skipped_all = 0;
-  for (const auto& [name, counts] : runs) {
-    EXPECT_EQ(counts.first, 3) << name;
-    EXPECT_TRUE(counts.second == 0 || counts.second == counts.first) << name << ": " << counts.second << " of "
-                                                                     << counts.first << " repetitions skipped";
-    ran += counts.second == 0;
-    skipped_all += counts.second == counts.first;
-  }
-  EXPECT_EQ(ran, 1) << "sq=1 runs";
-  EXPECT_EQ(skipped_all, 1) << "sq=1024 is above 0.05 s per call for naive";
   CliRun none = run_attn("bench --preset quick -b naive --no-peak --benchmark_filter=nothing_is_called_this --out " +
                          (dir_ / "none.json").string());
   EXPECT_EQ(none.code, 2) << none.output;
