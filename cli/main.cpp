@@ -14,7 +14,8 @@ int main(int argc, char** argv) {
   CLI::App app{"attn: verify and benchmark scaled-dot-product attention backends"};
   app.require_subcommand(1);
   app.footer("Exit status, for every command: 0 success; 1 a verdict failed (a FAIL, a run where everything was "
-             "skipped, a regression); 2 a usage or input error; 3 an internal error (a bug of attnbench).");
+             "skipped, a regression); 2 a usage or input error; 3 an internal error (a bug of attnbench); 4 report "
+             "--compare --fail-on-regression could not judge everything (too few repetitions) and found no regression.");
   app.set_version_flag("--version", "attn (attnbench) " ATTN_VERSION ", commit " ATTN_GIT_COMMIT ", " ATTN_BUILD_TYPE " build");
   std::map<CLI::App*, attn::cli::Runner> runners;
   auto add = [&](attn::cli::Runner (*adder)(CLI::App&)) {
