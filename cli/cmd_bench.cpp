@@ -51,7 +51,7 @@ Runner add_bench_command(CLI::App& app) {
   auto options = std::make_shared<bench::BenchOptions>();
   auto names = std::make_shared<std::vector<std::string>>();
   CLI::App* cmd = app.add_subcommand("bench", "Time backends over the benchmark matrix (Google Benchmark; --benchmark_* flags pass through)");
-  cmd->add_option("--preset", options->preset, "quick (about a minute), standard (about ten), full, gpu (for scripts/gpu-check)")
+  cmd->add_option("--preset", options->preset, "quick (about a minute on 2 cores), standard (about 12 minutes), full, gpu (for scripts/gpu-check)")
       ->check(CLI::IsMember({"quick", "standard", "full", "gpu"}));
   cmd->add_option("-b,--backend", *names, "Backends to time, e.g. -b naive,streaming (default: all)")
       ->allow_extra_args(false)
