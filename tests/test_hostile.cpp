@@ -395,10 +395,20 @@ std::vector<HostileFile> hostile_files() {
            });
          });
        }},
-      // 256 bytes of v whose one chunk inflates to 1.5 GiB.
-      {"deflate_bomb", "does not inflate to at most the chunk's 256 bytes",
+      // 256 bytes of v whose one chunk inflates to 1.5 GiB (7 MB stored,
+      // more than deflating 256 bytes can ever take).
+      {"deflate_bomb", "stored bytes, more than a chunk of 256 bytes can take",
        [](const fs::path& p) {
          const std::vector<unsigned char> bomb = deflated_zeros(1536, 1);
+         edit(p, [&](hid_t f) { put_raw_chunks(f, "v", {1, 2, 4, 8}, {1, 2, 4, 8}, H5T_IEEE_F32LE, bomb); });
+       }},
+      // A bomb small enough to be stored: the first 250 bytes of 1 MiB of
+      // zeros deflated at level 9 (1039 bytes) inflate to 240 KB, far past
+      // the chunk's 256 bytes: inflating stops at the chunk.
+      {"small_deflate_bomb", "does not inflate to at most the chunk's 256 bytes",
+       [](const fs::path& p) {
+         std::vector<unsigned char> bomb = deflated_zeros(1, 9);
+         bomb.resize(250);  // a prefix of the stream: it still inflates far past 256 bytes before it ends
          edit(p, [&](hid_t f) { put_raw_chunks(f, "v", {1, 2, 4, 8}, {1, 2, 4, 8}, H5T_IEEE_F32LE, bomb); });
        }},
       // A chunk that inflates to less than a chunk: HDF5 would leave the rest unset.

@@ -200,7 +200,8 @@ def merge(files):
             into.kv_bytes += m.kv_bytes
             if m.extra_mib is not None:
                 into.extra_mib = max(into.extra_mib or 0.0, m.extra_mib)
-            into.skipped = into.skipped if into.seconds else (into.skipped or m.skipped)
+            if not into.seconds:  # skipped everywhere so far: keep a reason
+                into.skipped = into.skipped or m.skipped
     return list(pooled.values())
 
 
