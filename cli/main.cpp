@@ -7,8 +7,50 @@
 
 #include "cli/commands.hpp"
 #include "core/error.hpp"
+#include "core/plugin.hpp"
 #include "core/text.hpp"
 #include "impls/cpu_kernels/kernels.hpp"
+#ifdef ATTN_HAVE_PYTHON
+#include "impls/python/bridge.hpp"
+#endif
+
+namespace {
+
+// A plugin is a shared library (include/attnbench/plugin.h) or a Python
+// backend file (impls/python/backends/attn_common.py); both add backends.
+void load_plugin(const std::string& path) {
+  const bool python = path.size() > 3 && path.compare(path.size() - 3, 3, ".py") == 0;
+  if (!python) {
+    for (auto& b : attn::load_plugin_library(path)) attn::add_runtime_backend(b.name, std::move(b.make), b.origin);
+    return;
+  }
+#ifdef ATTN_HAVE_PYTHON
+  attn::LoadedBackend b = attn::python::load_python_backend_file(path);
+  attn::add_runtime_backend(b.name, std::move(b.make), b.origin);
+#else
+  throw attn::Error(fmt::format("Python backend {}: this attn was built without Python (ATTN_WITH_PYTHON=OFF)",
+                                attn::printable(path)));
+#endif
+}
+
+// ATTN_PLUGINS (':'-separated) first, then every --plugin in order.
+void load_plugins(const std::vector<std::string>& flags) {
+  std::vector<std::string> paths;
+  if (const char* env = std::getenv("ATTN_PLUGINS"); env != nullptr) {
+    std::string text = env;
+    std::size_t start = 0;
+    while (start <= text.size()) {
+      std::size_t end = text.find(':', start);
+      if (end == std::string::npos) end = text.size();
+      if (end > start) paths.push_back(text.substr(start, end - start));
+      start = end + 1;
+    }
+  }
+  paths.insert(paths.end(), flags.begin(), flags.end());
+  for (const auto& path : paths) load_plugin(path);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"attn: verify and benchmark scaled-dot-product attention backends"};
@@ -17,6 +59,13 @@ int main(int argc, char** argv) {
              "skipped, a regression); 2 a usage or input error; 3 an internal error (a bug of attnbench); 4 report "
              "--compare --fail-on-regression could not judge everything (too few repetitions) and found no regression.");
   app.set_version_flag("--version", "attn (attnbench) " ATTN_VERSION ", commit " ATTN_GIT_COMMIT ", " ATTN_BUILD_TYPE " build");
+  std::vector<std::string> plugins;
+  app.add_option("--plugin", plugins,
+                 "Load backends from a plugin (a shared library of include/attnbench/plugin.h, or a Python backend "
+                 "file .py); repeatable, also after the command; ATTN_PLUGINS (':'-separated) loads more")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  app.fallthrough();  // `attn verify --plugin x.so` as well as `attn --plugin x.so verify`
   std::map<CLI::App*, attn::cli::Runner> runners;
   auto add = [&](attn::cli::Runner (*adder)(CLI::App&)) {
     std::size_t before = app.get_subcommands({}).size();
@@ -41,6 +90,7 @@ int main(int argc, char** argv) {
   try {
     // A kernel set forced by ATTN_CPU_ISA is checked now, not when a kernel first runs.
     if (std::getenv("ATTN_CPU_ISA")) (void)attn::cpu::best_kernels();
+    load_plugins(plugins);
     for (auto& [command, runner] : runners) {
       if (command->parsed()) return runner();
     }

@@ -1,21 +1,28 @@
 # Backend registration without static initialisers.
 #
-#   attn_add_backend(NAME <name> FACTORY <function> SOURCES <files...> [LIBRARIES <libs...>])
+#   attn_add_backend(NAME <name> FACTORY <function> [SOURCES <files...>] [LIBRARIES <libs...>])
 #
 # builds the backend's sources into a static library and records the factory
 # `std::unique_ptr<attn::Backend> <function>()` (declared in namespace attn).
+# Without SOURCES the factory lives in one of the LIBRARIES (a folder that
+# provides several backends from one library).
 # attn_generate_backend_list() then writes the list every tool uses, in the
 # order the backends were added.
 
 function(attn_add_backend)
   cmake_parse_arguments(ARG "" "NAME;FACTORY" "SOURCES;LIBRARIES" ${ARGN})
-  if(NOT ARG_NAME OR NOT ARG_FACTORY OR NOT ARG_SOURCES)
-    message(FATAL_ERROR "attn_add_backend needs NAME, FACTORY and SOURCES")
+  if(NOT ARG_NAME OR NOT ARG_FACTORY OR (NOT ARG_SOURCES AND NOT ARG_LIBRARIES))
+    message(FATAL_ERROR "attn_add_backend needs NAME, FACTORY and SOURCES or LIBRARIES")
   endif()
   set(target attn_backend_${ARG_NAME})
   string(REPLACE "-" "_" target ${target})
-  add_library(${target} STATIC ${ARG_SOURCES})
-  target_link_libraries(${target} PUBLIC attn_core PRIVATE attn_warnings ${ARG_LIBRARIES})
+  if(ARG_SOURCES)
+    add_library(${target} STATIC ${ARG_SOURCES})
+    target_link_libraries(${target} PUBLIC attn_core PRIVATE attn_warnings ${ARG_LIBRARIES})
+  else()
+    add_library(${target} INTERFACE)
+    target_link_libraries(${target} INTERFACE ${ARG_LIBRARIES})
+  endif()
   set_property(GLOBAL APPEND PROPERTY ATTN_BACKEND_NAMES ${ARG_NAME})
   set_property(GLOBAL APPEND PROPERTY ATTN_BACKEND_FACTORIES ${ARG_FACTORY})
   set_property(GLOBAL APPEND PROPERTY ATTN_BACKEND_TARGETS ${target})

@@ -11,3 +11,16 @@ double Plan::run_timed() {
 }
 
 }  // namespace attn
+
+namespace attn {
+
+std::string_view convention_name(ConventionKind kind) {
+  switch (kind) {
+    case ConventionKind::empty_rows_mean_v: return "empty_rows_mean_v";
+    case ConventionKind::empty_rows_nan: return "empty_rows_nan";
+    case ConventionKind::empty_rows_unmasked: return "empty_rows_unmasked";
+  }
+  return "unknown";
+}
+
+}  // namespace attn

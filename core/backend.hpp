@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/problem.hpp"
 #include "core/tensor.hpp"
@@ -46,6 +47,21 @@ struct AttentionIO {
   double* lse = nullptr;
 };
 
+// A documented convention of a backend's framework that differs from the
+// fixture format on rows with no visible key (where frameworks disagree most).
+// The verifier models it: such rows must follow it exactly, everything else is
+// judged as usual, and the verdict is DIFFERS (with `why`) instead of FAIL.
+enum class ConventionKind : std::uint8_t {
+  empty_rows_mean_v,    // the mean of V over all seq_k keys (a -1e9 fill: every score equal)
+  empty_rows_nan,       // NaN (softmax of a row of -inf)
+  empty_rows_unmasked,  // the attention of the row with nothing hidden (s - 1e9 exact in float64)
+};
+std::string_view convention_name(ConventionKind kind);
+struct Convention {
+  ConventionKind kind;
+  std::string why;  // what the framework does, e.g. "masked_fill(mask == 0, -1e9)"
+};
+
 struct RunOptions {
   int threads = 0;  // 0: the backend's default (OMP_NUM_THREADS or all cores)
 };
@@ -74,6 +90,9 @@ class Backend {
   virtual Status supports(const Problem& problem) const = 0;
   // One line summarising what `supports` accepts, for `attn list`.
   virtual std::string_view capabilities() const = 0;
+  // Conventions of this backend's framework that differ from the format on
+  // this problem (see Convention); none for a backend that follows the format.
+  virtual std::vector<Convention> conventions(const Problem& /*problem*/) const { return {}; }
   virtual std::unique_ptr<Plan> prepare(const Problem& problem, const AttentionIO& io,
                                         const RunOptions& options) const = 0;
 };

@@ -13,8 +13,20 @@ std::string_view verdict_name(Verdict verdict) {
     case Verdict::fail: return "FAIL";
     case Verdict::skip: return "SKIP";
     case Verdict::mistrusted: return "MISTRUSTED";
+    case Verdict::differs: return "DIFFERS";
   }
   return "?";
+}
+
+void Comparison::conclude(const ConventionOutcome& conventions) {
+  if (!conventions.failure.empty()) fail(conventions.failure);
+  if (conventions.rows_followed == 0) return;
+  if (verdict == Verdict::pass) {
+    verdict = Verdict::differs;
+    reason = differs_reason(conventions);
+  } else if (verdict == Verdict::mistrusted) {
+    reason += "; " + differs_reason(conventions);
+  }
 }
 
 namespace {

@@ -1,6 +1,8 @@
 // Comparison of one backend's output with the golden, and the verdict:
-// PASS, FAIL, SKIP (with the backend's reason) or MISTRUSTED (matched, but the
-// case proved little: most of the golden is within the bound of zero).
+// PASS, FAIL, SKIP (with the backend's reason), MISTRUSTED (matched, but the
+// case proved little: most of the golden is within the bound of zero) or
+// DIFFERS (matched, except rows with no visible key, which follow a convention
+// the backend declared for its framework: verify/conventions.hpp).
 #pragma once
 
 #include <cstdint>
@@ -11,17 +13,18 @@
 #include "core/problem.hpp"
 #include "core/tensor.hpp"
 #include "verify/bias.hpp"
+#include "verify/conventions.hpp"
 #include "verify/tolerance.hpp"
 
 namespace attn {
 
-enum class Verdict { pass, fail, skip, mistrusted };
+enum class Verdict { pass, fail, skip, mistrusted, differs };
 std::string_view verdict_name(Verdict verdict);
 inline std::string_view format_as(Verdict verdict) { return verdict_name(verdict); }
 
 struct Comparison {
   Verdict verdict = Verdict::pass;
-  std::string reason;             // why FAIL, SKIP or MISTRUSTED (every failed check, "; " between)
+  std::string reason;             // why FAIL, SKIP, MISTRUSTED or DIFFERS (every failed check, "; " between)
   // The a-priori bound, element by element, against the float64 truth.
   double max_abs_error = 0;       // over out
   double max_rel_error = 0;       // over out elements whose truth is non-zero
@@ -44,6 +47,9 @@ struct Comparison {
   std::optional<double> fixture_ratio;  // max of |got - out| / (atol + rtol |out|)
 
   void fail(std::string why);  // marks FAIL and appends the reason
+  // After every check: a PASS whose empty rows followed a declared convention
+  // becomes DIFFERS; a convention's failure is a FAIL.
+  void conclude(const ConventionOutcome& conventions);
 };
 
 // A result proves little when fewer than this share of its elements could be

@@ -48,9 +48,14 @@ CaseData layer_attention_inputs(const LayerData& layer) {
 
 LayerRun run_layer(const Backend& backend, const LayerData& layer, const RunOptions& options) {
   const Problem& p = layer.problem;
-  BackendRun attention = run_backend(backend, layer_attention_inputs(layer), options);
-  std::vector<double> merged = merge_heads(attention.out, p.batch, p.heads_q, p.seq_q, p.head_dim_v);
+  const CaseData inputs = layer_attention_inputs(layer);
+  BackendRun attention = run_backend(backend, inputs, options);
   LayerRun run;
+  // A declared convention is checked on the attention rows, before the output
+  // projection mixes them.
+  const std::vector<Convention> conventions = backend.conventions(p);
+  if (!conventions.empty()) run.conventions = apply_conventions(conventions, inputs, attention.out, nullptr);
+  std::vector<double> merged = merge_heads(attention.out, p.batch, p.heads_q, p.seq_q, p.head_dim_v);
   run.y = project_in_dtype(merged, p.batch * p.seq_q, layer.o_width(), layer.w_o, layer.model_dim, layer.b_o, p.dtype);
   run.guard_damage = attention.guard_damage;
   return run;

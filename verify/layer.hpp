@@ -8,6 +8,7 @@
 
 #include "core/backend.hpp"
 #include "core/layer_data.hpp"
+#include "verify/conventions.hpp"
 
 namespace attn {
 
@@ -22,6 +23,7 @@ CaseData layer_attention_inputs(const LayerData& layer);
 struct LayerRun {
   std::vector<double> y;     // [batch, seq_q, model_dim]
   std::string guard_damage;  // from the attention call
+  ConventionOutcome conventions;  // the backend's declared conventions, applied to the attention output
 };
 
 LayerRun run_layer(const Backend& backend, const LayerData& layer, const RunOptions& options);

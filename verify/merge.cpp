@@ -34,7 +34,7 @@ nlohmann::json read_json(const std::filesystem::path& path) {
 }
 
 Verdict verdict_of(const std::string& name, const std::filesystem::path& path) {
-  for (Verdict v : {Verdict::pass, Verdict::fail, Verdict::skip, Verdict::mistrusted}) {
+  for (Verdict v : {Verdict::pass, Verdict::fail, Verdict::skip, Verdict::mistrusted, Verdict::differs}) {
     if (verdict_name(v) == name) return v;
   }
   throw InputError(fmt::format("{}: a result has verdict '{}'", path.string(), name));

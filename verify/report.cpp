@@ -127,7 +127,7 @@ void print_outcome(std::FILE* out, const CaseOutcome& o) {
 
 void print_summary(std::FILE* out, const VerifySummary& summary, const std::string& attn_command) {
   struct Counts {
-    int pass = 0, fail = 0, skip = 0, mistrusted = 0;
+    int pass = 0, fail = 0, skip = 0, mistrusted = 0, differs = 0;
     double worst = 0;
   };
   std::map<std::string, Counts> per_backend;
@@ -138,15 +138,17 @@ void print_summary(std::FILE* out, const VerifySummary& summary, const std::stri
       case Verdict::fail: ++c.fail; break;
       case Verdict::skip: ++c.skip; break;
       case Verdict::mistrusted: ++c.mistrusted; break;
+      case Verdict::differs: ++c.differs; break;
     }
     if (o.comparison.verdict != Verdict::skip && std::isfinite(o.comparison.worst_ratio)) {
       c.worst = std::max(c.worst, o.comparison.worst_ratio);
     }
   }
-  fmt::print(out, "\n{:<12} {:>6} {:>6} {:>6} {:>11} {:>16}\n", "backend", "PASS", "FAIL", "SKIP", "MISTRUSTED",
-             "worst err/bound");
+  fmt::print(out, "\n{:<14} {:>6} {:>6} {:>6} {:>11} {:>8} {:>16}\n", "backend", "PASS", "FAIL", "SKIP", "MISTRUSTED",
+             "DIFFERS", "worst err/bound");
   for (const auto& [name, c] : per_backend) {
-    fmt::print(out, "{:<12} {:>6} {:>6} {:>6} {:>11} {:>16.3f}\n", printable(name), c.pass, c.fail, c.skip, c.mistrusted, c.worst);
+    fmt::print(out, "{:<14} {:>6} {:>6} {:>6} {:>11} {:>8} {:>16.3f}\n", printable(name), c.pass, c.fail, c.skip,
+               c.mistrusted, c.differs, c.worst);
   }
   const std::vector<BudgetUse> budget = budget_use(summary);
   if (!budget.empty()) {
@@ -212,7 +214,7 @@ nlohmann::json summary_json(const VerifySummary& summary) {
   nlohmann::json counts = nlohmann::json::object();
   for (const auto& o : summary.outcomes) {
     nlohmann::json& c = counts[o.backend];
-    if (c.is_null()) c = {{"PASS", 0}, {"FAIL", 0}, {"SKIP", 0}, {"MISTRUSTED", 0}};
+    if (c.is_null()) c = {{"PASS", 0}, {"FAIL", 0}, {"SKIP", 0}, {"MISTRUSTED", 0}, {"DIFFERS", 0}};
     c[std::string(verdict_name(o.comparison.verdict))] = c[std::string(verdict_name(o.comparison.verdict))].get<int>() + 1;
   }
   return {{"per_backend", counts},
@@ -299,8 +301,10 @@ void write_junit(const VerifySummary& summary, const std::filesystem::path& path
       ++t.tests;
       t.failures += o->comparison.verdict == Verdict::fail;
       // MISTRUSTED is reported as skipped with its reason: it proved nothing,
-      // so a dashboard must not count it as a pass.
-      t.skipped += o->comparison.verdict == Verdict::skip || o->comparison.verdict == Verdict::mistrusted;
+      // so a dashboard must not count it as a pass. DIFFERS too: it does not
+      // follow the format, even if it follows its framework.
+      t.skipped += o->comparison.verdict == Verdict::skip || o->comparison.verdict == Verdict::mistrusted ||
+                   o->comparison.verdict == Verdict::differs;
       t.seconds += o->seconds;
     }
     return t;
@@ -364,6 +368,8 @@ void write_junit(const VerifySummary& summary, const std::filesystem::path& path
         file << fmt::format("<skipped message=\"{}\"/>", xml_escape(c.reason));
       } else if (c.verdict == Verdict::mistrusted) {
         file << fmt::format("<skipped message=\"MISTRUSTED: {}\"/>", xml_escape(c.reason));
+      } else if (c.verdict == Verdict::differs) {
+        file << fmt::format("<skipped message=\"DIFFERS: {}\"/>", xml_escape(c.reason));
       }
       if (!o->warning.empty()) file << fmt::format("<system-err>WARNING: {}</system-err>", xml_escape(o->warning));
       file << "</testcase>\n";

@@ -154,14 +154,22 @@ Comparison run_one(const Backend& backend, const Fixture& fixture, const Judgeme
   Comparison c;
   try {
     BackendRun run = run_backend(backend, fixture.data, options);
+    const std::vector<Convention> conventions = backend.conventions(fixture.problem());
+    ConventionOutcome followed;
+    if (!conventions.empty()) followed = apply_conventions(conventions, fixture.data, run.out, run.lse ? &*run.lse : nullptr);
     const std::vector<double>* lse = run.lse ? &*run.lse : nullptr;
     c = compare_output({fixture.problem(), j.truth.out, j.truth.lse, j.bounds, j.stats.visible, run.out, lse,
                         &j.measured, &j.baselines, j.tolerance.empty() ? nullptr : &fixture.out,
                         j.tolerance.empty() ? nullptr : &j.tolerance});
     if (!run.guard_damage.empty()) c.fail(run.guard_damage);
     BackendRun probe = run_backend(backend, probe_case, options);
+    if (!conventions.empty()) {
+      ConventionOutcome probed = apply_conventions(conventions, probe_case, probe.out, nullptr);
+      if (!probed.failure.empty()) c.fail("normalisation probe: " + probed.failure);
+    }
     check_probe(c, fixture.problem(), j.stats.visible, j.probe_bounds, probe.out, j.probe_baselines, j.truth.out);
     if (!probe.guard_damage.empty()) c.fail("normalisation probe: " + probe.guard_damage);
+    c.conclude(followed);
   } catch (const std::exception& e) {
     c.fail(fmt::format("backend threw: {}", e.what()));
   }
@@ -224,6 +232,7 @@ void verify_layer(const std::filesystem::path& file, const BackendRefs& backends
                                                &baseline, tolerance.empty() ? nullptr : &fixture.y,
                                                tolerance.empty() ? nullptr : &tolerance});
           if (!run.guard_damage.empty()) outcome.comparison.fail(run.guard_damage);
+          outcome.comparison.conclude(run.conventions);
         } catch (const std::exception& e) {
           outcome.comparison.fail(fmt::format("backend threw: {}", e.what()));
         }

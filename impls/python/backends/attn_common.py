@@ -1,0 +1,135 @@
+"""What every attnbench Python backend shares: the contract, and helpers.
+
+A Python backend is one file (see py_numpy.py for a complete one) defining
+
+    NAME, DESCRIPTION, CAPABILITIES      strings ("py-..." names by convention)
+    available() -> None | str           None, or why it cannot run on this machine
+    supports(problem) -> None | str     None, or why it does not handle this problem
+    conventions(problem) -> list         optional: [(code, why)], the framework's known
+                                         differences from the fixture format on this problem;
+                                         codes: empty_rows_mean_v, empty_rows_nan, empty_rows_unmasked
+    prepare(problem, io, threads) -> run everything untimed; run() computes io.out (timed)
+    HAS_LSE = False                      optional; True when run() also fills io.lse
+
+`problem` has batch, heads_q, heads_kv, seq_q, seq_k, head_dim, head_dim_v, scale,
+causal ("none", "top_left", "bottom_right"), dtype ("float64", "float32", "float16",
+"bfloat16"), layout ("bhsd", "bshd"), mask and bias (None or their (batch, heads, rows)
+shape), kv_len (bool) and text (the canonical problem string).
+
+`io` holds zero-copy numpy views, logical [batch, heads, seq, dim] whatever the layout:
+q, k, v (read-only), out (write into it: io.out[...] = result), mask (uint8, non-zero =
+attend, [batch, heads_q, seq_q, seq_k] with stride 0 on broadcast axes, or None), bias
+(same shape, in the dtype, or None), kv_len (int64 [batch] or None) and lse (float64
+[batch * heads_q * seq_q] or None). bfloat16 arrives as raw uint16 bits: use
+bf16_to_f32() and store(), or view the bits in your framework.
+
+The fixture format's rules hold: hidden keys are mask 0, bias -inf, j >= kv_len[b] and
+the causal rule; query head h reads kv head h // (heads_q // heads_kv); a row with no
+visible key is exactly 0.
+"""
+
+import importlib.util
+import math
+import os
+import sys
+
+import numpy as np
+
+_loaded = {}
+
+
+def load_backend(path):
+    """Imports a backend file once per process (attn calls this)."""
+    path = os.path.abspath(path)
+    if path in _loaded:
+        return _loaded[path]
+    stem = os.path.splitext(os.path.basename(path))[0]
+    name = f"attn_backend_{len(_loaded)}_{stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path} is not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    for attr in ("NAME", "DESCRIPTION", "CAPABILITIES", "available", "supports", "prepare"):
+        if not hasattr(module, attr):
+            raise AttributeError(f"{path} defines no {attr} (see attn_common.py for the contract)")
+    _loaded[path] = module
+    return module
+
+
+def importable(name):
+    """None when `name` can be imported, else the reason (the import is tried for real)."""
+    try:
+        importlib.import_module(name)
+        return None
+    except Exception as e:  # a broken wheel raises OSError, not only ImportError
+        hint = "" if os.environ.get("ATTN_PYTHON_VENV") else " (set ATTN_PYTHON_VENV; scripts/install-python-peers makes one)"
+        return f"{name} cannot be imported: {type(e).__name__}: {e}{hint}"
+
+
+def bf16_to_f32(bits):
+    """uint16 bfloat16 bits -> float32 values."""
+    return (np.asarray(bits).astype(np.uint32) << 16).view(np.float32)
+
+
+def f32_to_bf16(values):
+    """float32 -> uint16 bfloat16 bits, rounded to nearest even (NaN stays NaN)."""
+    x = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounded = ((x + 0x7FFF + ((x >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = np.isnan(values)
+    if nan.any():
+        rounded = np.where(nan, np.uint16(0x7FC0), rounded)
+    return rounded
+
+
+def numpy_dtype(problem):
+    """The numpy dtype a computation in the case's dtype uses (float32 for bfloat16)."""
+    return {"float64": np.float64, "float32": np.float32, "float16": np.float16, "bfloat16": np.float32}[problem.dtype]
+
+
+def load(problem, array):
+    """An input view as numpy values of numpy_dtype(problem)."""
+    if problem.dtype == "bfloat16":
+        return bf16_to_f32(array)
+    return np.asarray(array)
+
+
+def store(problem, out, values):
+    """Writes values (any float array of out's logical shape) into the output view."""
+    if problem.dtype == "bfloat16":
+        out[...] = f32_to_bf16(np.asarray(values, dtype=np.float32))
+    else:
+        out[...] = values
+
+
+def attend(problem, io):
+    """bool [batch, heads_q, seq_q, seq_k]: True where the mask, kv_len and the causal
+    rule let query i see key j (the bias is not included)."""
+    shape = (problem.batch, problem.heads_q, problem.seq_q, problem.seq_k)
+    visible = np.ones(shape, dtype=bool)
+    if io.mask is not None:
+        visible &= io.mask != 0
+    if io.kv_len is not None:
+        j = np.arange(problem.seq_k)
+        visible &= (j[None, :] < io.kv_len[:, None])[:, None, None, :]
+    if problem.causal != "none":
+        i = np.arange(problem.seq_q)[:, None]
+        j = np.arange(problem.seq_k)[None, :]
+        offset = 0 if problem.causal == "top_left" else problem.seq_k - problem.seq_q
+        visible &= (j <= i + offset)[None, None, :, :]
+    return visible
+
+
+def hides_anything(problem):
+    return problem.mask is not None or problem.kv_len or problem.causal != "none"
+
+
+def default_scale(problem):
+    return abs(problem.scale - 1.0 / math.sqrt(problem.head_dim)) <= 1e-12 * problem.scale
+
+
+def repeat_kv(problem, x, axis=1):
+    """GQA as a user writes it without native support: each kv head repeated."""
+    group = problem.heads_q // problem.heads_kv
+    return x if group == 1 else np.repeat(x, group, axis=axis)

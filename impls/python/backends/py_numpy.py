@@ -1,0 +1,75 @@
+"""py-numpy: scaled dot-product attention exactly as the NumPy design document writes it
+(../shared/design/000_*.txt, section 2.2):
+
+    scores = Q @ K.transpose(0,1,3,2) / np.sqrt(d_k)
+    scores = masked_fill(mask == 0, -1e9)          # np.where: NumPy has no masked_fill
+    weights = softmax(scores, axis=-1)             # e^(x - max) / sum
+    output = weights @ V
+
+in float64, as the document runs it (its inputs come from np.random.randn), with the result
+rounded to the case's dtype. The textbook has no bias,
+no scale other than 1/sqrt(d_k), no GQA and no causal flag: causal and kv_len become part
+of the mask and GQA repeats the kv heads, as a user of the function would write them; a
+bias or another scale is SKIP. A row whose keys are all hidden gets -1e9 everywhere and so
+the mean of V, where the format gives 0: the verdict shows it (DIFFERS). (Run in float16
+instead, -1e9 would be -inf and such a row NaN.)
+"""
+
+import numpy as np
+
+import attn_common as ac
+
+NAME = "py-numpy"
+DESCRIPTION = "NumPy, the design document's textbook scaled_dot_product_attention (masked_fill -1e9, max-subtracted softmax)"
+CAPABILITIES = ("all dtypes (computed in float64), masks, causal, kv_len and GQA as a mask and repeated heads; "
+                "scale 1/sqrt(d) only; no bias; rows with every key hidden give mean(V)")
+
+
+def available():
+    return None
+
+
+def supports(problem):
+    if problem.bias is not None:
+        return "the textbook function takes no bias"
+    if not ac.default_scale(problem):
+        return f"the textbook function always scales by 1/sqrt(d_k); this case's scale is {problem.scale:.6g}"
+    if problem.seq_k == 0:
+        return "the textbook softmax raises on an empty key axis (np.max of a zero-size array)"
+    return None
+
+
+def conventions(problem):
+    if not ac.hides_anything(problem):
+        return []
+    return [("empty_rows_mean_v", "masked_fill(mask == 0, -1e9) leaves every score of a fully hidden row "
+             "equal, so its weights are uniform and it gives the mean of V")]
+
+
+def softmax(x, axis=-1):
+    e_x = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    return e_x / e_x.sum(axis=axis, keepdims=True)
+
+
+def scaled_dot_product_attention(Q, K, V, mask=None):
+    d_k = Q.shape[-1]
+    scores = Q @ K.transpose(0, 1, 3, 2) / np.sqrt(d_k).astype(Q.dtype)
+    if mask is not None:
+        scores = np.where(mask == 0, Q.dtype.type(-1e9), scores)
+    weights = softmax(scores, axis=-1)
+    output = weights @ V
+    return output, weights
+
+
+def prepare(problem, io, threads):
+    dtype = np.float64
+    mask = ac.attend(problem, io).astype(np.uint8) if ac.hides_anything(problem) else None
+
+    def run():
+        Q = ac.load(problem, io.q).astype(dtype, copy=False)
+        K = ac.repeat_kv(problem, ac.load(problem, io.k).astype(dtype, copy=False))
+        V = ac.repeat_kv(problem, ac.load(problem, io.v).astype(dtype, copy=False))
+        output, _ = scaled_dot_product_attention(Q, K, V, mask)
+        ac.store(problem, io.out, output)
+
+    return run

@@ -1,0 +1,101 @@
+"""py-tensorflow: the TensorFlow function of the design document
+(../shared/design/004_*.txt), as it is written:
+
+    matmul_qk = tf.matmul(query, key, transpose_b=True)
+    dk = tf.cast(tf.shape(key)[-1], tf.float32)
+    scaled_attention_logits = matmul_qk / tf.math.sqrt(dk)
+    if mask is not None:
+        scaled_attention_logits += (mask * -1e9)      # here 1 means hidden
+    attention_weights = tf.nn.softmax(scaled_attention_logits, axis=-1)
+    output = tf.matmul(attention_weights, value)
+
+Causal and kv_len join the mask, GQA repeats the kv heads. d_k is cast to float32 and
+TensorFlow does not mix dtypes, so the function raises on any other dtype: SKIP with that
+reason. It has no bias and no scale argument: SKIP. A row whose keys are all hidden gets
+s - 1e9 on every key, which float32 rounds to -1e9 for small scores: uniform weights, the
+mean of V, where the format gives 0 (DIFFERS).
+"""
+
+import os
+
+import numpy as np
+
+import attn_common as ac
+
+NAME = "py-tensorflow"
+DESCRIPTION = "TensorFlow, the design document's tf.matmul + tf.nn.softmax function (mask * -1e9, 1 = hidden)"
+CAPABILITIES = ("float32 only (d_k is cast to float32), masks, causal and kv_len as the mask, GQA by repeated heads; "
+                "scale 1/sqrt(d) only; no bias; needs tensorflow (ATTN_PYTHON_VENV)")
+
+_tf = None
+
+
+def _import():
+    global _tf
+    if _tf is None:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up banner is not a verdict
+        import tensorflow as tf
+
+        _tf = tf
+    return _tf
+
+
+def available():
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return ac.importable("tensorflow")
+
+
+def supports(problem):
+    if problem.dtype != "float32":
+        return (f"the function casts d_k to float32 and TensorFlow does not mix dtypes: {problem.dtype} "
+                "inputs raise InvalidArgumentError")
+    if problem.bias is not None:
+        return "the function takes no bias"
+    if not ac.default_scale(problem):
+        return f"the function always scales by 1/sqrt(d_k); this case's scale is {problem.scale:.6g}"
+    return None
+
+
+def conventions(problem):
+    if ac.hides_anything(problem):
+        return [("empty_rows_mean_v", "mask * -1e9 added to a fully hidden row makes its scores equal in float32, "
+                 "so its weights are uniform and it gives the mean of V")]
+    return []
+
+
+def scaled_dot_product_attention(tf, query, key, value, mask):
+    matmul_qk = tf.matmul(query, key, transpose_b=True)
+    dk = tf.cast(tf.shape(key)[-1], tf.float32)
+    scaled_attention_logits = matmul_qk / tf.math.sqrt(dk)
+    if mask is not None:
+        scaled_attention_logits += mask * -1e9
+    attention_weights = tf.nn.softmax(scaled_attention_logits, axis=-1)
+    output = tf.matmul(attention_weights, value)
+    return output, attention_weights
+
+
+_threads_set = None
+
+
+def prepare(problem, io, threads):
+    global _threads_set
+    tf = _import()
+    if threads > 0 and _threads_set is None:
+        try:  # only possible before TensorFlow's first op; later calls keep the first count
+            tf.config.threading.set_intra_op_parallelism_threads(threads)
+            tf.config.threading.set_inter_op_parallelism_threads(1)
+            _threads_set = threads
+        except RuntimeError:
+            _threads_set = 0
+    query = tf.constant(np.asarray(io.q))
+    key = tf.constant(ac.repeat_kv(problem, np.asarray(io.k)))
+    value = tf.constant(ac.repeat_kv(problem, np.asarray(io.v)))
+    mask = None
+    if ac.hides_anything(problem):
+        mask = tf.constant((~ac.attend(problem, io)).astype(np.float32))
+
+    def run():
+        output, _ = scaled_dot_product_attention(tf, query, key, value, mask)
+        io.out[...] = output.numpy()
+
+    return run

@@ -1,0 +1,101 @@
+"""py-torch: torch.nn.functional.scaled_dot_product_attention, called as its users call it.
+
+- The inputs are zero-copy tensors over attnbench's buffers (torch.from_numpy; bfloat16 as its
+  raw bits viewed as torch.bfloat16), the output is written in place.
+- causal top_left is is_causal=True; bottom_right is torch.nn.attention.bias.causal_lower_right;
+  GQA is enable_gqa=True; scale is passed as is.
+- A mask, kv_len, a causal rule together with one of them, or a bias becomes the one attn_mask
+  SDPA takes: a bool "attend" tensor (True = take part, torch's convention) or, with a bias, a
+  float one (the bias where visible, -inf where hidden). Both are built in prepare (untimed).
+"""
+
+import warnings
+
+import numpy as np
+
+import attn_common as ac
+
+NAME = "py-torch"
+DESCRIPTION = "PyTorch, torch.nn.functional.scaled_dot_product_attention (CPU)"
+CAPABILITIES = ("all dtypes, masks, bias, kv_len (as attn_mask), both causal alignments, GQA (enable_gqa); "
+                "needs torch (ATTN_PYTHON_VENV)")
+
+_torch = None
+
+
+def _import():
+    global _torch
+    if _torch is None:
+        import torch
+
+        _torch = torch
+    return _torch
+
+
+def available():
+    why = ac.importable("torch")
+    if why:
+        return why
+    torch = _import()
+    if not hasattr(torch.nn.functional, "scaled_dot_product_attention"):
+        return f"torch {torch.__version__} has no scaled_dot_product_attention (2.0 or later needed)"
+    return None
+
+
+def supports(problem):
+    torch = _import()
+    if problem.heads_kv != problem.heads_q:
+        import inspect
+
+        if "enable_gqa" not in inspect.signature(torch.nn.functional.scaled_dot_product_attention).parameters:
+            return f"torch {torch.__version__}'s SDPA has no enable_gqa (2.5 or later needed for GQA)"
+    return None
+
+
+def conventions(problem):
+    # Torch's math path gives 0 on rows whose keys are all hidden (its _safe_softmax, since 2.5); an older
+    # torch, or a kernel that does not, gives NaN there: declared so that the verdict shows it.
+    if ac.hides_anything(problem) or problem.bias is not None:
+        return [("empty_rows_nan", "SDPA's softmax of a row whose attn_mask hides every key is NaN in some torch "
+                 "versions and kernels")]
+    return []
+
+
+def _tensor(torch, problem, array):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # read-only views: torch warns, attnbench never writes them
+        if problem.dtype == "bfloat16":
+            return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(array)
+
+
+def prepare(problem, io, threads):
+    torch = _import()
+    if threads > 0:
+        torch.set_num_threads(threads)
+    q, k, v = (_tensor(torch, problem, a) for a in (io.q, io.k, io.v))
+    out = _tensor(torch, problem, io.out)
+    kwargs = {"scale": problem.scale}
+    if problem.heads_kv != problem.heads_q:
+        kwargs["enable_gqa"] = True
+    only_causal = problem.mask is None and not problem.kv_len and problem.bias is None
+    if only_causal and problem.causal == "top_left":
+        kwargs["is_causal"] = True
+    elif only_causal and problem.causal == "bottom_right":
+        from torch.nn.attention.bias import causal_lower_right
+
+        kwargs["attn_mask"] = causal_lower_right(problem.seq_q, problem.seq_k)
+    elif ac.hides_anything(problem) or problem.bias is not None:
+        attend = torch.from_numpy(ac.attend(problem, io))
+        if problem.bias is None:
+            kwargs["attn_mask"] = attend
+        else:
+            bias = _tensor(torch, problem, io.bias)
+            kwargs["attn_mask"] = torch.where(attend, bias, torch.tensor(float("-inf"), dtype=bias.dtype))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def run():
+        with torch.inference_mode():
+            out.copy_(sdpa(q, k, v, **kwargs))
+
+    return run

@@ -1,0 +1,372 @@
+#include "impls/python/bridge.hpp"
+
+// pybind11 first: Python.h must precede the standard headers.
+#include <pybind11/embed.h>
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+
+#include "core/error.hpp"
+#include "core/text.hpp"
+
+namespace py = pybind11;
+namespace fs = std::filesystem;
+
+namespace attn::python {
+
+namespace {
+
+// The folder of the built-in adapters: installed beside attn
+// (<prefix>/share/attnbench/python) or, in a build tree, the sources.
+fs::path backends_folder() {
+  std::error_code ec;
+  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    fs::path installed = exe.parent_path().parent_path() / "share" / "attnbench" / "python";
+    if (fs::exists(installed / "attn_common.py", ec)) return installed;
+  }
+  return ATTN_PYTHON_SOURCE_BACKENDS;
+}
+
+// The last line of a Python error (its type and message), for a verdict.
+std::string python_error(const py::error_already_set& e) {
+  std::string text = e.what();
+  return printable(text);
+}
+
+// The venv's "version = 3.11.2" line, or "" when it has none.
+std::string venv_version(const fs::path& venv) {
+  std::ifstream cfg(venv / "pyvenv.cfg");
+  std::string line;
+  while (std::getline(cfg, line)) {
+    auto eq = line.find('=');
+    if (eq == std::string::npos) continue;
+    std::string key = line.substr(0, eq);
+    while (!key.empty() && key.back() == ' ') key.pop_back();
+    if (key == "version" || key == "version_info") {
+      std::string value = line.substr(eq + 1);
+      while (!value.empty() && value.front() == ' ') value.erase(value.begin());
+      return value;
+    }
+  }
+  return {};
+}
+
+// One embedded interpreter per process, started on first use and never
+// finalised (frameworks such as TensorFlow do not survive finalisation). The
+// GIL is released after start; every call below takes it.
+class Runtime {
+ public:
+  static Runtime& get() {
+    static Runtime* runtime = new Runtime();  // never destroyed: Python outlives every static
+    return *runtime;
+  }
+  const Status& status() {
+    std::call_once(once_, [this] { start(); });
+    return status_;
+  }
+  py::object& common() { return *common_; }
+
+ private:
+  void start() {
+    fs::path venv;
+    if (const char* v = std::getenv("ATTN_PYTHON_VENV"); v != nullptr && *v != '\0') {
+      venv = v;
+      std::error_code ec;
+      if (!fs::is_directory(venv, ec)) {
+        status_ = Status::no(fmt::format("ATTN_PYTHON_VENV={} is not a folder", printable(venv.string())));
+        return;
+      }
+      std::string version = venv_version(venv);
+      if (version.rfind(ATTN_PYTHON_VERSION ".", 0) != 0 && version != ATTN_PYTHON_VERSION) {
+        status_ = Status::no(fmt::format("the virtual environment {} is for Python {}, but attn embeds Python {} "
+                                         "(make it with /usr/bin/python3 -m venv, or scripts/install-python-peers)",
+                                         printable(venv.string()), version.empty() ? "(unknown)" : version,
+                                         ATTN_PYTHON_VERSION));
+        return;
+      }
+    }
+    PyConfig config;
+    PyConfig_InitIsolatedConfig(&config);  // ignores PYTHONPATH and friends: the same interpreter everywhere
+    config.install_signal_handlers = 0;    // Ctrl-C stays attn's
+    config.parse_argv = 0;
+    const char* home = std::getenv("ATTN_PYTHON_HOME");
+    std::string home_text = home != nullptr && *home != '\0' ? home : ATTN_PYTHON_HOME;
+    PyStatus st = PyConfig_SetBytesString(&config, &config.home, home_text.c_str());
+    if (!PyStatus_Exception(st)) st = Py_InitializeFromConfig(&config);
+    PyConfig_Clear(&config);
+    if (PyStatus_Exception(st)) {
+      status_ = Status::no(fmt::format("the embedded Python {} did not start (home {}): {}", ATTN_PYTHON_VERSION,
+                                       home_text, st.err_msg ? st.err_msg : "unknown error"));
+      return;
+    }
+    try {
+      py::module_ sys = py::module_::import("sys");
+      py::list path = sys.attr("path");
+      if (!venv.empty()) {
+        fs::path site = venv / "lib" / ("python" ATTN_PYTHON_VERSION) / "site-packages";
+        // The venv's packages come before Debian's (its numpy before python3-numpy).
+        py::module_::import("site").attr("addsitedir")(site.string());
+        py::list moved;
+        py::list rest;
+        for (py::handle entry : path) {
+          std::string text = py::str(entry);
+          (text.rfind(venv.string(), 0) == 0 ? moved : rest).append(entry);
+        }
+        path.attr("clear")();
+        for (py::handle entry : moved) path.append(entry);
+        for (py::handle entry : rest) path.append(entry);
+      }
+      path.insert(0, backends_folder().string());
+      common_ = new py::object(py::module_::import("attn_common"));
+      py::module_::import("numpy");
+    } catch (const py::error_already_set& e) {
+      status_ = Status::no(fmt::format("the embedded Python cannot import what every Python backend needs: {}",
+                                       python_error(e)));
+    }
+    PyEval_SaveThread();
+  }
+
+  std::once_flag once_;
+  Status status_;
+  py::object* common_ = nullptr;  // never destroyed, like the interpreter
+};
+
+py::object numpy_dtype(DType dtype) {
+  switch (dtype) {
+    case DType::f64: return py::dtype::of<double>();
+    case DType::f32: return py::dtype::of<float>();
+    case DType::f16: return py::dtype("float16");
+    case DType::bf16: return py::dtype::of<std::uint16_t>();  // raw bits; attn_common views them
+  }
+  return py::none();
+}
+
+// A zero-copy numpy view; `base` keeps numpy from copying and owns nothing.
+py::array view(const void* data, const py::object& dtype, const std::vector<py::ssize_t>& shape,
+               const std::vector<py::ssize_t>& element_strides, std::size_t element_size, bool writeable) {
+  std::vector<py::ssize_t> strides;
+  for (py::ssize_t s : element_strides) strides.push_back(s * static_cast<py::ssize_t>(element_size));
+  static const char marker = 0;
+  py::capsule base(&marker, [](void*) {});
+  py::array array(py::dtype::from_args(dtype), shape, strides, data == nullptr ? &marker : data, base);
+  if (!writeable) array.attr("setflags")(py::arg("write") = false);
+  return array;
+}
+
+std::vector<py::ssize_t> dims(std::int64_t a, std::int64_t b, std::int64_t c, std::int64_t d) {
+  return {static_cast<py::ssize_t>(a), static_cast<py::ssize_t>(b), static_cast<py::ssize_t>(c),
+          static_cast<py::ssize_t>(d)};
+}
+std::vector<py::ssize_t> dims(const Dims4& d) { return dims(d[0], d[1], d[2], d[3]); }
+
+py::object problem_object(const Problem& p) {
+  py::dict d;
+  d["batch"] = p.batch;
+  d["heads_q"] = p.heads_q;
+  d["heads_kv"] = p.heads_kv;
+  d["seq_q"] = p.seq_q;
+  d["seq_k"] = p.seq_k;
+  d["head_dim"] = p.head_dim;
+  d["head_dim_v"] = p.head_dim_v;
+  d["scale"] = p.scale;
+  d["causal"] = std::string(causal_name(p.causal));
+  d["dtype"] = std::string(dtype_name(p.dtype));
+  d["layout"] = std::string(layout_name(p.layout));
+  auto shape = [](const BroadcastShape& s) -> py::object {
+    if (!s.present) return py::none();
+    return py::make_tuple(s.batch, s.heads, s.rows);
+  };
+  d["mask"] = shape(p.mask);
+  d["bias"] = shape(p.bias);
+  d["kv_len"] = p.kv_len;
+  d["text"] = p.to_string();
+  return py::module_::import("types").attr("SimpleNamespace")(**d);
+}
+
+struct Module {
+  py::object module;
+  std::string name, description, capabilities;
+  bool has_lse = false;
+};
+
+class PythonPlan final : public Plan {
+ public:
+  PythonPlan(py::object run, bool has_lse, std::string name) : run_(std::move(run)), has_lse_(has_lse), name_(std::move(name)) {}
+  ~PythonPlan() override {
+    py::gil_scoped_acquire gil;
+    run_ = py::object();
+    io_ = py::object();
+  }
+  void set_io(py::object io) { io_ = std::move(io); }
+  void run() override {
+    py::gil_scoped_acquire gil;
+    try {
+      run_();
+    } catch (py::error_already_set& e) {
+      throw Error(fmt::format("{}: {}", name_, python_error(e)));
+    }
+  }
+  bool has_lse() const override { return has_lse_; }
+
+ private:
+  py::object run_;
+  py::object io_;  // the views, alive as long as the plan
+  bool has_lse_;
+  std::string name_;
+};
+
+class PythonBackend final : public Backend {
+ public:
+  PythonBackend(fs::path file, std::string fallback_name) : file_(std::move(file)), name_(std::move(fallback_name)) {
+    const Status& runtime = Runtime::get().status();
+    if (!runtime) {
+      unavailable_ = runtime.reason;
+      description_ = fmt::format("Python backend {}", file_.filename().string());
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    try {
+      py::object module = Runtime::get().common().attr("load_backend")(file_.string());
+      module_ = std::make_unique<py::object>(module);
+      name_ = py::str(module.attr("NAME"));
+      description_ = py::str(module.attr("DESCRIPTION"));
+      capabilities_ = py::str(module.attr("CAPABILITIES"));
+      has_lse_ = py::hasattr(module, "HAS_LSE") && py::bool_(module.attr("HAS_LSE"));
+    } catch (py::error_already_set& e) {
+      unavailable_ = fmt::format("{} cannot be loaded: {}", printable(file_.string()), python_error(e));
+      description_ = fmt::format("Python backend {}", file_.filename().string());
+    }
+  }
+  ~PythonBackend() override {
+    if (module_) {
+      py::gil_scoped_acquire gil;
+      module_.reset();
+    }
+  }
+  std::string_view name() const override { return name_; }
+  std::string_view description() const override { return description_; }
+  std::string_view capabilities() const override { return capabilities_; }
+  const std::string& load_error() const { return unavailable_; }
+
+  Status available() const override {
+    if (!unavailable_.empty()) return Status::no(unavailable_);
+    py::gil_scoped_acquire gil;
+    try {
+      py::object why = module_->attr("available")();
+      if (why.is_none()) return Status::yes();
+      return Status::no(printable(std::string(py::str(why))));
+    } catch (py::error_already_set& e) {
+      return Status::no(fmt::format("available() raised {}", python_error(e)));
+    }
+  }
+  Status supports(const Problem& p) const override {
+    if (!unavailable_.empty()) return Status::no(unavailable_);
+    py::gil_scoped_acquire gil;
+    try {
+      py::object why = module_->attr("supports")(problem_object(p));
+      if (why.is_none()) return Status::yes();
+      return Status::no(printable(std::string(py::str(why))));
+    } catch (py::error_already_set& e) {
+      return Status::no(fmt::format("supports() raised {}", python_error(e)));
+    }
+  }
+  std::vector<Convention> conventions(const Problem& p) const override {
+    std::vector<Convention> result;
+    if (!unavailable_.empty()) return result;
+    py::gil_scoped_acquire gil;
+    if (!py::hasattr(*module_, "conventions")) return result;
+    py::object list;
+    try {
+      list = module_->attr("conventions")(problem_object(p));
+    } catch (py::error_already_set& e) {
+      throw Error(fmt::format("{}: conventions() raised {}", name_, python_error(e)));
+    }
+    for (py::handle item : list) {
+      auto pair = item.cast<py::tuple>();
+      std::string code = py::str(pair[0]);
+      std::string why = printable(std::string(py::str(pair[1])));
+      if (code == "empty_rows_mean_v") result.push_back({ConventionKind::empty_rows_mean_v, why});
+      else if (code == "empty_rows_nan") result.push_back({ConventionKind::empty_rows_nan, why});
+      else if (code == "empty_rows_unmasked") result.push_back({ConventionKind::empty_rows_unmasked, why});
+      else throw Error(fmt::format("{}: conventions() names '{}', which attnbench does not know (known: "
+                                   "empty_rows_mean_v, empty_rows_nan, empty_rows_unmasked)",
+                                   name_, printable(code)));
+    }
+    return result;
+  }
+  std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& options) const override {
+    if (!unavailable_.empty()) throw Error(unavailable_);
+    py::gil_scoped_acquire gil;
+    try {
+      const std::size_t elem = dtype_size(p.dtype);
+      py::object dt = numpy_dtype(p.dtype);
+      py::dict views;
+      views["q"] = view(io.q.data, dt, dims(io.q.shape), dims(io.q.strides), elem, false);
+      views["k"] = view(io.k.data, dt, dims(io.k.shape), dims(io.k.strides), elem, false);
+      views["v"] = view(io.v.data, dt, dims(io.v.shape), dims(io.v.strides), elem, false);
+      views["out"] = view(io.out.data, dt, dims(io.out.shape), dims(io.out.strides), elem, true);
+      views["mask"] = py::none();
+      if (!io.mask.empty()) {
+        views["mask"] = view(io.mask.data, py::dtype::of<std::uint8_t>(), dims(p.batch, p.heads_q, p.seq_q, p.seq_k),
+                             dims(io.mask.strides), 1, false);
+      }
+      views["bias"] = py::none();
+      if (!io.bias.empty()) {
+        views["bias"] = view(io.bias.data, dt, dims(p.batch, p.heads_q, p.seq_q, p.seq_k), dims(io.bias.strides), elem,
+                             false);
+      }
+      views["kv_len"] = py::none();
+      if (io.kv_len != nullptr) {
+        views["kv_len"] = view(io.kv_len, py::dtype::of<std::int64_t>(), {static_cast<py::ssize_t>(p.batch)}, {1},
+                               sizeof(std::int64_t), false);
+      }
+      views["lse"] = py::none();
+      if (io.lse != nullptr && has_lse_) {
+        views["lse"] = view(io.lse, py::dtype::of<double>(), {static_cast<py::ssize_t>(p.rows())}, {1}, sizeof(double), true);
+      }
+      py::object io_object = py::module_::import("types").attr("SimpleNamespace")(**views);
+      py::object run = module_->attr("prepare")(problem_object(p), io_object, options.threads);
+      auto plan = std::make_unique<PythonPlan>(std::move(run), has_lse_, name_);
+      plan->set_io(std::move(io_object));
+      return plan;
+    } catch (py::error_already_set& e) {
+      throw Error(fmt::format("{}: prepare failed: {}", name_, python_error(e)));
+    }
+  }
+
+ private:
+  fs::path file_;
+  std::string name_, description_, capabilities_;
+  std::string unavailable_;
+  bool has_lse_ = false;
+  std::unique_ptr<py::object> module_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_python_backend(const std::string& file) {
+  fs::path path = backends_folder() / file;
+  std::string fallback = "py-" + fs::path(file).stem().string().substr(3);
+  return std::make_unique<PythonBackend>(path, fallback);
+}
+
+LoadedBackend load_python_backend_file(const std::string& path) {
+  const std::string shown = printable(path);
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) throw Error(fmt::format("Python backend {}: no such file", shown));
+  fs::path absolute = fs::absolute(path, ec);
+  PythonBackend probe(absolute, "");
+  if (!probe.load_error().empty()) throw Error(fmt::format("Python backend {}: {}", shown, probe.load_error()));
+  return {std::string(probe.name()), [absolute] { return std::make_unique<PythonBackend>(absolute, ""); },
+          fmt::format("Python backend {}", shown)};
+}
+
+}  // namespace attn::python

@@ -1,0 +1,34 @@
+// A backend's declared framework conventions (core/backend.hpp, Convention)
+// on rows with no visible key, checked rather than trusted: such a row must
+// hold either the format's value (0) or exactly what a declared convention
+// gives, and everything else is judged as for any backend.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/backend.hpp"
+#include "core/case_data.hpp"
+
+namespace attn {
+
+struct ConventionOutcome {
+  std::int64_t empty_rows = 0;     // rows with no visible key
+  std::int64_t rows_followed = 0;  // of those, rows that follow a convention instead of the format
+  std::string followed;            // the convention they follow, in words
+  std::string failure;             // rows that follow neither, in words; empty when none
+};
+
+// Checks every row of `data` with no visible key in `out` (canonical
+// [b, h, i, d]); a row that follows a declared convention is overwritten with
+// the format's value (0, and -inf in lse) so the rest of the judgement sees
+// the format; a row that follows neither is left as it is (the judgement then
+// fails it) and named in `failure`.
+ConventionOutcome apply_conventions(const std::vector<Convention>& conventions, const CaseData& data,
+                                    std::vector<double>& out, std::vector<double>* lse);
+
+// What DIFFERS says about an outcome that followed a convention.
+std::string differs_reason(const ConventionOutcome& outcome);
+
+}  // namespace attn
