@@ -7,7 +7,11 @@
 
 #include <fmt/format.h>
 #include <unistd.h>
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
 
+#include <cfenv>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -38,11 +42,16 @@ fs::path backends_folder() {
 // The last line of a Python error (its type and message), for a verdict.
 std::string python_error(const py::error_already_set& e) {
   std::string text = e.what();
+  // pybind11 appends the traceback after "\n\nAt:"; a verdict keeps the message.
+  if (auto at = text.find("\n\nAt:"); at != std::string::npos) text.resize(at);
+  for (char& c : text) {
+    if (c == '\n') c = ' ';
+  }
   return printable(text);
 }
 
-// The venv's "version = 3.11.2" line, or "" when it has none.
-std::string venv_version(const fs::path& venv) {
+// A "key = value" line of the venv's pyvenv.cfg, or "" when it has none.
+std::string venv_setting(const fs::path& venv, std::string_view wanted) {
   std::ifstream cfg(venv / "pyvenv.cfg");
   std::string line;
   while (std::getline(cfg, line)) {
@@ -50,7 +59,7 @@ std::string venv_version(const fs::path& venv) {
     if (eq == std::string::npos) continue;
     std::string key = line.substr(0, eq);
     while (!key.empty() && key.back() == ' ') key.pop_back();
-    if (key == "version" || key == "version_info") {
+    if (key == wanted) {
       std::string value = line.substr(eq + 1);
       while (!value.empty() && value.front() == ' ') value.erase(value.begin());
       return value;
@@ -84,7 +93,8 @@ class Runtime {
         status_ = Status::no(fmt::format("ATTN_PYTHON_VENV={} is not a folder", printable(venv.string())));
         return;
       }
-      std::string version = venv_version(venv);
+      std::string version = venv_setting(venv, "version");
+      if (version.empty()) version = venv_setting(venv, "version_info");
       if (version.rfind(ATTN_PYTHON_VERSION ".", 0) != 0 && version != ATTN_PYTHON_VERSION) {
         status_ = Status::no(fmt::format("the virtual environment {} is for Python {}, but attn embeds Python {} "
                                          "(make it with /usr/bin/python3 -m venv, or scripts/install-python-peers)",
@@ -111,11 +121,22 @@ class Runtime {
       py::module_ sys = py::module_::import("sys");
       py::list path = sys.attr("path");
       if (!venv.empty()) {
+        // As the venv's own python would: its site-packages, and the system's
+        // packages only when it was made with --system-site-packages (Debian's
+        // scipy, built for numpy 1, must not meet the venv's numpy 2).
         fs::path site = venv / "lib" / ("python" ATTN_PYTHON_VERSION) / "site-packages";
-        // The venv's packages come before Debian's (its numpy before python3-numpy).
+        const bool system_site = venv_setting(venv, "include-system-site-packages") == "true";
+        py::list kept;
+        for (py::handle entry : path) {
+          std::string text = py::str(entry);
+          const bool site_dir = text.find("-packages") != std::string::npos;
+          if (system_site || !site_dir) kept.append(entry);
+        }
+        path.attr("clear")();
+        for (py::handle entry : kept) path.append(entry);
         py::module_::import("site").attr("addsitedir")(site.string());
-        py::list moved;
-        py::list rest;
+        // addsitedir appends; the venv comes first.
+        py::list moved, rest;
         for (py::handle entry : path) {
           std::string text = py::str(entry);
           (text.rfind(venv.string(), 0) == 0 ? moved : rest).append(entry);
@@ -125,6 +146,11 @@ class Runtime {
         for (py::handle entry : rest) path.append(entry);
       }
       path.insert(0, backends_folder().string());
+      // attn holds its own libhdf5; an h5py in this process (a wheel bundles
+      // another libhdf5) would resolve HDF5 symbols against attn's and fail
+      // in odd ways ("Not a datatype"). Backends receive their inputs from
+      // attn, so `import h5py` raises ImportError, which the frameworks accept.
+      sys.attr("modules")["h5py"] = py::none();
       common_ = new py::object(py::module_::import("attn_common"));
       py::module_::import("numpy");
     } catch (const py::error_already_set& e) {
@@ -191,6 +217,33 @@ py::object problem_object(const Problem& p) {
   return py::module_::import("types").attr("SimpleNamespace")(**d);
 }
 
+// Frameworks change the calling thread's floating-point state (TensorFlow
+// sets flush-to-zero and denormals-are-zero): it is restored after every call
+// into Python, so no other backend of the same run computes under it.
+class FloatStateGuard {
+ public:
+  FloatStateGuard() {
+    std::fegetenv(&env_);
+#if defined(__SSE__)
+    csr_ = _mm_getcsr();
+#endif
+  }
+  ~FloatStateGuard() {
+    std::fesetenv(&env_);
+#if defined(__SSE__)
+    _mm_setcsr(csr_);
+#endif
+  }
+  FloatStateGuard(const FloatStateGuard&) = delete;
+  FloatStateGuard& operator=(const FloatStateGuard&) = delete;
+
+ private:
+  std::fenv_t env_{};
+#if defined(__SSE__)
+  unsigned int csr_ = 0;
+#endif
+};
+
 struct Module {
   py::object module;
   std::string name, description, capabilities;
@@ -207,6 +260,7 @@ class PythonPlan final : public Plan {
   }
   void set_io(py::object io) { io_ = std::move(io); }
   void run() override {
+    FloatStateGuard floats;
     py::gil_scoped_acquire gil;
     try {
       run_();
@@ -232,6 +286,7 @@ class PythonBackend final : public Backend {
       description_ = fmt::format("Python backend {}", file_.filename().string());
       return;
     }
+    FloatStateGuard floats;
     py::gil_scoped_acquire gil;
     try {
       py::object module = Runtime::get().common().attr("load_backend")(file_.string());
@@ -258,6 +313,7 @@ class PythonBackend final : public Backend {
 
   Status available() const override {
     if (!unavailable_.empty()) return Status::no(unavailable_);
+    FloatStateGuard floats;
     py::gil_scoped_acquire gil;
     try {
       py::object why = module_->attr("available")();
@@ -269,6 +325,7 @@ class PythonBackend final : public Backend {
   }
   Status supports(const Problem& p) const override {
     if (!unavailable_.empty()) return Status::no(unavailable_);
+    FloatStateGuard floats;
     py::gil_scoped_acquire gil;
     try {
       py::object why = module_->attr("supports")(problem_object(p));
@@ -304,6 +361,7 @@ class PythonBackend final : public Backend {
   }
   std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& options) const override {
     if (!unavailable_.empty()) throw Error(unavailable_);
+    FloatStateGuard floats;
     py::gil_scoped_acquire gil;
     try {
       const std::size_t elem = dtype_size(p.dtype);

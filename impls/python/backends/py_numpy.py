@@ -42,8 +42,7 @@ def supports(problem):
 def conventions(problem):
     if not ac.hides_anything(problem):
         return []
-    return [("empty_rows_mean_v", "masked_fill(mask == 0, -1e9) leaves every score of a fully hidden row "
-             "equal, so its weights are uniform and it gives the mean of V")]
+    return [("empty_rows_mean_v", "masked_fill(mask == 0, -1e9) makes every score of such a row equal")]
 
 
 def softmax(x, axis=-1):

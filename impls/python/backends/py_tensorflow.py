@@ -58,8 +58,7 @@ def supports(problem):
 
 def conventions(problem):
     if ac.hides_anything(problem):
-        return [("empty_rows_mean_v", "mask * -1e9 added to a fully hidden row makes its scores equal in float32, "
-                 "so its weights are uniform and it gives the mean of V")]
+        return [("empty_rows_mean_v", "s + mask * -1e9 rounds to -1e9 on every key of such a row in float32")]
     return []
 
 

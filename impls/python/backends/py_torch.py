@@ -2,7 +2,9 @@
 
 - The inputs are zero-copy tensors over attnbench's buffers (torch.from_numpy; bfloat16 as its
   raw bits viewed as torch.bfloat16), the output is written in place.
-- causal top_left is is_causal=True; bottom_right is torch.nn.attention.bias.causal_lower_right;
+- causal top_left is is_causal=True; bottom_right is a bool mask (torch's CausalBias for it goes
+  through torch._dynamo, which loads triton's LLVM, which aborts a process that holds
+  TensorFlow's);
   GQA is enable_gqa=True; scale is passed as is.
 - A mask, kv_len, a causal rule together with one of them, or a bias becomes the one attn_mask
   SDPA takes: a bool "attend" tensor (True = take part, torch's convention) or, with a bias, a
@@ -44,20 +46,21 @@ def available():
 
 def supports(problem):
     torch = _import()
-    if problem.heads_kv != problem.heads_q:
-        import inspect
-
-        if "enable_gqa" not in inspect.signature(torch.nn.functional.scaled_dot_product_attention).parameters:
-            return f"torch {torch.__version__}'s SDPA has no enable_gqa (2.5 or later needed for GQA)"
+    if problem.heads_kv != problem.heads_q and _version(torch) < (2, 5):
+        return f"torch {torch.__version__}'s SDPA has no enable_gqa (2.5 or later needed for GQA)"
     return None
+
+
+def _version(torch):
+    parts = torch.__version__.split("+")[0].split(".")
+    return tuple(int(p) for p in parts[:2] if p.isdigit())
 
 
 def conventions(problem):
     # Torch's math path gives 0 on rows whose keys are all hidden (its _safe_softmax, since 2.5); an older
     # torch, or a kernel that does not, gives NaN there: declared so that the verdict shows it.
     if ac.hides_anything(problem) or problem.bias is not None:
-        return [("empty_rows_nan", "SDPA's softmax of a row whose attn_mask hides every key is NaN in some torch "
-                 "versions and kernels")]
+        return [("empty_rows_nan", "SDPA's softmax of a row whose attn_mask hides every key")]
     return []
 
 
@@ -81,10 +84,6 @@ def prepare(problem, io, threads):
     only_causal = problem.mask is None and not problem.kv_len and problem.bias is None
     if only_causal and problem.causal == "top_left":
         kwargs["is_causal"] = True
-    elif only_causal and problem.causal == "bottom_right":
-        from torch.nn.attention.bias import causal_lower_right
-
-        kwargs["attn_mask"] = causal_lower_right(problem.seq_q, problem.seq_k)
     elif ac.hides_anything(problem) or problem.bias is not None:
         attend = torch.from_numpy(ac.attend(problem, io))
         if problem.bias is None:
@@ -95,7 +94,8 @@ def prepare(problem, io, threads):
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
     def run():
-        with torch.inference_mode():
+        with torch.inference_mode(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             out.copy_(sdpa(q, k, v, **kwargs))
 
     return run
