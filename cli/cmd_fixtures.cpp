@@ -169,7 +169,7 @@ int show(const FixturesArgs& args) {
 
 int list(const FixturesArgs& args) {
   std::vector<std::filesystem::path> roots(args.paths.begin(), args.paths.end());
-  if (roots.empty()) roots.emplace_back(ATTN_DEFAULT_FIXTURES);
+  if (roots.empty()) roots.emplace_back(default_fixtures());
   std::set<std::string> known;
   int shown = 0;
   for (const auto& file : find_fixture_files(roots)) {
@@ -207,7 +207,7 @@ Runner add_fixtures_command(CLI::App& app) {
   sh->add_option("file", args->file, "Fixture file")->required();
   sh->add_option("--rows", args->rows, "Output rows to print")->check(CLI::PositiveNumber);
   CLI::App* ls = cmd->add_subcommand("list", "List fixtures with their tags and problem strings");
-  ls->add_option("paths", args->paths, "Files or folders (default: " ATTN_DEFAULT_FIXTURES ")");
+  ls->add_option("paths", args->paths, "Files or folders (default: the standard fixtures, " + default_fixtures() + ")");
   ls->add_option("-t,--tag", args->tags, "Only fixtures that have any of these tags, e.g. --tag smoke,edge")
       ->allow_extra_args(false)
       ->delimiter(',');

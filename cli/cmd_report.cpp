@@ -25,7 +25,7 @@ struct ReportArgs {
   std::vector<std::string> compare;
   std::string out;
   double fail_on_regression = -1;
-  std::string weights_case = ATTN_DEFAULT_FIXTURES "/layer/causal_self_b2_s10_nobias_f32.h5";
+  std::string weights_case = default_fixtures() + "/layer/causal_self_b2_s10_nobias_f32.h5";
 };
 
 std::string quote(const std::string& text) {
@@ -128,7 +128,7 @@ Runner add_report_command(CLI::App& app) {
                   "too few repetitions to be judged and none regressed");
   cmd->add_option("--weights-case", args->weights_case, "Fixture whose attention weights the report draws");
   return [args]() {
-    const std::string script = quote(ATTN_SOURCE_DIR "/reports/report.py");
+    const std::string script = quote(data_path("reports/report.py", "reports/report.py"));
     if (!args->compare.empty()) {
       std::string command = fmt::format("{} {} compare {} {}", python(), script, quote(args->compare[0]), quote(args->compare[1]));
       if (args->fail_on_regression >= 0) command += fmt::format(" --fail-on-regression {}", args->fail_on_regression);

@@ -82,7 +82,7 @@ void draw_heatmap(const ShowArgs& args, const FixtureHeader& header, const CaseD
   std::ofstream(path) << spec.dump();
   const char* python = std::getenv("ATTN_PYTHON");
   std::string command = fmt::format("{} {} {} {} {}", shell_quote(python ? python : "/usr/bin/python3"),
-                                    shell_quote(ATTN_SOURCE_DIR "/reports/heatmap.py"), shell_quote(path),
+                                    shell_quote(data_path("reports/heatmap.py", "reports/heatmap.py")), shell_quote(path),
                                     shell_quote(image.temp_path().string()), format);
   int status = std::system(command.c_str());
   std::remove(path);

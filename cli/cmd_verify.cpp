@@ -32,7 +32,7 @@ struct VerifyArgs {
 Runner add_verify_command(CLI::App& app) {
   auto args = std::make_shared<VerifyArgs>();
   CLI::App* cmd = app.add_subcommand("verify", "Run backends on golden fixtures and compare with the float64 truth");
-  cmd->add_option("paths", args->paths, "Fixture files or folders (default: " ATTN_DEFAULT_FIXTURES ")");
+  cmd->add_option("paths", args->paths, "Fixture files or folders (default: the standard fixtures, " + default_fixtures() + ")");
   // One value per flag (repeat it, or give a comma-separated list): a flag never
   // takes the paths after it.
   cmd->add_option("-b,--backend", args->backends, "Backends to run, e.g. -b naive,streaming (default: all)")
@@ -69,7 +69,7 @@ Runner add_verify_command(CLI::App& app) {
               "not the attention of its inputs), which every output still records.");
   return [args, argv0 = std::string("attn")]() {
     std::vector<std::filesystem::path> roots(args->paths.begin(), args->paths.end());
-    if (roots.empty()) roots.emplace_back(ATTN_DEFAULT_FIXTURES);
+    if (roots.empty()) roots.emplace_back(default_fixtures());
     check_outputs({args->json, args->junit}, roots);
     // An earlier run's results go now: a run that is interrupted leaves none that look current.
     for (const auto& out : {args->json, args->junit}) {

@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <string>
 
 namespace attn::cli {
 
@@ -19,6 +20,12 @@ Runner add_peak_command(CLI::App& app);
 Runner add_report_command(CLI::App& app);
 Runner add_fuzz_command(CLI::App& app);
 Runner add_merge_command(CLI::App& app);
+
+// A data file of attnbench: under <prefix>/share/attnbench/ when this attn is
+// installed (found from the executable's own path), else in the source tree.
+std::string data_path(const std::string& share_relative, const std::string& source_relative);
+// The standard fixtures (fixtures/golden), installed or in the source tree.
+std::string default_fixtures();
 
 // A measurement with more threads than CPUs times the oversubscription, not
 // the backend: says so on stderr (threads 0 = the default, never warned).

@@ -60,12 +60,10 @@ int main(int argc, char** argv) {
              "--compare --fail-on-regression could not judge everything (too few repetitions) and found no regression.");
   app.set_version_flag("--version", "attn (attnbench) " ATTN_VERSION ", commit " ATTN_GIT_COMMIT ", " ATTN_BUILD_TYPE " build");
   std::vector<std::string> plugins;
-  app.add_option("--plugin", plugins,
-                 "Load backends from a plugin (a shared library of include/attnbench/plugin.h, or a Python backend "
-                 "file .py); repeatable, also after the command; ATTN_PLUGINS (':'-separated) loads more")
-      ->expected(1)
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  app.fallthrough();  // `attn verify --plugin x.so` as well as `attn --plugin x.so verify`
+  const std::string plugin_help =
+      "Load backends from a plugin (a shared library of include/attnbench/plugin.h, or a Python backend file .py); "
+      "repeatable; ATTN_PLUGINS (':'-separated) loads more";
+  app.add_option("--plugin", plugins, plugin_help)->expected(1)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   std::map<CLI::App*, attn::cli::Runner> runners;
   auto add = [&](attn::cli::Runner (*adder)(CLI::App&)) {
     std::size_t before = app.get_subcommands({}).size();
@@ -81,6 +79,13 @@ int main(int argc, char** argv) {
   add(attn::cli::add_show_command);
   add(attn::cli::add_peak_command);
   add(attn::cli::add_report_command);
+  // The commands that run backends take --plugin after their name too.
+  for (const char* name : {"list", "verify", "fuzz", "bench", "show"}) {
+    app.get_subcommand(name)
+        ->add_option("--plugin", plugins, plugin_help)
+        ->expected(1)
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,172 @@
+// A C++ backend (a subclass of attn::Backend, exactly as an in-tree one:
+// core/backend.hpp) built out of tree and loaded into attn at run time. This
+// header implements the C ABI of attnbench/plugin.h for it; the plugin's one
+// source line is
+//
+//   ATTN_CPP_PLUGIN(make_my_backend, make_my_other_backend)
+//
+// where each argument is a function returning std::unique_ptr<attn::Backend>.
+// Exceptions never cross the boundary: they become the call's error string.
+// Link the plugin with attnbench::backend (find_package(attnbench)).
+#pragma once
+
+#include <exception>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "attnbench/plugin.h"
+#include "core/backend.hpp"
+
+namespace attn::plugin_detail {
+
+struct Held {
+  std::unique_ptr<Backend> backend;
+  std::string name, description, capabilities;
+  std::string reason;  // the last reason or error handed to attn
+};
+
+struct HeldPlan {
+  Held* held;
+  std::unique_ptr<Plan> plan;
+};
+
+inline Problem problem_of(const attn_problem& c) {
+  Problem p;
+  p.batch = c.batch;
+  p.heads_q = c.heads_q;
+  p.heads_kv = c.heads_kv;
+  p.seq_q = c.seq_q;
+  p.seq_k = c.seq_k;
+  p.head_dim = c.head_dim;
+  p.head_dim_v = c.head_dim_v;
+  p.scale = c.scale;
+  p.causal = c.causal == ATTN_CAUSAL_TOP_LEFT ? Causal::top_left
+             : c.causal == ATTN_CAUSAL_BOTTOM_RIGHT ? Causal::bottom_right
+                                                    : Causal::none;
+  p.dtype = c.dtype == ATTN_F64 ? DType::f64 : c.dtype == ATTN_F16 ? DType::f16 : c.dtype == ATTN_BF16 ? DType::bf16 : DType::f32;
+  p.layout = c.layout == ATTN_LAYOUT_BSHD ? Layout::bshd : Layout::bhsd;
+  p.kv_len = c.has_kv_len != 0;
+  p.mask = {c.mask.present != 0, c.mask.batch, c.mask.heads, c.mask.rows};
+  p.bias = {c.bias.present != 0, c.bias.batch, c.bias.heads, c.bias.rows};
+  return p;
+}
+
+inline Dims4 dims_of(const std::int64_t* s) { return {s[0], s[1], s[2], s[3]}; }
+
+inline AttentionIO io_of(const Problem& p, const attn_io& c) {
+  AttentionIO io;
+  io.q = {c.q.data, p.dtype, {p.batch, p.heads_q, p.seq_q, p.head_dim}, dims_of(c.q.strides)};
+  io.k = {c.k.data, p.dtype, {p.batch, p.heads_kv, p.seq_k, p.head_dim}, dims_of(c.k.strides)};
+  io.v = {c.v.data, p.dtype, {p.batch, p.heads_kv, p.seq_k, p.head_dim_v}, dims_of(c.v.strides)};
+  io.mask = {c.mask, dims_of(c.mask_strides)};
+  if (c.bias.data != nullptr) io.bias = {c.bias.data, p.dtype, {p.batch, p.heads_q, p.seq_q, p.seq_k}, dims_of(c.bias.strides)};
+  io.kv_len = c.kv_len;
+  io.out = {c.out, p.dtype, {p.batch, p.heads_q, p.seq_q, p.head_dim_v}, dims_of(c.out_strides)};
+  io.lse = c.lse;
+  return io;
+}
+
+inline const char* keep(Held* h, std::string text) {
+  h->reason = std::move(text);
+  return h->reason.c_str();
+}
+
+inline const char* available(void* user) {
+  auto* h = static_cast<Held*>(user);
+  try {
+    Status s = h->backend->available();
+    return s ? nullptr : keep(h, s.reason);
+  } catch (const std::exception& e) {
+    return keep(h, e.what());
+  }
+}
+
+inline const char* supports(void* user, const attn_problem* c) {
+  auto* h = static_cast<Held*>(user);
+  try {
+    Status s = h->backend->supports(problem_of(*c));
+    return s ? nullptr : keep(h, s.reason);
+  } catch (const std::exception& e) {
+    return keep(h, e.what());
+  }
+}
+
+inline void* prepare(void* user, const attn_problem* c, const attn_io* cio, std::int32_t threads, const char** error) {
+  auto* h = static_cast<Held*>(user);
+  try {
+    Problem p = problem_of(*c);
+    RunOptions options;
+    options.threads = threads;
+    auto plan = h->backend->prepare(p, io_of(p, *cio), options);
+    return new HeldPlan{h, std::move(plan)};
+  } catch (const std::exception& e) {
+    *error = keep(h, e.what());
+    return nullptr;
+  }
+}
+
+inline std::int32_t run(void* plan, const char** error) {
+  auto* hp = static_cast<HeldPlan*>(plan);
+  try {
+    hp->plan->run();
+    hp->plan->read_output();
+    return 0;
+  } catch (const std::exception& e) {
+    *error = keep(hp->held, e.what());
+    return 1;
+  }
+}
+
+inline void destroy(void* plan) { delete static_cast<HeldPlan*>(plan); }
+
+using Factory = std::unique_ptr<Backend> (*)();
+
+inline const attn_plugin* make_plugin(std::vector<Factory> factories) {
+  static std::vector<Held> held;
+  static std::vector<attn_backend> table;
+  static attn_plugin plugin{};
+  if (!table.empty()) return &plugin;
+  held.reserve(factories.size());
+  for (Factory f : factories) {
+    Held h;
+    h.backend = f();
+    h.name = std::string(h.backend->name());
+    h.description = std::string(h.backend->description());
+    h.capabilities = std::string(h.backend->capabilities());
+    held.push_back(std::move(h));
+  }
+  for (Held& h : held) {
+    attn_backend b{};
+    b.name = h.name.c_str();
+    b.description = h.description.c_str();
+    b.capabilities = h.capabilities.c_str();
+    b.user = &h;
+    b.available = &available;
+    b.supports = &supports;
+    b.prepare = &prepare;
+    b.run = &run;
+    b.destroy = &destroy;
+    b.has_lse = 0;
+    table.push_back(b);
+  }
+  plugin.abi_version = ATTN_PLUGIN_ABI_VERSION;
+  plugin.backend_size = sizeof(attn_backend);
+  plugin.count = static_cast<std::int32_t>(table.size());
+  plugin.backends = table.data();
+  return &plugin;
+}
+
+}  // namespace attn::plugin_detail
+
+#define ATTN_CPP_PLUGIN(...)                                                                             \
+  extern "C" __attribute__((visibility("default"))) uint32_t attn_plugin_abi_version(void) {             \
+    return ATTN_PLUGIN_ABI_VERSION;                                                                      \
+  }                                                                                                      \
+  extern "C" __attribute__((visibility("default"))) const attn_plugin* attn_plugin_get(void) {          \
+    try {                                                                                                \
+      return ::attn::plugin_detail::make_plugin({__VA_ARGS__});                                          \
+    } catch (...) {                                                                                      \
+      return nullptr;                                                                                    \
+    }                                                                                                    \
+  }
