@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "cli/commands.hpp"
+#include "verify/recorded.hpp"
 #include "core/error.hpp"
 #include "core/output_file.hpp"
 #include "core/registry.hpp"
@@ -26,6 +27,7 @@ struct VerifyArgs {
   bool allow_all_skipped = false;
   bool fail_on_mistrusted = false;
   std::string shard;
+  std::string outputs, outputs_name = "outputs";
 };
 }  // namespace
 
@@ -63,6 +65,12 @@ Runner add_verify_command(CLI::App& app) {
                   "Run shard K of N (1-based, e.g. 2/4) of the (fixture, backend) units; without it, "
                   "GTEST_SHARD_INDEX/GTEST_TOTAL_SHARDS, then SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT, are read. "
                   "attn merge combines the shards' --json files");
+  cmd->add_option("--outputs", args->outputs,
+                  "Judge results another tool wrote: DIR/<fixture name>.h5 holding `out` (and optionally `lse`), or `y` "
+                  "for a layer case, in the fixture format's conventions; a missing file is SKIP. Alone it judges only "
+                  "these; with -b, those backends too")
+      ->check(CLI::ExistingDirectory);
+  cmd->add_option("--outputs-name", args->outputs_name, "The name the --outputs results carry (default: outputs)");
   cmd->footer("Exit status: 0 when at least one case ran and nothing failed; 1 when something FAILED, when every "
               "case was skipped (unless --allow-all-skipped) or, with --fail-on-mistrusted, when a result was "
               "MISTRUSTED; 2 on a usage error or an input error (an unreadable or hostile fixture, a golden that is "
@@ -78,7 +86,21 @@ Runner add_verify_command(CLI::App& app) {
     RunInfo run = this_run(ATTN_VERSION, ATTN_GIT_COMMIT);
     auto files = find_fixture_files(roots);
     if (files.empty()) throw Error("no fixture files (*.h5) found");
-    auto backends = make_backends(args->backends);
+    std::vector<std::unique_ptr<Backend>> backends;
+    if (args->outputs.empty()) {
+      backends = make_backends(args->backends);
+    } else {
+      if (args->threads.size() > 1 || args->layouts.size() > 1) {
+        throw Error("--outputs judges results already computed: they have one thread count and one layout, so "
+                    "--threads and --layout take one value at most here");
+      }
+      std::vector<std::string> names;
+      for (const auto& n : args->backends) {
+        if (n != args->outputs_name) names.push_back(n);
+      }
+      if (!names.empty()) backends = make_backends(names);
+      backends.push_back(std::make_unique<RecordedOutputs>(args->outputs, args->outputs_name));
+    }
     VerifyOptions options;
     std::string shard_source;
     options.shard = shard_from(args->shard, &shard_source);

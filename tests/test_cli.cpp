@@ -11,31 +11,16 @@
 #include <nlohmann/json.hpp>
 
 #include "fixtures/fixture.hpp"
+#include "tests/cli_run.hpp"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-struct CliRun {
-  int code;
-  std::string output;
-};
-
-CliRun run_attn_with(const std::string& environment, const std::string& args) {
-  std::string command = (environment.empty() ? "" : "env " + environment + " ") + std::string(ATTN_CLI) + " " + args +
-                        " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  std::string output;
-  std::array<char, 4096> buffer;
-  while (std::size_t n = std::fread(buffer.data(), 1, buffer.size(), pipe)) output.append(buffer.data(), n);
-  int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
-}
-
-CliRun run_attn(const std::string& args) { return run_attn_with("", args); }
-
-// The same with variables set for this one command.
-CliRun run_attn_env(const std::string& environment, const std::string& args) { return run_attn_with(environment, args); }
+using attn::test::CliRun;
+using attn::test::run_attn;
+using attn::test::run_attn_env;
+using attn::test::run_attn_with;
 
 const std::string kGolden = std::string(ATTN_SOURCE_DIR) + "/fixtures/golden";
 
@@ -137,8 +122,8 @@ TEST_F(Cli, OptionsNeverTakeThePathsAfterThem) {
   EXPECT_EQ(t.code, 0) << t.output;
   CliRun lists = run_attn("verify -b naive,streaming --tag smoke,edge " + kGolden + "/basic " + kGolden + "/edge");
   EXPECT_EQ(lists.code, 0) << lists.output;
-  EXPECT_NE(lists.output.find("streaming    basic/b1_h2_q4_k4_d8_f32"), std::string::npos) << lists.output;
-  EXPECT_NE(lists.output.find("naive        edge/seq_k_0_f32"), std::string::npos) << lists.output;
+  EXPECT_NE(lists.output.find("streaming      basic/b1_h2_q4_k4_d8_f32"), std::string::npos) << lists.output;
+  EXPECT_NE(lists.output.find("naive          edge/seq_k_0_f32"), std::string::npos) << lists.output;
 }
 
 TEST_F(Cli, ARunWhereEverythingSkippedIsNotGreen) {

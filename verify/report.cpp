@@ -83,8 +83,8 @@ std::string reproduce_command(const CaseOutcome& o, const std::string& attn_comm
   }
   std::error_code ec;
   const std::filesystem::path file = std::filesystem::absolute(o.file, ec);
-  return fmt::format("{}{} verify {} --backend {}{}", environment, attn_command,
-                     shell_quote((ec ? o.file : file).string()), shell_quote(o.backend), o.config.arguments());
+  return fmt::format("{}{} verify {} --backend {}{}{}", environment, attn_command,
+                     shell_quote((ec ? o.file : file).string()), shell_quote(o.backend), o.config.arguments(), o.arguments);
 }
 
 std::vector<BudgetUse> budget_use(const VerifySummary& summary) {
@@ -104,14 +104,14 @@ std::vector<BudgetUse> budget_use(const VerifySummary& summary) {
 }
 
 void print_outcome_header(std::FILE* out) {
-  fmt::print(out, "{:<12} {:<44} {:>10} {:>10} {:>10} {:>9} {:>8} {:<16} {}\n", "backend", "fixture", "max_abs", "max_rel",
+  fmt::print(out, "{:<14} {:<44} {:>10} {:>10} {:>10} {:>9} {:>8} {:<16} {}\n", "backend", "fixture", "max_abs", "max_rel",
              "bound", "err/bound", "err/base", "worst [b,h,i,d]", "verdict");
 }
 
 void print_outcome(std::FILE* out, const CaseOutcome& o) {
   const Comparison& c = o.comparison;
   if (c.verdict == Verdict::skip) {
-    fmt::print(out, "{:<12} {:<44} {:>10} {:>10} {:>10} {:>9} {:>8} {:<16} SKIP ({})\n", printable(o.backend),
+    fmt::print(out, "{:<14} {:<44} {:>10} {:>10} {:>10} {:>9} {:>8} {:<16} SKIP ({})\n", printable(o.backend),
                printable(fixture_label(o)), "-", "-", "-", "-", "-", "-", printable(c.reason));
     return;
   }
@@ -120,7 +120,7 @@ void print_outcome(std::FILE* out, const CaseOutcome& o) {
   if (!c.reason.empty()) verdict += fmt::format(" ({})", c.reason);
   if (!o.warning.empty()) verdict += fmt::format(" [{}]", o.warning);
   const std::string base = c.baseline_ratio ? fmt::format("{:.2f}", *c.baseline_ratio) : "-";
-  fmt::print(out, "{:<12} {:<44} {:>10.3g} {:>10.3g} {:>10.3g} {:>9} {:>8} {:<16} {}\n", printable(o.backend),
+  fmt::print(out, "{:<14} {:<44} {:>10.3g} {:>10.3g} {:>10.3g} {:>9} {:>8} {:<16} {}\n", printable(o.backend),
              printable(fixture_label(o)), c.max_abs_error, c.max_rel_error, c.bound_at_worst, ratio_text(c), base, worst,
              printable(verdict));
 }
@@ -153,7 +153,7 @@ void print_summary(std::FILE* out, const VerifySummary& summary, const std::stri
   const std::vector<BudgetUse> budget = budget_use(summary);
   if (!budget.empty()) {
     fmt::print(out, "\nBudget use per backend and dtype (min / median / p99 / max over the cases that ran):\n");
-    fmt::print(out, "{:<12} {:<5} {:>6}  {:<29}  {:<29}\n", "backend", "dtype", "cases", "err/bound (limit 1)",
+    fmt::print(out, "{:<14} {:<5} {:>6}  {:<29}  {:<29}\n", "backend", "dtype", "cases", "err/bound (limit 1)",
                fmt::format("err/baseline (limit {}/{})", ToleranceConstants::baseline_factor_16bit,
                                                               ToleranceConstants::baseline_factor_wide));
     auto text = [](const Distribution& d) {
@@ -161,7 +161,7 @@ void print_summary(std::FILE* out, const VerifySummary& summary, const std::stri
                           : fmt::format("{:.3f} {:.3f} {:.3f} {:.3f}", d.min, d.median, d.p99, d.max);
     };
     for (const auto& b : budget) {
-      fmt::print(out, "{:<12} {:<5} {:>6}  {:<29}  {:<29}\n", b.backend, b.dtype, b.over_bound.count, text(b.over_bound),
+      fmt::print(out, "{:<14} {:<5} {:>6}  {:<29}  {:<29}\n", b.backend, b.dtype, b.over_bound.count, text(b.over_bound),
                  text(b.over_baseline));
     }
   }

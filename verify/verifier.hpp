@@ -50,6 +50,7 @@ struct CaseOutcome {
   double seconds = 0;
   std::string warning;  // about the fixture (e.g. a loose tolerance of its own); empty when none
   RunConfig config;     // the threads and layout it ran with
+  std::string arguments;  // more attn verify options that select the backend again (recorded outputs: --outputs DIR)
 };
 
 struct VerifySummary {

@@ -1,0 +1,96 @@
+#include "verify/recorded.hpp"
+
+#include <fmt/format.h>
+
+#include "core/error.hpp"
+#include "core/sandbox.hpp"
+#include "core/text.hpp"
+#include "fixtures/h5.hpp"
+
+namespace attn {
+
+namespace {
+
+std::string dims_text(const std::vector<std::int64_t>& dims) { return fmt::format("[{}]", fmt::join(dims, ", ")); }
+
+RecordedOutput read_file(const std::filesystem::path& file, const std::string& dataset,
+                         const std::vector<std::int64_t>& dims) {
+  const std::string shown = printable(file.string());
+  h5::File f = h5::File::open_read(file);
+  auto info = f.dataset_info(dataset);
+  if (!info) throw InputError(fmt::format("{}: holds no `{}` dataset (an outputs file holds `{}`{})", shown, dataset, dataset,
+                                          dataset == "out" ? " and optionally `lse`" : ""));
+  if (info->kind != h5::DatasetInfo::Kind::floating) {
+    throw InputError(fmt::format("{}: `{}` is {}, not floating point", shown, dataset, info->type_text));
+  }
+  if (info->dims != dims) {
+    throw InputError(fmt::format("{}: `{}` has shape {}, but the fixture's is {}", shown, dataset, dims_text(info->dims),
+                                 dims_text(dims)));
+  }
+  std::int64_t count = 1;
+  for (std::int64_t d : dims) count *= d;
+  RecordedOutput r;
+  r.values = f.read_doubles(dataset, count);
+  if (dataset == "out") {
+    if (auto lse = f.dataset_info("lse")) {
+      std::vector<std::int64_t> lse_dims(dims.begin(), dims.end() - 1);
+      if (lse->kind != h5::DatasetInfo::Kind::floating || lse->dims != lse_dims) {
+        throw InputError(fmt::format("{}: `lse` is {} of shape {}, but must be floating point of shape {}", shown,
+                                     lse->type_text, dims_text(lse->dims), dims_text(lse_dims)));
+      }
+      r.lse = f.read_doubles("lse", count / dims.back());
+    }
+  }
+  f.check_unchanged();
+  return r;
+}
+
+}  // namespace
+
+RecordedOutputs::RecordedOutputs(std::filesystem::path dir, std::string name)
+    : dir_(std::move(dir)),
+      name_(std::move(name)),
+      description_(fmt::format("results recorded by another tool in {}", printable(dir_.string()))) {}
+
+std::unique_ptr<Plan> RecordedOutputs::prepare(const Problem&, const AttentionIO&, const RunOptions&) const {
+  throw Error("recorded outputs are read, not run");
+}
+
+std::string RecordedOutputs::arguments() const {
+  return fmt::format(" --outputs {} --outputs-name {}", shell_quote(dir_.string()), shell_quote(name_));
+}
+
+std::filesystem::path RecordedOutputs::file_for(const std::string& fixture_name) const {
+  // The name comes from an untrusted fixture: it may only name a file inside
+  // the folder, never one elsewhere.
+  const std::filesystem::path relative(fixture_name);
+  bool ok = !fixture_name.empty() && fixture_name.size() <= 512 && relative.is_relative() &&
+            valid_utf8(fixture_name) == fixture_name;
+  for (const auto& part : relative) {
+    ok = ok && part != ".." && part != "." && !part.empty();
+  }
+  for (unsigned char c : fixture_name) ok = ok && c >= 0x20 && c != 0x7f && c != '\\';
+  if (!ok) {
+    throw InputError(fmt::format("fixture name '{}' cannot name an output file inside {} (it is empty, absolute, "
+                                 "has '.' or '..' parts or control bytes)",
+                                 printable(fixture_name), printable(dir_.string())));
+  }
+  return dir_ / (fixture_name + ".h5");
+}
+
+std::optional<RecordedOutput> RecordedOutputs::read(const std::string& fixture_name, const std::string& dataset,
+                                                    const std::vector<std::int64_t>& dims) const {
+  const std::filesystem::path file = file_for(fixture_name);
+  std::error_code ec;
+  if (!std::filesystem::exists(std::filesystem::symlink_status(file, ec))) return std::nullopt;
+  // Read once in the sandbox: a damaged file may crash or hang libhdf5.
+  const std::string trouble = run_sandboxed([&] { (void)read_file(file, dataset, dims); }, SandboxLimits::from_environment());
+  if (!trouble.empty()) {
+    const std::string shown = printable(file.string());
+    throw InputError(trouble.rfind(file.string() + ":", 0) == 0 ? printable(trouble)
+                                                                 : fmt::format("{}: reading it {}", shown, trouble));
+  }
+  return read_file(file, dataset, dims);
+}
+
+}  // namespace attn

@@ -1,0 +1,50 @@
+// Results computed by another tool, judged like a backend's: `attn verify
+// --outputs DIR` reads DIR/<fixture name>.h5 for each fixture, holding `out`
+// ([batch, heads_q, seq_q, head_dim_v], any float type) and optionally `lse`
+// ([batch, heads_q, seq_q]), or `y` ([batch, seq_q, model_dim]) for a layer
+// case, in the fixture format's conventions (row-major, hidden rows 0, lse
+// -inf). The files are untrusted input like fixtures: read first in the
+// sandbox, with the same hardened reader.
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/backend.hpp"
+
+namespace attn {
+
+struct RecordedOutput {
+  std::vector<double> values;              // out, or y for a layer case
+  std::optional<std::vector<double>> lse;  // sdpa only
+};
+
+class RecordedOutputs final : public Backend {
+ public:
+  RecordedOutputs(std::filesystem::path dir, std::string name);
+  std::string_view name() const override { return name_; }
+  std::string_view description() const override { return description_; }
+  std::string_view capabilities() const override { return "whatever the files hold"; }
+  Status supports(const Problem&) const override { return Status::yes(); }
+  // Never called: the verifier reads the files instead (verify/verifier.cpp).
+  std::unique_ptr<Plan> prepare(const Problem&, const AttentionIO&, const RunOptions&) const override;
+
+  // The attn verify options that select these outputs again.
+  std::string arguments() const;
+  // The file for this fixture name; InputError when the name cannot name a
+  // file inside the folder (absolute, "..", control bytes).
+  std::filesystem::path file_for(const std::string& fixture_name) const;
+  // nullopt when there is no file; InputError (naming the file) when it is
+  // unreadable, hostile, or holds the wrong datasets or shapes. `dims` is the
+  // shape `dataset` must have; lse is read when present (sdpa).
+  std::optional<RecordedOutput> read(const std::string& fixture_name, const std::string& dataset,
+                                     const std::vector<std::int64_t>& dims) const;
+
+ private:
+  std::filesystem::path dir_;
+  std::string name_, description_;
+};
+
+}  // namespace attn
