@@ -1,6 +1,7 @@
 #include "core/backend.hpp"
 
 #include <chrono>
+#include <stdexcept>
 
 namespace attn {
 
@@ -21,6 +22,16 @@ std::string_view convention_name(ConventionKind kind) {
     case ConventionKind::empty_rows_unmasked: return "empty_rows_unmasked";
   }
   return "unknown";
+}
+
+}  // namespace attn
+
+namespace attn {
+
+Status Backend::supports_layer(const Problem& problem, std::int64_t /*model_dim*/) const { return supports(problem); }
+
+std::vector<double> Backend::run_layer(const LayerData& /*layer*/, const RunOptions& /*options*/) const {
+  throw std::logic_error("this backend does not run layers itself (runs_layers() is false)");
 }
 
 }  // namespace attn

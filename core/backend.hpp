@@ -18,6 +18,8 @@
 
 namespace attn {
 
+struct LayerData;  // core/layer_data.hpp
+
 // "Yes", or "no" with a reason a person can act on.
 struct Status {
   bool ok = true;
@@ -95,6 +97,15 @@ class Backend {
   virtual std::vector<Convention> conventions(const Problem& /*problem*/) const { return {}; }
   virtual std::unique_ptr<Plan> prepare(const Problem& problem, const AttentionIO& io,
                                         const RunOptions& options) const = 0;
+
+  // Whole layers (fixtures of kind mha). A backend whose framework has its own
+  // layer (torch.nn.MultiheadAttention, Keras MultiHeadAttention) answers true
+  // and implements the two below; otherwise the verifier computes the
+  // projections itself and calls the backend's attention (verify/layer.hpp).
+  virtual bool runs_layers() const { return false; }
+  virtual Status supports_layer(const Problem& problem, std::int64_t model_dim) const;
+  // y [batch, seq_q, model_dim], widened to float64. Not timed.
+  virtual std::vector<double> run_layer(const LayerData& layer, const RunOptions& options) const;
 };
 
 }  // namespace attn

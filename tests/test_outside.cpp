@@ -181,6 +181,18 @@ TEST_F(Outside, PyTorchVerifiesAndABrokenTorchAdapterFails) {
   broken = patched(broken, "out.copy_(sdpa(q, k, v, **kwargs))", "out.copy_(sdpa(q, k.flip(2), v, **kwargs))");
   r = run_attn_env(env, "verify --plugin " + write("torch_kt.py", broken).string() + " -b py-torch-kt -t smoke -q");
   EXPECT_EQ(r.code, 1) << r.output;
+
+  // Layer cases through nn.MultiheadAttention with the fixture's weights; a
+  // layer that forgets torch's [out, in] weight order fails.
+  const fs::path layers = dir_ / "layers.json";
+  r = run_attn_env(env, "verify -b py-torch " + kGolden + "/layer -q --json " + layers.string());
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_GE(per_backend(layers, "py-torch").at("PASS").get<int>(), 12);
+  std::string untransposed = patched(source, "NAME = \"py-torch\"", "NAME = \"py-torch-wt\"");
+  untransposed = patched(untransposed, "t(data.w_q.T)", "t(data.w_q)");
+  r = run_attn_env(env, "verify --plugin " + write("torch_wt.py", untransposed).string() + " -b py-torch-wt " + kGolden +
+                            "/layer/self_b2_s10_f32.h5");
+  EXPECT_EQ(r.code, 1) << r.output;
 }
 
 // The design document's TensorFlow function, where TensorFlow is importable:
@@ -198,6 +210,9 @@ TEST_F(Outside, PyTensorflowShowsItsConventionsAndFlushesSubnormals) {
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("DIFFERS (44 of 44 rows with no visible key give the mean of V"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("SKIP (the function casts d_k to float32"), std::string::npos) << r.output;
+  r = run_attn_env(env, "verify -b py-tensorflow " + kGolden + "/layer/self_b2_s10_f32.h5 " + kGolden +
+                            "/layer/mask_cross_q3_k4_f32.h5");  // Keras MultiHeadAttention with the fixture's weights
+  EXPECT_EQ(r.code, 0) << r.output;
   r = run_attn_env(env, "verify -b py-tensorflow,naive,streaming " + kGolden + "/subnormal -q");
   EXPECT_NE(r.output.find("py-tensorflow  subnormal/qkv_f32"), std::string::npos) << r.output;  // TF flushes them
   EXPECT_EQ(r.output.find("naive          subnormal"), std::string::npos) << r.output;

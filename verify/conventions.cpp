@@ -6,6 +6,8 @@
 #include <cmath>
 #include <limits>
 
+#include "core/layer_data.hpp"
+#include "reference/layer.hpp"
 #include "reference/reference.hpp"
 
 namespace attn {
@@ -122,6 +124,90 @@ ConventionOutcome apply_conventions(const std::vector<Convention>& conventions, 
     for (const Convention& c : conventions) names.push_back(kind_text(c.kind));
     result.failure = fmt::format("{} of {} rows with no visible key hold neither the format's 0 nor the declared "
                                  "{} (first at {})",
+                                 neither, result.empty_rows, fmt::join(names, " or "), first);
+  }
+  return result;
+}
+
+ConventionOutcome apply_layer_conventions(const std::vector<Convention>& conventions, const LayerData& layer,
+                                          const LayerReference& reference, const std::vector<double>& bound,
+                                          std::vector<double>& y) {
+  ConventionOutcome result;
+  const CaseData& data = reference.attention;
+  const Problem& p = data.problem;
+  const std::int64_t m = layer.model_dim, width = p.head_dim_v;
+  // Which (b, h, i) rows have no visible key, and which queries have any.
+  std::vector<char> empty(static_cast<std::size_t>(p.rows()), 0);
+  std::vector<char> query(static_cast<std::size_t>(p.batch * p.seq_q), 0);
+  for (std::int64_t b = 0; b < p.batch; ++b)
+    for (std::int64_t h = 0; h < p.heads_q; ++h)
+      for (std::int64_t i = 0; i < p.seq_q; ++i) {
+        bool none = true;
+        for (std::int64_t j = 0; j < p.seq_k && none; ++j) none = !reference_visible(data, b, h, i, j);
+        if (!none) continue;
+        empty[static_cast<std::size_t>((b * p.heads_q + h) * p.seq_q + i)] = 1;
+        query[static_cast<std::size_t>(b * p.seq_q + i)] = 1;
+      }
+  // y as each convention predicts it.
+  std::vector<std::vector<double>> predicted;
+  for (const Convention& c : conventions) {
+    std::vector<double> o = reference.result.out;
+    for (std::int64_t b = 0; b < p.batch; ++b)
+      for (std::int64_t h = 0; h < p.heads_q; ++h)
+        for (std::int64_t i = 0; i < p.seq_q; ++i) {
+          const std::size_t row = static_cast<std::size_t>((b * p.heads_q + h) * p.seq_q + i);
+          if (!empty[row]) continue;
+          std::vector<double> want = predicted_row(c.kind, data, b, h, i);
+          for (std::int64_t d = 0; d < width; ++d) {
+            o[row * static_cast<std::size_t>(width) + static_cast<std::size_t>(d)] =
+                c.kind == ConventionKind::empty_rows_nan ? std::numeric_limits<double>::quiet_NaN()
+                                                         : want[static_cast<std::size_t>(d)];
+          }
+        }
+    const std::vector<double> merged = merge_heads(o, p.batch, p.heads_q, p.seq_q, width);
+    predicted.push_back(reference_projection(merged, p.batch * p.seq_q, layer.o_width(), layer.w_o, m, layer.b_o));
+  }
+  std::int64_t neither = 0;
+  std::string first;
+  for (std::int64_t q = 0; q < p.batch * p.seq_q; ++q) {
+    if (!query[static_cast<std::size_t>(q)]) continue;
+    ++result.empty_rows;
+    const std::size_t at = static_cast<std::size_t>(q * m);
+    bool is_format = true;
+    for (std::int64_t e = 0; e < m && is_format; ++e) {
+      const std::size_t k = at + static_cast<std::size_t>(e);
+      is_format = std::isfinite(y[k]) && std::fabs(y[k] - reference.y[k]) <= 2 * bound[k];
+    }
+    if (is_format) continue;
+    bool matched = false;
+    for (std::size_t c = 0; c < conventions.size() && !matched; ++c) {
+      bool same = true;
+      for (std::int64_t e = 0; e < m && same; ++e) {
+        const std::size_t k = at + static_cast<std::size_t>(e);
+        if (conventions[c].kind == ConventionKind::empty_rows_nan) same = std::isnan(y[k]);
+        else same = std::isfinite(y[k]) && std::fabs(y[k] - predicted[c][k]) <= 2 * bound[k] + 1e-300;
+      }
+      if (same) {
+        matched = true;
+        if (result.followed.empty()) {
+          result.followed = fmt::format("{} ({})", kind_text(conventions[c].kind), conventions[c].why);
+        }
+      }
+    }
+    if (!matched) {
+      if (neither == 0) first = fmt::format("[{},{}]", q / p.seq_q, q % p.seq_q);
+      ++neither;
+      continue;
+    }
+    ++result.rows_followed;
+    std::copy(reference.y.begin() + static_cast<std::ptrdiff_t>(at), reference.y.begin() + static_cast<std::ptrdiff_t>(at + m),
+              y.begin() + static_cast<std::ptrdiff_t>(at));
+  }
+  if (neither > 0) {
+    std::vector<std::string> names;
+    for (const Convention& c : conventions) names.push_back(kind_text(c.kind));
+    result.failure = fmt::format("{} of {} queries with a fully hidden head give a y row that is neither the format's "
+                                 "nor the one the declared {} gives (first at [b,i] = {})",
                                  neither, result.empty_rows, fmt::join(names, " or "), first);
   }
   return result;

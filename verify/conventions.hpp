@@ -28,6 +28,18 @@ struct ConventionOutcome {
 ConventionOutcome apply_conventions(const std::vector<Convention>& conventions, const CaseData& data,
                                     std::vector<double>& out, std::vector<double>* lse);
 
+// The same for a whole layer run by the backend's own layer (Backend::
+// runs_layers): a query (b, i) with a fully hidden row in any head must give
+// the format's y row, or the y that the declared convention's attention rows
+// give through the output projection (within twice `bound`, the layer's
+// a-priori bound per element of y). Rows that follow it are replaced by the
+// truth `reference_y`.
+struct LayerReference;
+struct LayerData;
+ConventionOutcome apply_layer_conventions(const std::vector<Convention>& conventions, const LayerData& layer,
+                                          const LayerReference& reference, const std::vector<double>& bound,
+                                          std::vector<double>& y);
+
 // What DIFFERS says about an outcome that followed a convention.
 std::string differs_reason(const ConventionOutcome& outcome);
 

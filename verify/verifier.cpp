@@ -67,11 +67,14 @@ bool wanted(const FixtureHeader& header, const std::vector<std::string>& tags) {
   return std::any_of(tags.begin(), tags.end(), [&](const std::string& t) { return header.has_tag(t); });
 }
 
-std::vector<Status> support_of(const BackendRefs& backends, const Problem& problem) {
+// model_dim > 0: a layer case, which a backend with its own layer judges by
+// supports_layer.
+std::vector<Status> support_of(const BackendRefs& backends, const Problem& problem, std::int64_t model_dim = 0) {
   std::vector<Status> support;
   for (const auto& backend : backends) {
     Status s = backend->available();
-    support.push_back(s ? backend->supports(problem) : s);
+    if (s) s = model_dim > 0 && backend->runs_layers() ? backend->supports_layer(problem, model_dim) : backend->supports(problem);
+    support.push_back(s);
   }
   return support;
 }
@@ -83,9 +86,9 @@ Problem laid_out_as(Problem problem, const RunConfig& config) {
 
 // Whether any backend runs the problem under any of the configurations.
 bool anyone_runs(const BackendRefs& backends, const Problem& problem,
-                 const std::vector<RunConfig>& configs) {
+                 const std::vector<RunConfig>& configs, std::int64_t model_dim = 0) {
   for (const RunConfig& config : configs) {
-      const std::vector<Status> support = support_of(backends, laid_out_as(problem, config));
+      const std::vector<Status> support = support_of(backends, laid_out_as(problem, config), model_dim);
       if (std::any_of(support.begin(), support.end(), [](const Status& s) { return s.ok; })) return true;
   }
   return false;
@@ -218,7 +221,7 @@ void verify_layer(const std::filesystem::path& file, const BackendRefs& backends
   bounds.out = derive_layer_bounds(fixture.data, reference);
   check_golden(fixture.header, "y", {problem.batch, 1, problem.seq_q, fixture.header.model_dim}, fixture.y, reference.y,
                bounds.out);
-  if (anyone_runs(backends, problem, configs)) {
+  if (anyone_runs(backends, problem, configs, fixture.header.model_dim)) {
     const std::vector<char> counts(every_row.size(), 1);
     baseline = {baseline_layer(fixture.data, options.run.threads)};
     const std::int64_t longest = std::max(problem.seq_k, fixture.header.model_dim);
@@ -231,7 +234,7 @@ void verify_layer(const std::filesystem::path& file, const BackendRefs& backends
   for (const RunConfig& config : configs) {
     LayerData data = fixture.data;
     data.problem = laid_out_as(data.problem, config);
-    const std::vector<Status> support = support_of(backends, data.problem);
+    const std::vector<Status> support = support_of(backends, data.problem, fixture.header.model_dim);
     RunOptions run_options = options.run;
     run_options.threads = config.threads;
     for (std::size_t b = 0; b < backends.size(); ++b) {
@@ -260,7 +263,20 @@ void verify_layer(const std::filesystem::path& file, const BackendRefs& backends
           continue;
         }
         try {
-          LayerRun run = run_layer(*backends[b], data, run_options);
+          LayerRun run;
+          if (backends[b]->runs_layers()) {
+            // The framework's own layer: y alone, no guard bands (it returns a new array).
+            run.y = backends[b]->run_layer(data, run_options);
+            if (run.y.size() != reference.y.size()) {
+              throw Error(fmt::format("its layer returned {} values of y, not {}", run.y.size(), reference.y.size()));
+            }
+            const std::vector<Convention> conventions = backends[b]->conventions(data.problem);
+            if (!conventions.empty()) {
+              run.conventions = apply_layer_conventions(conventions, data, reference, bounds.out, run.y);
+            }
+          } else {
+            run = run_layer(*backends[b], data, run_options);
+          }
           outcome.comparison = compare_output({shape, reference.y, no_lse, bounds, every_row, run.y, nullptr, &measured,
                                                &baseline, tolerance.empty() ? nullptr : &fixture.y,
                                                tolerance.empty() ? nullptr : &tolerance});

@@ -18,6 +18,7 @@
 #include <mutex>
 
 #include "core/error.hpp"
+#include "core/layer_data.hpp"
 #include "core/text.hpp"
 
 namespace py = pybind11;
@@ -250,6 +251,19 @@ struct Module {
   bool has_lse = false;
 };
 
+// A new numpy array holding a copy of `values` in `shape` (the layer's inputs are small).
+template <typename T>
+py::array_t<T> copied(const std::vector<T>& values, std::vector<py::ssize_t> shape) {
+  py::array_t<T> array(shape);
+  py::ssize_t n = 1;
+  for (py::ssize_t d : shape) n *= d;
+  if (static_cast<std::size_t>(n) != values.size()) {
+    throw Error(fmt::format("internal: {} values for a shape of {} elements", values.size(), n));
+  }
+  std::copy(values.begin(), values.end(), array.mutable_data());
+  return array;
+}
+
 class PythonPlan final : public Plan {
  public:
   PythonPlan(py::object run, bool has_lse, std::string name) : run_(std::move(run)), has_lse_(has_lse), name_(std::move(name)) {}
@@ -295,6 +309,7 @@ class PythonBackend final : public Backend {
       description_ = py::str(module.attr("DESCRIPTION"));
       capabilities_ = py::str(module.attr("CAPABILITIES"));
       has_lse_ = py::hasattr(module, "HAS_LSE") && py::bool_(module.attr("HAS_LSE"));
+      runs_layers_ = py::hasattr(module, "layer");
     } catch (py::error_already_set& e) {
       unavailable_ = fmt::format("{} cannot be loaded: {}", printable(file_.string()), python_error(e));
       description_ = fmt::format("Python backend {}", file_.filename().string());
@@ -359,6 +374,65 @@ class PythonBackend final : public Backend {
     }
     return result;
   }
+  bool runs_layers() const override { return runs_layers_; }
+  Status supports_layer(const Problem& p, std::int64_t model_dim) const override {
+    if (!unavailable_.empty()) return Status::no(unavailable_);
+    FloatStateGuard floats;
+    py::gil_scoped_acquire gil;
+    try {
+      if (!py::hasattr(*module_, "supports_layer")) return Status::yes();
+      py::object why = module_->attr("supports_layer")(problem_object(p), model_dim);
+      if (why.is_none()) return Status::yes();
+      return Status::no(printable(std::string(py::str(why))));
+    } catch (py::error_already_set& e) {
+      return Status::no(fmt::format("supports_layer() raised {}", python_error(e)));
+    }
+  }
+  std::vector<double> run_layer(const LayerData& layer, const RunOptions& options) const override {
+    if (!unavailable_.empty()) throw Error(unavailable_);
+    FloatStateGuard floats;
+    py::gil_scoped_acquire gil;
+    const Problem& p = layer.problem;
+    auto array = [](const std::vector<double>& v, std::vector<py::ssize_t> shape) -> py::object {
+      if (v.empty()) return py::none();
+      return copied<double>(v, std::move(shape));
+    };
+    auto ss = [](std::int64_t x) { return static_cast<py::ssize_t>(x); };
+    try {
+      py::dict d;
+      d["model_dim"] = layer.model_dim;
+      d["x_q"] = array(layer.x_q, {ss(p.batch), ss(p.seq_q), ss(layer.model_dim)});
+      d["x_k"] = array(layer.x_k, {ss(p.batch), ss(p.seq_k), ss(layer.model_dim)});
+      d["x_v"] = array(layer.x_v, {ss(p.batch), ss(p.seq_k), ss(layer.model_dim)});
+      d["w_q"] = array(layer.w_q, {ss(layer.model_dim), ss(layer.q_width())});
+      d["w_k"] = array(layer.w_k, {ss(layer.model_dim), ss(layer.k_width())});
+      d["w_v"] = array(layer.w_v, {ss(layer.model_dim), ss(layer.v_width())});
+      d["w_o"] = array(layer.w_o, {ss(layer.o_width()), ss(layer.model_dim)});
+      d["b_q"] = array(layer.b_q, {ss(layer.q_width())});
+      d["b_k"] = array(layer.b_k, {ss(layer.k_width())});
+      d["b_v"] = array(layer.b_v, {ss(layer.v_width())});
+      d["b_o"] = array(layer.b_o, {ss(layer.model_dim)});
+      const CaseData& m = layer.masking;
+      d["mask"] = py::none();
+      if (p.mask.present) {
+        d["mask"] = copied<std::uint8_t>(m.mask, {ss(p.mask.batch), ss(p.mask.heads), ss(p.mask.rows), ss(p.seq_k)});
+      }
+      d["bias"] = array(m.bias, {ss(p.bias.batch), ss(p.bias.heads), ss(p.bias.rows), ss(p.seq_k)});
+      d["kv_len"] = py::none();
+      if (p.kv_len) d["kv_len"] = copied<std::int64_t>(m.kv_len, {ss(p.batch)});
+      py::object data = py::module_::import("types").attr("SimpleNamespace")(**d);
+      py::array_t<double, py::array::c_style | py::array::forcecast> y =
+          module_->attr("layer")(problem_object(p), data, options.threads);
+      const auto expected = static_cast<py::ssize_t>(p.batch * p.seq_q * layer.model_dim);
+      if (y.size() != expected) {
+        throw Error(fmt::format("{}: layer() returned {} values, not [batch, seq_q, model_dim] = {}", name_, y.size(),
+                                expected));
+      }
+      return std::vector<double>(y.data(), y.data() + y.size());
+    } catch (py::error_already_set& e) {
+      throw Error(fmt::format("{}: layer() failed: {}", name_, python_error(e)));
+    }
+  }
   std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& options) const override {
     if (!unavailable_.empty()) throw Error(unavailable_);
     FloatStateGuard floats;
@@ -405,6 +479,7 @@ class PythonBackend final : public Backend {
   std::string name_, description_, capabilities_;
   std::string unavailable_;
   bool has_lse_ = false;
+  bool runs_layers_ = false;
   std::unique_ptr<py::object> module_;
 };
 

@@ -133,3 +133,24 @@ def repeat_kv(problem, x, axis=1):
     """GQA as a user writes it without native support: each kv head repeated."""
     group = problem.heads_q // problem.heads_kv
     return x if group == 1 else np.repeat(x, group, axis=axis)
+
+
+def layer_shape_reason(problem, model_dim, framework):
+    """None when a framework layer that splits model_dim into equal heads (no GQA) can hold the case."""
+    if problem.heads_kv != problem.heads_q:
+        return f"{framework} has no GQA (heads_kv {problem.heads_kv} != heads_q {problem.heads_q})"
+    if problem.heads_q * problem.head_dim != model_dim or problem.head_dim_v != problem.head_dim:
+        return (f"{framework} splits model_dim into heads: heads_q * head_dim = {problem.heads_q * problem.head_dim} "
+                f"and head_dim_v {problem.head_dim_v} must match model_dim {model_dim} and head_dim")
+    if not default_scale(problem):
+        return f"{framework} scales by 1/sqrt(head_dim) only; this case's scale is {problem.scale:.6g}"
+    return None
+
+
+def layer_attend(problem, data):
+    """attend() for a layer case: data.mask and data.kv_len as the layer fixture stores them."""
+    return attend(problem, data)
+
+
+def zeros_if_none(x, width):
+    return np.zeros(width) if x is None else x

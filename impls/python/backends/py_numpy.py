@@ -72,3 +72,4 @@ def prepare(problem, io, threads):
         ac.store(problem, io.out, output)
 
     return run
+

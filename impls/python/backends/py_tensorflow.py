@@ -98,3 +98,41 @@ def prepare(problem, io, threads):
         io.out[...] = output.numpy()
 
     return run
+
+
+# Layer cases: a Keras MultiHeadAttention layer (the document's Dense-projection layer) with the
+# fixture's weights, float32. Its attention_mask is [batch, seq_q, seq_k] (True = attend): a
+# mask that differs per head, and a bias, do not fit it.
+
+
+def supports_layer(problem, model_dim):
+    if problem.dtype != "float32":
+        return f"the Keras layer of the document runs in float32; this case is {problem.dtype}"
+    if problem.heads_kv != problem.heads_q:
+        return "Keras MultiHeadAttention has no GQA"
+    if problem.bias is not None:
+        return "Keras MultiHeadAttention takes no additive bias"
+    if problem.mask is not None and problem.mask[1] != 1:
+        return "Keras MultiHeadAttention's attention_mask is per batch and query, not per head"
+    if not ac.default_scale(problem):
+        return f"Keras MultiHeadAttention scales by 1/sqrt(key_dim) only; this case's scale is {problem.scale:.6g}"
+    return None
+
+
+def layer(problem, data, threads):
+    tf = _import()
+    keras = tf.keras
+    h, d, dv, E = problem.heads_q, problem.head_dim, problem.head_dim_v, data.model_dim
+    mha = keras.layers.MultiHeadAttention(num_heads=h, key_dim=d, value_dim=dv, use_bias=True, output_shape=E)
+    xq, xk, xv = (tf.constant(a.astype(np.float32)) for a in (data.x_q, data.x_k, data.x_v))
+    mask = None
+    if ac.hides_anything(problem):
+        mask = tf.constant(ac.attend(problem, data)[:, 0])  # [batch, seq_q, seq_k]; the same for every head
+    mha(xq, xv, key=xk, attention_mask=mask)  # builds the weights
+    z = ac.zeros_if_none
+    weights = [data.w_q.reshape(E, h, d), z(data.b_q, h * d).reshape(h, d),
+               data.w_k.reshape(E, h, d), z(data.b_k, h * d).reshape(h, d),
+               data.w_v.reshape(E, h, dv), z(data.b_v, h * dv).reshape(h, dv),
+               data.w_o.reshape(h, dv, E), z(data.b_o, E)]
+    mha.set_weights([w.astype(np.float32) for w in weights])
+    return mha(xq, xv, key=xk, attention_mask=mask).numpy().astype(np.float64)

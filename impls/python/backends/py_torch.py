@@ -99,3 +99,44 @@ def prepare(problem, io, threads):
             out.copy_(sdpa(q, k, v, **kwargs))
 
     return run
+
+
+# Layer cases: torch.nn.MultiheadAttention with the fixture's weights (torch stores [out, in],
+# the format [in, out]: transposed here), in the case's dtype, eval mode.
+
+_DTYPES = {"float64": "float64", "float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
+
+
+def supports_layer(problem, model_dim):
+    return ac.layer_shape_reason(problem, model_dim, "nn.MultiheadAttention") or supports(problem)
+
+
+def layer(problem, data, threads):
+    torch = _import()
+    if threads > 0:
+        torch.set_num_threads(threads)
+    dt = getattr(torch, _DTYPES[problem.dtype])
+    E = data.model_dim
+    t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(dt)
+    m = torch.nn.MultiheadAttention(E, problem.heads_q, bias=True, batch_first=True, dtype=dt)
+    with torch.no_grad():
+        m.in_proj_weight.copy_(torch.cat([t(data.w_q.T), t(data.w_k.T), t(data.w_v.T)]))
+        m.in_proj_bias.copy_(torch.cat([t(ac.zeros_if_none(data.b_q, E)), t(ac.zeros_if_none(data.b_k, E)),
+                                        t(ac.zeros_if_none(data.b_v, E))]))
+        m.out_proj.weight.copy_(t(data.w_o.T))
+        m.out_proj.bias.copy_(t(ac.zeros_if_none(data.b_o, E)))
+    m.eval()
+    kwargs = {"need_weights": False}
+    if ac.hides_anything(problem) or data.bias is not None:
+        attend = ac.attend(problem, data)
+        b, h, sq, sk = attend.shape
+        if data.bias is None:
+            kwargs["attn_mask"] = torch.from_numpy(~attend).reshape(b * h, sq, sk)  # True = not allowed, in MHA
+        else:
+            bias = np.broadcast_to(data.bias, attend.shape)
+            additive = np.where(attend, np.where(np.isfinite(bias), bias, 0.0), -np.inf)
+            kwargs["attn_mask"] = t(additive).reshape(b * h, sq, sk)
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        y, _ = m(t(data.x_q), t(data.x_k), t(data.x_v), **kwargs)
+    return y.to(torch.float64).numpy()
