@@ -153,6 +153,9 @@ class Runtime {
       // attn, so `import h5py` raises ImportError, which the frameworks accept.
       sys.attr("modules")["h5py"] = py::none();
       common_ = new py::object(py::module_::import("attn_common"));
+#if defined(__SANITIZE_ADDRESS__)
+      common_->attr("SANITIZED") = true;
+#endif
       py::module_::import("numpy");
     } catch (const py::error_already_set& e) {
       status_ = Status::no(fmt::format("the embedded Python cannot import what every Python backend needs: {}",

@@ -12,14 +12,16 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 _STYLE = {"naive": "#999999", "blocked": "#1f77b4", "streaming": "#d62728", "openblas": "#2ca02c",
-          "onednn": "#9467bd", "cuda-cublas": "#8c564b", "cuda-flash": "#e377c2"}
+          "onednn": "#9467bd", "cuda-cublas": "#8c564b", "cuda-flash": "#e377c2",
+          # The Python peers (impls/python): the frameworks' own colours.
+          "py-numpy": "#4dabcf", "py-torch": "#ee4c2c", "py-tensorflow": "#ffa800"}
 # Backends that are not built in (out of tree, other tools) take a colour and a
 # marker from these by a stable hash of their name: the same name gets the
 # same look in every report, and never one of the built-in colours.
 _EXTRA_COLORS = ["#17becf", "#bcbd22", "#ff7f0e", "#7f7f7f", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896",
                  "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5", "#393b79", "#637939", "#8c6d31"]
 _MARKERS = {"naive": "o", "blocked": "s", "streaming": "D", "openblas": "^", "onednn": "v", "cuda-cublas": "P",
-            "cuda-flash": "X"}
+            "cuda-flash": "X", "py-numpy": "p", "py-torch": "*", "py-tensorflow": "h"}
 _EXTRA_MARKERS = ["<", ">", "p", "h", "*", "d", "8", "H"]
 
 

@@ -209,6 +209,12 @@ class Report(unittest.TestCase):
         self.assertNotIn(plots._color("someone-elses"), plots._STYLE.values())
         self.assertIsNotNone(plots._marker("my-backend"))
 
+    def test_the_python_peers_have_their_own_colours(self):
+        peers = [plots._color(b) for b in ("py-numpy", "py-torch", "py-tensorflow")]
+        builtin = [plots._color(b) for b in ("naive", "blocked", "streaming", "openblas", "onednn")]
+        self.assertEqual(len(set(peers + builtin)), len(peers) + len(builtin))
+        self.assertFalse(set(plots._STYLE.values()) & set(plots._EXTRA_COLORS))
+
     def test_every_plot_is_drawn_and_embedded(self):
         png = b"\x89PNG\r\n\x1a\n" + b"0" * 64
         drawn = self.write(["bench_cpu.json", "bench_gpu.json"], weights=png)

@@ -37,6 +37,10 @@ import numpy as np
 
 _loaded = {}
 
+# Set by attn when it was built with AddressSanitizer (the bridge): some loading tricks
+# (RTLD_DEEPBIND) are refused by the sanitizer runtime.
+SANITIZED = False
+
 
 def load_backend(path):
     """Imports a backend file once per process (attn calls this)."""
@@ -58,10 +62,14 @@ def load_backend(path):
     return module
 
 
-def importable(name):
-    """None when `name` can be imported, else the reason (the import is tried for real)."""
+def importable(name, load=None):
+    """None when `name` can be imported, else the reason (the import is tried for real, by
+    `load()` when given: an adapter that imports its framework in a particular way)."""
     try:
-        importlib.import_module(name)
+        if load is None:
+            importlib.import_module(name)
+        else:
+            load()
         return None
     except Exception as e:  # a broken wheel raises OSError, not only ImportError
         hint = "" if os.environ.get("ATTN_PYTHON_VENV") else " (set ATTN_PYTHON_VENV; scripts/install-python-peers makes one)"

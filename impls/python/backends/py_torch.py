@@ -11,6 +11,8 @@
   float one (the bias where visible, -inf where hidden). Both are built in prepare (untimed).
 """
 
+import os
+import sys
 import warnings
 
 import numpy as np
@@ -28,14 +30,23 @@ _torch = None
 def _import():
     global _torch
     if _torch is None:
-        import torch
-
+        # attn links Debian's OpenBLAS, whose sgemm_ and friends are in the process's global
+        # symbol scope; torch's own BLAS calls would bind to them (measured here: SDPA at seq
+        # 4096 fell from about 150 to 50 GFLOP/s). RTLD_DEEPBIND makes torch's libraries use
+        # their own symbols first. The sanitizers refuse DEEPBIND, so a sanitized attn does not.
+        flags = sys.getdlopenflags()
+        if not ac.SANITIZED:
+            sys.setdlopenflags(os.RTLD_NOW | os.RTLD_DEEPBIND)
+        try:
+            import torch
+        finally:
+            sys.setdlopenflags(flags)
         _torch = torch
     return _torch
 
 
 def available():
-    why = ac.importable("torch")
+    why = ac.importable("torch", _import)
     if why:
         return why
     torch = _import()
