@@ -258,7 +258,7 @@ int run_benchmarks(const std::vector<std::unique_ptr<Backend>>& backends, const 
   benchmark::AddCustomContext("attn_random_interleaving", interleaving);
   for (const auto& [key, value] : options.context) benchmark::AddCustomContext(key, value);
   if (options.measure_peak) {
-    MachinePeak peak = measure_peak(options.threads);
+    MachinePeak peak = options.peak ? *options.peak : measure_peak(options.threads);
     benchmark::AddCustomContext("attn_peak_fp32_gflops", fmt::format("{:.1f}", peak.fp32_gflops));
     benchmark::AddCustomContext("attn_peak_bf16_gflops", fmt::format("{:.1f}", peak.bf16_gflops));
     benchmark::AddCustomContext("attn_peak_amx_bf16_gflops", fmt::format("{:.1f}", peak.amx_bf16_gflops));

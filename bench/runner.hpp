@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "bench/peak.hpp"
 #include "core/backend.hpp"
 #include "core/shard.hpp"
 
@@ -23,6 +24,10 @@ struct BenchOptions {
   double max_seconds_per_call = 0;
   std::string out;           // Google Benchmark JSON to this file (with the context block)
   bool measure_peak = true;  // put this machine's peaks in the context
+  // The peaks, when the caller measured them already: before the backends were
+  // made, since a framework's thread pools (TensorFlow, torch) started by a
+  // Python backend take CPU from the measurement (f32 peak 233 -> 143 GFLOP/s here).
+  std::optional<MachinePeak> peak;
   // Extra context entries (library versions and the like) from the caller.
   std::vector<std::pair<std::string, std::string>> context;
   // Time only this shard's (backend, problem) benchmarks (core/shard.hpp),

@@ -70,6 +70,7 @@ Runner add_bench_command(CLI::App& app) {
   return [cmd, options, names, shard]() {
     options->shard = shard_from(*shard, &options->shard_source);
     warn_above_cpus(options->threads, "attn bench");
+    if (options->measure_peak) options->peak = bench::measure_peak(options->threads);  // before any framework starts
     auto backends = make_backends(*names);
     options->context = environment_context(backends);
     return bench::run_benchmarks(backends, *options, cmd->remaining());

@@ -13,8 +13,8 @@ import numpy as np  # noqa: E402
 
 _STYLE = {"naive": "#999999", "blocked": "#1f77b4", "streaming": "#d62728", "openblas": "#2ca02c",
           "onednn": "#9467bd", "cuda-cublas": "#8c564b", "cuda-flash": "#e377c2",
-          # The Python peers (impls/python): the frameworks' own colours.
-          "py-numpy": "#4dabcf", "py-torch": "#ee4c2c", "py-tensorflow": "#ffa800"}
+          # The Python peers (impls/python), clear of the built-in ones.
+          "py-numpy": "#4dabcf", "py-torch": "#222222", "py-tensorflow": "#ffa800"}
 # Backends that are not built in (out of tree, other tools) take a colour and a
 # marker from these by a stable hash of their name: the same name gets the
 # same look in every report, and never one of the built-in colours.
