@@ -67,6 +67,13 @@ std::string kind_text(ConventionKind kind) {
   return "?";
 }
 
+// "the mean of V", or "NaN or the mean of V": what the declarations allow.
+std::string declared_text(const std::vector<Convention>& conventions) {
+  std::vector<std::string> names;
+  for (const Convention& c : conventions) names.push_back(kind_text(c.kind));
+  return fmt::format("{}", fmt::join(names, " or "));
+}
+
 }  // namespace
 
 ConventionOutcome apply_conventions(const std::vector<Convention>& conventions, const CaseData& data,
@@ -120,11 +127,9 @@ ConventionOutcome apply_conventions(const std::vector<Convention>& conventions, 
     }
   }
   if (neither > 0) {
-    std::vector<std::string> names;
-    for (const Convention& c : conventions) names.push_back(kind_text(c.kind));
-    result.failure = fmt::format("{} of {} rows with no visible key hold neither the format's 0 nor the declared "
-                                 "{} (first at {})",
-                                 neither, result.empty_rows, fmt::join(names, " or "), first);
+    result.failure = fmt::format("{} of {} rows with no visible key hold neither the format's 0 nor what the declared "
+                                 "convention gives ({}) (first at {})",
+                                 neither, result.empty_rows, declared_text(conventions), first);
   }
   return result;
 }
@@ -204,11 +209,9 @@ ConventionOutcome apply_layer_conventions(const std::vector<Convention>& convent
               y.begin() + static_cast<std::ptrdiff_t>(at));
   }
   if (neither > 0) {
-    std::vector<std::string> names;
-    for (const Convention& c : conventions) names.push_back(kind_text(c.kind));
     result.failure = fmt::format("{} of {} queries with a fully hidden head give a y row that is neither the format's "
-                                 "nor the one the declared {} gives (first at [b,i] = {})",
-                                 neither, result.empty_rows, fmt::join(names, " or "), first);
+                                 "nor what the declared convention gives ({}) (first at [b,i] = {})",
+                                 neither, result.empty_rows, declared_text(conventions), first);
   }
   return result;
 }

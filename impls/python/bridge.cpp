@@ -506,3 +506,19 @@ LoadedBackend load_python_backend_file(const std::string& path) {
 }
 
 }  // namespace attn::python
+
+#if defined(__SANITIZE_ADDRESS__)
+// The embedded interpreter is never finalised (frameworks do not survive it),
+// so what CPython and the extension modules it loaded hold at exit is not
+// freed; LeakSanitizer would report every object. attnbench's own leaks are
+// still reported: only allocations made inside CPython, Python packages
+// (numpy, torch, TensorFlow: their modules live under *-packages) and code
+// without a module (JIT, Python's own trampolines) are ignored.
+extern "C" const char* __lsan_default_suppressions() {
+  return "leak:libpython3\n"
+         "leak:site-packages\n"
+         "leak:dist-packages\n"
+         "leak:<unknown module>\n"
+         "leak:libcrypto\n";
+}
+#endif
