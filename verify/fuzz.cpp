@@ -30,6 +30,12 @@ class Borrowed final : public Backend {
   std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& o) const override {
     return b_.prepare(p, io, o);
   }
+  // Everything else the verifier asks a backend, too: a wrapper that dropped
+  // the declared conventions would turn a documented DIFFERS into a FAIL.
+  std::vector<Convention> conventions(const Problem& p) const override { return b_.conventions(p); }
+  bool runs_layers() const override { return b_.runs_layers(); }
+  Status supports_layer(const Problem& p, std::int64_t model_dim) const override { return b_.supports_layer(p, model_dim); }
+  std::vector<double> run_layer(const LayerData& layer, const RunOptions& o) const override { return b_.run_layer(layer, o); }
 
  private:
   const Backend& b_;
