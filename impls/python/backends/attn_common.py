@@ -91,13 +91,8 @@ def f32_to_bf16(values):
     return rounded
 
 
-def numpy_dtype(problem):
-    """The numpy dtype a computation in the case's dtype uses (float32 for bfloat16)."""
-    return {"float64": np.float64, "float32": np.float32, "float16": np.float16, "bfloat16": np.float32}[problem.dtype]
-
-
 def load(problem, array):
-    """An input view as numpy values of numpy_dtype(problem)."""
+    """An input view as numpy values (float32 for bfloat16, else the view itself)."""
     if problem.dtype == "bfloat16":
         return bf16_to_f32(array)
     return np.asarray(array)
@@ -153,11 +148,6 @@ def layer_shape_reason(problem, model_dim, framework):
     if not default_scale(problem):
         return f"{framework} scales by 1/sqrt(head_dim) only; this case's scale is {problem.scale:.6g}"
     return None
-
-
-def layer_attend(problem, data):
-    """attend() for a layer case: data.mask and data.kv_len as the layer fixture stores them."""
-    return attend(problem, data)
 
 
 def zeros_if_none(x, width):
