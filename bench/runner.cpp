@@ -128,7 +128,7 @@ struct SkipDecision {
 
 std::string decide_skip(const Backend& backend, const Problem& p, const BenchOptions& options) {
   Status ok = backend.available();
-  if (ok) ok = backend.supports(p);
+  if (ok) ok = backend_accepts(backend, p);
   if (!ok) return fmt::format("SKIP: {}", ok.reason);
   double limit = options.max_seconds_per_call;
   if (limit <= 0) limit = options.preset == "quick" ? 2.0 : options.preset == "full" ? 60.0 : 5.0;

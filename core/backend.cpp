@@ -1,5 +1,7 @@
 #include "core/backend.hpp"
 
+#include <fmt/format.h>
+
 #include <chrono>
 #include <stdexcept>
 
@@ -32,6 +34,16 @@ Status Backend::supports_layer(const Problem& problem, std::int64_t /*model_dim*
 
 std::vector<double> Backend::run_layer(const LayerData& /*layer*/, const RunOptions& /*options*/) const {
   throw std::logic_error("this backend does not run layers itself (runs_layers() is false)");
+}
+
+}  // namespace attn
+
+namespace attn {
+
+Status backend_accepts(const Backend& backend, const Problem& problem) {
+  const unsigned missing = problem.features() & ~backend.features();
+  if (missing) return Status::no(fmt::format("does not implement {} (format version 2)", feature_names(missing)));
+  return backend.supports(problem);
 }
 
 }  // namespace attn

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/problem.hpp"
+#include "core/sequences.hpp"
 #include "core/tensor.hpp"
 
 namespace attn {
@@ -43,8 +44,22 @@ struct AttentionIO {
   TensorView bias;
   const std::int64_t* kv_len = nullptr;  // [batch], or nullptr
   MutableTensorView out;                 // [batch, heads_q, seq_q, head_dim_v]
-  // Natural-log sum of exp of the visible scores per row, [batch, heads_q, seq_q]
-  // contiguous, -inf for rows with no visible key. nullptr when the caller does
+  // Format version 2 (docs/fixture-format-v2.md); nullptr when absent. With
+  // problem.ragged, q and out are [1, heads_q, seq_q, .] and k, v [1,
+  // heads_kv, seq_k, .] holding the packed sequences; when paged, k and v are
+  // [num_pages, heads_kv, page_size, .]. sequences() says where everything is.
+  const float* alibi_slopes = nullptr;         // [heads_q]
+  const float* sinks = nullptr;                // [heads_q], natural-log units like the scores
+  const std::int64_t* cu_seqlens_q = nullptr;  // [batch + 1]
+  const std::int64_t* cu_seqlens_k = nullptr;  // [batch + 1]
+  const std::int64_t* page_table = nullptr;    // [batch, seq_k / page_size]
+  const std::int64_t* seq_lens = nullptr;      // [batch]
+  SequenceMap sequences(const Problem& p) const {
+    return {&p, kv_len, cu_seqlens_q, cu_seqlens_k, page_table, seq_lens};
+  }
+  // Natural-log sum of exp of the visible scores (and of the sink) per row,
+  // [batch, heads_q, seq_q] contiguous ([1, heads_q, seq_q] when ragged), -inf
+  // for rows with no visible key (the sink when there is one). nullptr when the caller does
   // not want it; only written by backends whose Plan::has_lse() is true.
   double* lse = nullptr;
 };
@@ -92,6 +107,10 @@ class Backend {
   virtual Status supports(const Problem& problem) const = 0;
   // One line summarising what `supports` accepts, for `attn list`.
   virtual std::string_view capabilities() const = 0;
+  // The format version 2 additions (Feature bits) this backend implements.
+  // A problem using any other is SKIP before supports() is asked, so a
+  // backend written before version 2 (a plugin of ABI 1 too) never sees one.
+  virtual unsigned features() const { return 0; }
   // Conventions of this backend's framework that differ from the format on
   // this problem (see Convention); none for a backend that follows the format.
   virtual std::vector<Convention> conventions(const Problem& /*problem*/) const { return {}; }
@@ -107,5 +126,9 @@ class Backend {
   // y [batch, seq_q, model_dim], widened to float64. Not timed.
   virtual std::vector<double> run_layer(const LayerData& layer, const RunOptions& options) const;
 };
+
+// features() first, then supports(): what every tool asks before it runs a
+// backend on a problem.
+Status backend_accepts(const Backend& backend, const Problem& problem);
 
 }  // namespace attn

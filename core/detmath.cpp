@@ -47,4 +47,35 @@ double log(double x) {
   return (2.0 * sum + e * kLn2Lo) + e * kLn2Hi;
 }
 
+double tanh(double x) {
+  if (x != x) return x;
+  const double a = x < 0 ? -x : x;
+  double t;
+  if (a < 0.25) {
+    // tanh a = sum c_n a^(2n+1); at a = 1/4 the terms shrink by about 40 each,
+    // so eleven terms reach a double's precision.
+    static const double c[] = {1.0,
+                               -1.0 / 3.0,
+                               2.0 / 15.0,
+                               -17.0 / 315.0,
+                               62.0 / 2835.0,
+                               -1382.0 / 155925.0,
+                               21844.0 / 6081075.0,
+                               -929569.0 / 638512875.0,
+                               6404582.0 / 10854718875.0,
+                               -443861162.0 / 1856156927625.0,
+                               18888466084.0 / 194896477400625.0};
+    const double a2 = a * a;
+    double sum = 0;
+    for (int n = 10; n >= 0; --n) sum = sum * a2 + c[n];
+    t = a * sum;
+  } else if (a > 20) {
+    t = 1.0;  // 1 - tanh(20) < 2^-57
+  } else {
+    const double e = exp(-2.0 * a);  // at most e^-0.5: 1 - e loses under 2 bits
+    t = (1.0 - e) / (1.0 + e);
+  }
+  return x < 0 ? -t : t;
+}
+
 }  // namespace attn::detmath

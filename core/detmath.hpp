@@ -11,5 +11,6 @@ namespace attn::detmath {
 
 double exp(double x);
 double log(double x);  // x > 0; log(0) = -inf
+double tanh(double x); // from exp, and a Taylor series below |x| = 1/4
 
 }  // namespace attn::detmath

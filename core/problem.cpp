@@ -21,6 +21,32 @@ std::string_view causal_name(Causal causal) {
   return "?";
 }
 
+std::string_view align_name(Align align) { return align == Align::top_left ? "top_left" : "bottom_right"; }
+
+std::string feature_names(unsigned features) {
+  static const std::pair<unsigned, const char*> names[] = {
+      {kFeatureWindow, "sliding window"}, {kFeatureSoftcap, "softcap"}, {kFeatureAlibi, "ALiBi"},
+      {kFeatureSinks, "sinks"},           {kFeatureRagged, "ragged batches"}, {kFeaturePaged, "paged KV"}};
+  std::string text;
+  for (auto [bit, name] : names) {
+    if (!(features & bit)) continue;
+    if (!text.empty()) text += ", ";
+    text += name;
+  }
+  return text;
+}
+
+unsigned Problem::features() const {
+  unsigned f = 0;
+  if (has_window()) f |= kFeatureWindow;
+  if (softcap != 0) f |= kFeatureSoftcap;
+  if (alibi) f |= kFeatureAlibi;
+  if (sinks) f |= kFeatureSinks;
+  if (ragged) f |= kFeatureRagged;
+  if (paged()) f |= kFeaturePaged;
+  return f;
+}
+
 std::string_view layout_name(Layout layout) { return layout == Layout::bhsd ? "bhsd" : "bshd"; }
 
 double default_scale(std::int64_t head_dim) { return 1.0 / std::sqrt(static_cast<double>(head_dim)); }
@@ -28,10 +54,8 @@ double default_scale(std::int64_t head_dim) { return 1.0 / std::sqrt(static_cast
 std::int64_t Problem::causal_visible_pairs() const {
   std::int64_t pairs = 0;
   for (std::int64_t i = 0; i < seq_q; ++i) {
-    std::int64_t last = seq_k - 1;
-    if (causal == Causal::top_left) last = std::min(last, i);
-    if (causal == Causal::bottom_right) last = std::min(last, i + seq_k - seq_q);
-    if (last >= 0) pairs += last + 1;
+    const KeyRange r = key_range(i, seq_q, seq_k, seq_k);
+    pairs += r.hi - r.lo;
   }
   return pairs;
 }
@@ -79,11 +103,35 @@ void Problem::validate() const {
     throw InputError(fmt::format("problem: heads_q={} is not a multiple of heads_kv={}", heads_q, heads_kv));
   }
   if (!std::isfinite(scale)) throw InputError(fmt::format("problem: scale is {}, expected a finite number", scale));
-  checked_product({batch, heads_q, seq_q, head_dim}, "q");
-  checked_product({batch, heads_kv, seq_k, head_dim}, "k");
-  checked_product({batch, heads_kv, seq_k, head_dim_v}, "v");
-  checked_product({batch, heads_q, seq_q, head_dim_v}, "out");
+  for (auto [name, value] : {std::pair{"window_left", window_left}, std::pair{"window_right", window_right}}) {
+    if (value < -1) throw InputError(fmt::format("problem: {} is {}, expected -1 (unbounded) or at least 0", name, value));
+  }
+  if (!(std::isfinite(softcap) && softcap >= 0)) {
+    throw InputError(fmt::format("problem: softcap is {}, expected a finite number > 0 (or 0: none)", softcap));
+  }
+  if (ragged) {
+    if (mask.present || bias.present || kv_len) {
+      throw InputError("problem: packed (ragged) sequences take no mask, bias or kv_len in format version 2");
+    }
+    if (paged()) throw InputError("problem: packed (ragged) sequences and paged KV are not combined in format version 2");
+  }
+  if (page_size < 0) throw InputError(fmt::format("problem: page_size is {}, expected at least 1 (or 0: not paged)", page_size));
+  if (paged()) {
+    if (kv_len) throw InputError("problem: paged KV takes seq_lens, not kv_len");
+    if (seq_k % page_size != 0) {
+      throw InputError(fmt::format("problem: seq_k = {} is not a multiple of page_size = {} (seq_k is pages per entry "
+                                   "times page_size)", seq_k, page_size));
+    }
+    if (num_pages < 0) throw InputError(fmt::format("problem: num_pages is {}, expected at least 0", num_pages));
+  } else if (num_pages != 0) {
+    throw InputError("problem: num_pages is set but page_size is not");
+  }
+  checked_product({q_batch(), heads_q, seq_q, head_dim}, "q");
+  checked_product({kv_batch(), heads_kv, kv_seq(), head_dim}, "k");
+  checked_product({kv_batch(), heads_kv, kv_seq(), head_dim_v}, "v");
+  checked_product({q_batch(), heads_q, seq_q, head_dim_v}, "out");
   checked_product({batch, heads_q, seq_q, seq_k}, "the score matrix");
+  if (paged()) checked_product({batch, pages_per_entry()}, "page_table");
   check_broadcast(mask, *this, "mask");
   check_broadcast(bias, *this, "bias");
 }
@@ -95,6 +143,14 @@ std::string Problem::to_string() const {
   if (mask.present) s += fmt::format(",mask={}x{}x{}", mask.batch, mask.heads, mask.rows);
   if (bias.present) s += fmt::format(",bias={}x{}x{}", bias.batch, bias.heads, bias.rows);
   if (kv_len) s += ",kv_len";
+  if (causal == Causal::none && (has_window() || alibi)) s += fmt::format(",align={}", align_name(align));
+  if (window_left >= 0) s += fmt::format(",wl={}", window_left);
+  if (window_right >= 0) s += fmt::format(",wr={}", window_right);
+  if (softcap != 0) s += fmt::format(",softcap={}", softcap);
+  if (alibi) s += ",alibi";
+  if (sinks) s += ",sinks";
+  if (ragged) s += ",ragged";
+  if (paged()) s += fmt::format(",paged={}x{}", page_size, num_pages);
   if (layout != Layout::bhsd) s += fmt::format(",layout={}", layout_name(layout));
   return s;
 }
@@ -188,6 +244,33 @@ Problem Problem::parse(std::string_view text) {
   if (auto v = take("kv_len")) {
     if (!v->empty()) throw InputError("problem string: kv_len takes no value");
     p.kv_len = true;
+  }
+  auto flag = [&](std::string_view key) {
+    auto v = take(key);
+    if (v && !v->empty()) throw InputError(fmt::format("problem string: {} takes no value", key));
+    return v.has_value();
+  };
+  if (auto v = take("align")) {
+    if (*v == "top_left") p.align = Align::top_left;
+    else if (*v == "bottom_right") p.align = Align::bottom_right;
+    else throw InputError(fmt::format("problem string: align='{}' is not top_left or bottom_right", *v));
+    if (p.causal != Causal::none && p.align != p.alignment()) {
+      throw InputError(fmt::format("problem string: align={} contradicts causal={}", *v, causal_name(p.causal)));
+    }
+  }
+  if (p.causal != Causal::none) p.align = p.alignment();
+  if (auto v = take("wl")) p.window_left = parse_int("wl", *v);
+  if (auto v = take("wr")) p.window_right = parse_int("wr", *v);
+  if (auto v = take("softcap")) p.softcap = parse_double("softcap", *v);
+  p.alibi = flag("alibi");
+  p.sinks = flag("sinks");
+  p.ragged = flag("ragged");
+  if (auto v = take("paged")) {
+    const std::size_t x = v->find('x');
+    if (x == std::string::npos) throw InputError(fmt::format("problem string: paged='{}' must be PAGE_SIZExNUM_PAGES", *v));
+    p.page_size = parse_int("paged", v->substr(0, x));
+    p.num_pages = parse_int("paged", v->substr(x + 1));
+    if (p.page_size < 1) throw InputError(fmt::format("problem string: paged='{}': the page size must be at least 1", *v));
   }
   if (auto v = take("layout")) {
     if (*v == "bhsd") p.layout = Layout::bhsd;

@@ -1,6 +1,7 @@
 #include "reference/reference.hpp"
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <thread>
 
@@ -21,38 +22,137 @@ std::int64_t broadcast_index(const BroadcastShape& s, std::int64_t b, std::int64
   return idx4(s.batch == 1 ? 0 : b, s.heads == 1 ? 0 : h, s.rows == 1 ? 0 : i, j, s.heads, s.rows, seq_k);
 }
 
+// Where query row `row` of the q tensor (tensor batch tb, head h, seq s) and
+// its keys are. Written here from the format's text, apart from the helpers
+// the backends share (core/sequences.hpp), so that a slip there cannot hide.
+struct RowPlace {
+  std::int64_t tb = 0, h = 0, g = 0, s = 0, row = 0;
+  std::int64_t entry = -1;             // -1: a packed row past the last sequence
+  std::int64_t i = 0;                  // the query's position in its entry
+  std::int64_t k_len = 0, limit = 0;   // the entry's keys, and those kv_len leaves
+  std::int64_t diag = 0;               // key position of the query's diagonal
+};
+
+RowPlace place(const CaseData& data, std::int64_t tb, std::int64_t h, std::int64_t s) {
+  const Problem& p = data.problem;
+  RowPlace at;
+  at.tb = tb, at.h = h, at.g = h / p.group_size(), at.s = s, at.row = (tb * p.heads_q + h) * p.seq_q + s;
+  std::int64_t q_len = p.seq_q;
+  at.entry = tb;
+  at.i = s;
+  at.k_len = p.seq_k;
+  if (p.ragged) {
+    at.entry = -1;
+    for (std::int64_t e = 0; e < p.batch; ++e) {
+      if (data.cu_seqlens_q[e] <= s && s < data.cu_seqlens_q[e + 1]) at.entry = e;
+    }
+    if (at.entry < 0) return at;
+    at.i = s - data.cu_seqlens_q[at.entry];
+    q_len = data.cu_seqlens_q[at.entry + 1] - data.cu_seqlens_q[at.entry];
+    at.k_len = data.cu_seqlens_k[at.entry + 1] - data.cu_seqlens_k[at.entry];
+  }
+  if (p.paged()) at.k_len = data.seq_lens[tb];
+  at.limit = p.kv_len ? data.kv_len[tb] : at.k_len;
+  Align align = p.align;
+  if (p.causal == Causal::top_left) align = Align::top_left;
+  if (p.causal == Causal::bottom_right) align = Align::bottom_right;
+  at.diag = align == Align::top_left ? at.i : at.i + at.k_len - q_len;
+  return at;
+}
+
+const double* key_row(const CaseData& data, const std::vector<double>& tensor, const RowPlace& at, std::int64_t j,
+                      std::int64_t width) {
+  const Problem& p = data.problem;
+  std::int64_t b = at.tb, s = j, seq = p.seq_k;
+  if (p.ragged) b = 0, s = data.cu_seqlens_k[at.entry] + j;
+  if (p.paged()) {
+    b = data.page_table[static_cast<std::size_t>(at.tb * (p.seq_k / p.page_size) + j / p.page_size)];
+    s = j % p.page_size;
+    seq = p.page_size;
+  }
+  return &tensor[static_cast<std::size_t>(idx4(b, at.g, s, 0, p.heads_kv, seq, width))];
+}
+
+// The score of key j (entry-local) for a row, in the format's order: scale
+// times the exact dot, capped, plus ALiBi, plus the bias. `magnitude` gets
+// what the tolerance policy needs: |scale| sum |q k| (through the cap's
+// slope, plus the cap), plus |alibi| and |bias|.
+double score(const CaseData& data, const RowPlace& at, std::int64_t j, double* magnitude) {
+  const Problem& p = data.problem;
+  const double* q = &data.q[static_cast<std::size_t>(at.row * p.head_dim)];
+  const double* k = key_row(data, data.k, at, j, p.head_dim);
+  CompensatedSum dot;
+  double m = 0;
+  for (std::int64_t d = 0; d < p.head_dim; ++d) {
+    dot.add_product(q[d], k[d]);
+    m += std::fabs(q[d] * k[d]);
+  }
+  CompensatedSum s;
+  s.add_product(p.scale, dot.value());
+  m *= std::fabs(p.scale);
+  if (p.softcap != 0) {
+    // An error e of the product moves cap tanh(s / cap) by about e (1 - tanh^2);
+    // evaluating tanh and the cap costs a few roundings of the cap itself.
+    const double t = detmath::tanh(s.value() / p.softcap);
+    s = CompensatedSum{};
+    s.add(p.softcap * t);
+    m = m * (1.0 - t * t) + p.softcap;
+  }
+  if (p.alibi) {
+    // -slope |diag - j|: a float32 slope times an integer below 2^31, exact in a double.
+    const double term = -data.alibi_slopes[static_cast<std::size_t>(at.h)] * static_cast<double>(std::llabs(at.diag - j));
+    s.add(term);
+    m += std::fabs(term);
+  }
+  if (p.bias.present) {
+    const double bias = data.bias[static_cast<std::size_t>(broadcast_index(p.bias, at.tb, at.h, at.s, j, p.seq_k))];
+    s.add(bias);
+    m += std::fabs(bias);
+  }
+  if (magnitude) *magnitude = m;
+  return s.value();
+}
+
+bool visible(const CaseData& data, const RowPlace& at, std::int64_t j) {
+  const Problem& p = data.problem;
+  if (at.entry < 0 || j < 0 || j >= at.k_len || j >= at.limit) return false;
+  if (p.causal != Causal::none && j > at.diag) return false;
+  if (p.window_left >= 0 && j < at.diag - p.window_left) return false;
+  if (p.window_right >= 0 && j > at.diag + p.window_right) return false;
+  if (p.mask.present && data.mask[static_cast<std::size_t>(broadcast_index(p.mask, at.tb, at.h, at.s, j, p.seq_k))] == 0) {
+    return false;
+  }
+  if (p.bias.present) {
+    const double bias = data.bias[static_cast<std::size_t>(broadcast_index(p.bias, at.tb, at.h, at.s, j, p.seq_k))];
+    if (std::isinf(bias) && bias < 0) return false;
+  }
+  return true;
+}
+
+double sink_of(const CaseData& data, std::int64_t h) {
+  return data.problem.sinks ? data.sinks[static_cast<std::size_t>(h)] : -std::numeric_limits<double>::infinity();
+}
+
 void compute_row(const CaseData& data, std::int64_t b, std::int64_t h, std::int64_t i, ReferenceResult& result,
                  ReferenceStats* stats, std::vector<double>& scores, std::vector<double>& magnitudes,
                  std::vector<std::int64_t>& visible_keys) {
   const Problem& p = data.problem;
-  const std::int64_t g = h / p.group_size();
-  const std::int64_t row = (b * p.heads_q + h) * p.seq_q + i;
-  const double* q = &data.q[static_cast<std::size_t>(row * p.head_dim)];
+  const RowPlace at = place(data, b, h, i);
+  const std::int64_t row = at.row;
   visible_keys.clear();
   scores.clear();
   magnitudes.clear();
-  double max_score = -std::numeric_limits<double>::infinity();
-  for (std::int64_t j = 0; j < p.seq_k; ++j) {
-    if (!reference_visible(data, b, h, i, j)) continue;
-    const double* k = &data.k[static_cast<std::size_t>(idx4(b, g, j, 0, p.heads_kv, p.seq_k, p.head_dim))];
-    CompensatedSum dot;
+  // The sink joins the denominator as one more logit that carries no value.
+  const double sink = sink_of(data, h);
+  double max_score = sink;
+  for (std::int64_t j = 0; j < at.k_len; ++j) {
+    if (!visible(data, at, j)) continue;
     double magnitude = 0;
-    for (std::int64_t d = 0; d < p.head_dim; ++d) {
-      dot.add_product(q[d], k[d]);
-      magnitude += std::fabs(q[d] * k[d]);
-    }
-    CompensatedSum s;
-    s.add_product(p.scale, dot.value());
-    magnitude *= std::fabs(p.scale);
-    if (p.bias.present) {
-      double bias = data.bias[static_cast<std::size_t>(broadcast_index(p.bias, b, h, i, j, p.seq_k))];
-      s.add(bias);
-      magnitude += std::fabs(bias);
-    }
+    const double s = score(data, at, j, &magnitude);
     visible_keys.push_back(j);
-    scores.push_back(s.value());
+    scores.push_back(s);
     magnitudes.push_back(magnitude);
-    max_score = std::max(max_score, s.value());
+    max_score = std::max(max_score, s);
   }
 
   const std::int64_t out_base = row * p.head_dim_v;
@@ -64,7 +164,7 @@ void compute_row(const CaseData& data, std::int64_t b, std::int64_t h, std::int6
   }
   if (visible_keys.empty()) {
     for (std::int64_t d = 0; d < p.head_dim_v; ++d) result.out[static_cast<std::size_t>(out_base + d)] = 0.0;
-    result.lse[static_cast<std::size_t>(row)] = -std::numeric_limits<double>::infinity();
+    result.lse[static_cast<std::size_t>(row)] = sink;  // -inf without a sink
     return;  // stats of the elements stay 0: a hidden row must be exactly 0
   }
   CompensatedSum denominator;
@@ -72,6 +172,7 @@ void compute_row(const CaseData& data, std::int64_t b, std::int64_t h, std::int6
     s = detmath::exp(s - max_score);  // scores now hold the unnormalised weights
     denominator.add(s);
   }
+  if (p.sinks) denominator.add(detmath::exp(sink - max_score));
   const double total = denominator.value();
   result.lse[static_cast<std::size_t>(row)] = max_score + detmath::log(total);
   if (stats) {
@@ -79,23 +180,20 @@ void compute_row(const CaseData& data, std::int64_t b, std::int64_t h, std::int6
     for (double w : scores) squares.add((w / total) * (w / total));
     stats->weight_norm[static_cast<std::size_t>(row)] = std::sqrt(squares.value());
   }
+  auto v_at = [&](std::size_t n, std::int64_t d) {
+    return key_row(data, data.v, at, visible_keys[n], p.head_dim_v)[d];
+  };
   for (std::int64_t d = 0; d < p.head_dim_v; ++d) {
     // Sums of up to n weights (each at most 1) times v overflow when |v| is
     // near the largest double: such columns are summed as v * 2^-shift, which
     // is exact, and scaled back (the result is at most max |v|).
     double largest = 0;
-    for (std::size_t n = 0; n < visible_keys.size(); ++n) {
-      largest = std::max(largest, std::fabs(data.v[static_cast<std::size_t>(
-                                      idx4(b, g, visible_keys[n], d, p.heads_kv, p.seq_k, p.head_dim_v))]));
-    }
+    for (std::size_t n = 0; n < visible_keys.size(); ++n) largest = std::max(largest, std::fabs(v_at(n, d)));
     int shift = 0;
     if (largest * static_cast<double>(visible_keys.size()) > 0x1p1000) {
       shift = std::ilogb(largest) + std::ilogb(static_cast<double>(visible_keys.size())) - 1000;
     }
-    auto column = [&](std::size_t n) {
-      return std::ldexp(data.v[static_cast<std::size_t>(idx4(b, g, visible_keys[n], d, p.heads_kv, p.seq_k, p.head_dim_v))],
-                        -shift);
-    };
+    auto column = [&](std::size_t n) { return std::ldexp(v_at(n, d), -shift); };
     CompensatedSum acc;
     for (std::size_t n = 0; n < visible_keys.size(); ++n) acc.add_product(scores[n], column(n));
     const double out = std::ldexp(acc.value() / total, shift);
@@ -117,46 +215,47 @@ void compute_row(const CaseData& data, std::int64_t b, std::int64_t h, std::int6
 }  // namespace
 
 bool reference_visible(const CaseData& data, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) {
-  const Problem& p = data.problem;
-  if (!p.causal_visible(i, j)) return false;
-  if (p.kv_len && j >= data.kv_len[static_cast<std::size_t>(b)]) return false;
-  if (p.mask.present && data.mask[static_cast<std::size_t>(broadcast_index(p.mask, b, h, i, j, p.seq_k))] == 0) {
-    return false;
-  }
-  if (p.bias.present) {
-    double bias = data.bias[static_cast<std::size_t>(broadcast_index(p.bias, b, h, i, j, p.seq_k))];
-    if (std::isinf(bias) && bias < 0) return false;
-  }
-  return true;
+  return visible(data, place(data, b, h, i), j);
+}
+
+ReferenceRowKeys reference_row_keys(const CaseData& data, std::int64_t b, std::int64_t h, std::int64_t i) {
+  const RowPlace at = place(data, b, h, i);
+  return {at.entry < 0 ? 0 : at.k_len, at.diag};
+}
+
+std::int64_t reference_key_offset(const CaseData& data, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j,
+                                  std::int64_t width) {
+  const RowPlace at = place(data, b, h, i);
+  const std::vector<double>& tensor = width == data.problem.head_dim_v ? data.v : data.k;
+  return key_row(data, tensor, at, j, width) - tensor.data();
+}
+
+double reference_score(const CaseData& data, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) {
+  return score(data, place(data, b, h, i), j, nullptr);
 }
 
 std::vector<double> reference_weights(const CaseData& data, std::int64_t b, std::int64_t h) {
   const Problem& p = data.problem;
   std::vector<double> weights(static_cast<std::size_t>(p.seq_q * p.seq_k), 0.0);
-  const std::int64_t g = h / p.group_size();
   for (std::int64_t i = 0; i < p.seq_q; ++i) {
     double* row = &weights[static_cast<std::size_t>(i * p.seq_k)];
-    const double* q = &data.q[static_cast<std::size_t>(((b * p.heads_q + h) * p.seq_q + i) * p.head_dim)];
-    double max_score = -std::numeric_limits<double>::infinity();
-    std::vector<std::int64_t> visible;
-    for (std::int64_t j = 0; j < p.seq_k; ++j) {
-      if (!reference_visible(data, b, h, i, j)) continue;
-      const double* k = &data.k[static_cast<std::size_t>(idx4(b, g, j, 0, p.heads_kv, p.seq_k, p.head_dim))];
-      CompensatedSum dot;
-      for (std::int64_t d = 0; d < p.head_dim; ++d) dot.add_product(q[d], k[d]);
-      CompensatedSum s;
-      s.add_product(p.scale, dot.value());
-      if (p.bias.present) s.add(data.bias[static_cast<std::size_t>(broadcast_index(p.bias, b, h, i, j, p.seq_k))]);
-      row[j] = s.value();
+    const RowPlace at = place(data, b, h, i);
+    const double sink = sink_of(data, h);
+    double max_score = sink;
+    std::vector<std::int64_t> shown;
+    for (std::int64_t j = 0; j < at.k_len; ++j) {
+      if (!visible(data, at, j)) continue;
+      row[j] = score(data, at, j, nullptr);
       max_score = std::max(max_score, row[j]);
-      visible.push_back(j);
+      shown.push_back(j);
     }
     CompensatedSum total;
-    for (std::int64_t j : visible) {
+    for (std::int64_t j : shown) {
       row[j] = detmath::exp(row[j] - max_score);
       total.add(row[j]);
     }
-    for (std::int64_t j : visible) row[j] /= total.value();
+    if (p.sinks && !shown.empty()) total.add(detmath::exp(sink - max_score));
+    for (std::int64_t j : shown) row[j] /= total.value();
   }
   return weights;
 }
@@ -182,7 +281,7 @@ ReferenceResult reference_attention(const CaseData& data, ReferenceStats* stats,
     std::vector<std::int64_t> visible;
     // Rows are interleaved so causal cases share the work evenly.
     for (std::int64_t row = worker; row < rows; row += workers) {
-      std::int64_t i = row % p.seq_q, bh = row / p.seq_q;
+      const std::int64_t i = row % p.seq_q, bh = row / p.seq_q;
       compute_row(data, bh / p.heads_q, bh % p.heads_q, i, result, stats, scores, magnitudes, visible);
     }
   };

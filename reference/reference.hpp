@@ -12,7 +12,7 @@ namespace attn {
 
 struct ReferenceResult {
   std::vector<double> out;  // [batch, heads_q, seq_q, head_dim_v]
-  std::vector<double> lse;  // [batch, heads_q, seq_q]; -inf for rows with no visible key
+  std::vector<double> lse;  // [batch, heads_q, seq_q]; -inf (or the sink) for rows with no visible key
 };
 
 // What the tolerance policy needs to know about a case, element by element.
@@ -25,7 +25,22 @@ struct ReferenceStats {
 };
 
 // Whether key j is visible to query row (b, h, i) under the format's rules.
+// b and i index the q tensor (for packed sequences b is 0 and i the packed
+// row); j is the key's position within the row's batch entry.
 bool reference_visible(const CaseData& data, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j);
+// The keys of that row's entry are j in [0, keys); ALiBi and the window are
+// measured from key position diag.
+struct ReferenceRowKeys {
+  std::int64_t keys = 0, diag = 0;
+};
+ReferenceRowKeys reference_row_keys(const CaseData& data, std::int64_t b, std::int64_t h, std::int64_t i);
+// Index in data.k (width head_dim) or data.v (width head_dim_v) of key j's row
+// for that query row: through the packed offsets or the page table.
+std::int64_t reference_key_offset(const CaseData& data, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j,
+                                  std::int64_t width);
+// The score of that pair (scale, softcap, ALiBi and bias applied), exact to
+// about one rounding; meaningful where the key is visible.
+double reference_score(const CaseData& data, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j);
 
 // The attention weights p[i][j] of one (batch, query head) as a row-major
 // [seq_q, seq_k] matrix; hidden keys hold 0 (use reference_visible to tell them

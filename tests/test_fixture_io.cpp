@@ -161,7 +161,10 @@ TEST_F(FixtureIo, TruncatedFilesFailWithThePath) {
 TEST_F(FixtureIo, WrongRootAttributes) {
   EXPECT_ERROR(error_after([](RawCase& r) { r.attrs["format"] = std::string("attn-fixtur"); }),
                "attribute 'format' is 'attn-fixtur', expected 'attn-fixture'");
-  EXPECT_ERROR(error_after([](RawCase& r) { r.attrs["format_version"] = std::int64_t{2}; }), "'format_version' is 2, expected 1");
+  EXPECT_ERROR(error_after([](RawCase& r) { r.attrs["format_version"] = std::int64_t{3}; }), "'format_version' is 3, expected 1 or 2");
+  // A version 1 file carrying a version 2 field: its writer did not mean it.
+  EXPECT_ERROR(error_after([](RawCase& r) { r.attrs["window_left"] = std::int64_t{2}; }),
+               "attribute 'window_left' belongs to format version 2, but 'format_version' is 1");
   EXPECT_ERROR(error_after([](RawCase& r) { r.attrs.erase("seq_k"); }), "missing root attribute 'seq_k'");
   EXPECT_ERROR(error_after([](RawCase& r) { r.attrs["seq_q"] = std::string("three"); }), "'seq_q' is string, expected an integer");
   EXPECT_ERROR(error_after([](RawCase& r) { r.attrs["seq_q"] = 2.5; }), "'seq_q' is 2.5, expected an integer");

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <thread>
 #include <type_traits>
@@ -35,16 +36,23 @@ void baseline_row(const CaseData& data, std::int64_t row, const RowSinks& sinks,
   const bool reversed = formulation == Formulation::reversed;
   const Problem& p = data.problem;
   const std::int64_t i = row % p.seq_q, bh = row / p.seq_q, b = bh / p.heads_q, h = bh % p.heads_q;
-  const std::int64_t g = h / p.group_size();
+  const ReferenceRowKeys place = reference_row_keys(data, b, h, i);
   const double* q = &data.q[static_cast<std::size_t>(row * p.head_dim)];
   const A scale = static_cast<A>(p.scale);
   const A folded_scale = static_cast<A>(static_cast<double>(p.scale) * kLog2e);
+  const A cap = static_cast<A>(p.softcap);
+  auto tensor_row = [&](const std::vector<double>& t, std::int64_t j, std::int64_t width) {
+    return &t[static_cast<std::size_t>(reference_key_offset(data, b, h, i, j, width))];
+  };
   keys.clear();
   weights.clear();
-  A max_score = -std::numeric_limits<A>::infinity();
-  for (std::int64_t j = 0; j < p.seq_k; ++j) {
+  // The sink is one more logit in the denominator, carrying no value.
+  const A sink_logit = p.sinks ? static_cast<A>(data.sinks[static_cast<std::size_t>(h)]) * (folded ? static_cast<A>(kLog2e) : A{1})
+                         : -std::numeric_limits<A>::infinity();
+  A max_score = sink_logit;
+  for (std::int64_t j = 0; j < place.keys; ++j) {
     if (!reference_visible(data, b, h, i, j)) continue;
-    const double* k = &data.k[static_cast<std::size_t>(((b * p.heads_kv + g) * p.seq_k + j) * p.head_dim)];
+    const double* k = tensor_row(data.k, j, p.head_dim);
     A dot = 0;
     if (folded) {
       for (std::int64_t d = 0; d < p.head_dim; ++d) dot = std::fma(folded_scale * static_cast<A>(q[d]), static_cast<A>(k[d]), dot);
@@ -55,6 +63,13 @@ void baseline_row(const CaseData& data, std::int64_t row, const RowSinks& sinks,
       }
     }
     A s = folded ? dot : scale * dot;
+    if (p.softcap != 0) {
+      s = folded ? cap * std::tanh(s / static_cast<A>(kLog2e) / cap) * static_cast<A>(kLog2e) : cap * std::tanh(s / cap);
+    }
+    if (p.alibi) {
+      const A term = -static_cast<A>(data.alibi_slopes[static_cast<std::size_t>(h)]) * static_cast<A>(std::llabs(place.diag - j));
+      s += folded ? static_cast<A>(kLog2e) * term : term;
+    }
     if (p.bias.present) {
       const BroadcastShape& m = p.bias;
       const std::int64_t at = (((m.batch == 1 ? 0 : b) * m.heads + (m.heads == 1 ? 0 : h)) * m.rows +
@@ -81,6 +96,10 @@ void baseline_row(const CaseData& data, std::int64_t row, const RowSinks& sinks,
   auto nth = [&](std::size_t n) { return reversed ? count - 1 - n : n; };  // the order of the sums over keys
   A sum = 0;
   for (std::size_t n = 0; n < count; ++n) sum += weights[nth(n)];
+  if (p.sinks) {
+    const double x = static_cast<double>(sink_logit - max_score);
+    sum += static_cast<A>(detmath::exp(folded ? x * kLn2 : x));
+  }
   const A reciprocal = A{1} / sum;
   auto finish = [&](bool normalised, std::vector<double>* out, std::vector<double>* probe) {
     rounded.resize(count);
@@ -94,7 +113,7 @@ void baseline_row(const CaseData& data, std::int64_t row, const RowSinks& sinks,
       A acc = 0;
       for (std::size_t step = 0; step < count; ++step) {
         const std::size_t n = nth(step);
-        const double v = data.v[static_cast<std::size_t>(((b * p.heads_kv + g) * p.seq_k + keys[n]) * p.head_dim_v + d)];
+        const double v = tensor_row(data.v, keys[n], p.head_dim_v)[d];
         acc = folded ? std::fma(rounded[n], static_cast<A>(v), acc) : acc + rounded[n] * static_cast<A>(v);
       }
       (*out)[first + static_cast<std::size_t>(d)] = result(acc);

@@ -209,23 +209,26 @@ BiasTest least_biased(const std::vector<double>& truth, const std::vector<double
 
 void check_probe(Comparison& c, const Problem& p, const std::vector<std::int64_t>& visible,
                  const std::vector<double>& model_bounds, const std::vector<double>& got,
-                 const std::vector<std::vector<double>>& baselines, const std::vector<double>& truth) {
+                 const std::vector<std::vector<double>>& baselines, const std::vector<double>& truth,
+                 const std::vector<double>& wanted) {
   double worst = 0;
   std::string failure;
   std::vector<double> expected(got.size(), 0.0);
   const double k = ToleranceConstants::baseline_factor(p.dtype);
   for (std::size_t row = 0; row < visible.size(); ++row) {
     const auto first = row * static_cast<std::size_t>(p.head_dim_v);
+    // 1, or the share of the weight the visible keys keep beside a sink.
+    const double row_want = visible[row] > 0 ? (wanted.empty() ? 1.0 : wanted[row]) : 0.0;
     double measured = 0;
     for (const auto& baseline : baselines) {
       for (std::int64_t d = 0; d < p.head_dim_v; ++d) {
-        measured = std::max(measured, std::fabs(baseline[first + static_cast<std::size_t>(d)] - 1.0));
+        measured = std::max(measured, std::fabs(baseline[first + static_cast<std::size_t>(d)] - row_want));
       }
     }
     const double bound = visible[row] > 0 ? std::max(model_bounds[row], k * measured) : 0.0;
     for (std::int64_t d = 0; d < p.head_dim_v; ++d) {
       const auto e = row * static_cast<std::size_t>(p.head_dim_v) + static_cast<std::size_t>(d);
-      const double want = visible[row] > 0 ? 1.0 : 0.0;
+      const double want = row_want;
       expected[e] = want;
       const double error = std::fabs(got[e] - want);
       double ratio;

@@ -83,7 +83,8 @@ Comparison compare_output(const CompareInputs& in);
 // rows are independent).
 void check_probe(Comparison& comparison, const Problem& problem, const std::vector<std::int64_t>& visible,
                  const std::vector<double>& bounds, const std::vector<double>& got,
-                 const std::vector<std::vector<double>>& baselines, const std::vector<double>& truth);
+                 const std::vector<std::vector<double>>& baselines, const std::vector<double>& truth,
+                 const std::vector<double>& wanted = {});
 
 // The bias test against each baseline; the least biased result (biased only
 // when biased against all).

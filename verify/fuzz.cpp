@@ -26,6 +26,7 @@ class Borrowed final : public Backend {
   std::string_view description() const override { return b_.description(); }
   Status available() const override { return b_.available(); }
   Status supports(const Problem& p) const override { return b_.supports(p); }
+  unsigned features() const override { return b_.features(); }
   std::string_view capabilities() const override { return b_.capabilities(); }
   std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& o) const override {
     return b_.prepare(p, io, o);

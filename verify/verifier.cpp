@@ -73,7 +73,13 @@ std::vector<Status> support_of(const BackendRefs& backends, const Problem& probl
   std::vector<Status> support;
   for (const auto& backend : backends) {
     Status s = backend->available();
-    if (s) s = model_dim > 0 && backend->runs_layers() ? backend->supports_layer(problem, model_dim) : backend->supports(problem);
+    if (s && model_dim > 0 && backend->runs_layers()) {
+      const unsigned missing = problem.features() & ~backend->features();
+      s = missing ? Status::no(fmt::format("does not implement {} (format version 2)", feature_names(missing)))
+                  : backend->supports_layer(problem, model_dim);
+    } else if (s) {
+      s = backend_accepts(*backend, problem);
+    }
     support.push_back(s);
   }
   return support;
@@ -150,6 +156,7 @@ struct Judgement {
   std::vector<std::vector<double>> baselines;  // the plain formulations' outs (verify/baseline.hpp)
   std::vector<double> tolerance;  // the fixture's own, or empty
   std::vector<double> probe_bounds;
+  std::vector<double> probe_want; // per row, what V = 1 gives: 1, less the sink's share (empty: 1)
   CaseData probe;                 // V replaced by ones
   std::vector<std::vector<double>> probe_baselines;
 };
@@ -187,7 +194,8 @@ Comparison run_one(const Backend& backend, const Fixture& fixture, const Judgeme
       ConventionOutcome probed = apply_conventions(conventions, probe_case, probe.out, nullptr);
       if (!probed.failure.empty()) c.fail("normalisation probe: " + probed.failure);
     }
-    check_probe(c, fixture.problem(), j.stats.visible, j.probe_bounds, probe.out, j.probe_baselines, j.truth.out);
+    check_probe(c, fixture.problem(), j.stats.visible, j.probe_bounds, probe.out, j.probe_baselines, j.truth.out,
+                j.probe_want);
     if (!probe.guard_damage.empty()) c.fail("normalisation probe: " + probe.guard_damage);
     c.conclude(followed);
   } catch (const std::exception& e) {
@@ -303,11 +311,11 @@ void verify_sdpa(const Fixture& fixture, const BackendRefs& backends,
   j.truth = reference_attention(fixture.data, &j.stats, options.run.threads);
   j.bounds = derive_bounds(problem, j.truth.out, j.truth.lse, j.stats);
   if (!trusted_golden) {
-    check_golden(fixture.header, "out", {problem.batch, problem.heads_q, problem.seq_q, problem.head_dim_v},
+    check_golden(fixture.header, "out", {problem.q_batch(), problem.heads_q, problem.seq_q, problem.head_dim_v},
                  fixture.out, j.truth.out, j.bounds.out);
   }
   if (fixture.lse && !trusted_golden) {
-    check_golden(fixture.header, "lse", {problem.batch, problem.heads_q, problem.seq_q, 1}, *fixture.lse, j.truth.lse,
+    check_golden(fixture.header, "lse", {problem.q_batch(), problem.heads_q, problem.seq_q, 1}, *fixture.lse, j.truth.lse,
                  j.bounds.lse);
   }
   // The rest is only computed when someone runs.
@@ -324,6 +332,14 @@ void verify_sdpa(const Fixture& fixture, const BackendRefs& backends,
     warning = loose_tolerance_warning(fixture.header, j.truth.out, j.tolerance);
     if (!warning.empty()) summary.warnings.push_back(fmt::format("{}: {}", fixture.header.path.string(), warning));
     j.probe_bounds = probe_bounds(problem, j.stats);
+    if (problem.sinks) {
+      // The visible keys share 1 - exp(sink - lse) of the weight; the sink the rest.
+      j.probe_want.resize(j.truth.lse.size());
+      for (std::size_t r = 0; r < j.probe_want.size(); ++r) {
+        const double sink = fixture.data.sinks[(r / static_cast<std::size_t>(problem.seq_q)) % static_cast<std::size_t>(problem.heads_q)];
+        j.probe_want[r] = -std::expm1(sink - j.truth.lse[r]);
+      }
+    }
     j.probe = ones_probe(fixture.data);
   }
   for (const RunConfig& config : configs) {

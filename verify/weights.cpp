@@ -41,7 +41,7 @@ WeightsView backend_weights_view(const Backend& backend, const CaseData& data, s
         identity.v[static_cast<std::size_t>(((bb * p.heads_kv + g) * p.seq_k + j) * identity.problem.head_dim_v + j)] = 1.0;
       }
   Status ok = backend.available();
-  if (ok) ok = backend.supports(identity.problem);
+  if (ok) ok = backend_accepts(backend, identity.problem);
   if (!ok) throw Error(fmt::format("{} cannot produce weights here: {}", backend.name(), ok.reason));
   BackendRun run = run_backend(backend, identity, options);
   WeightsView view{p.seq_q, p.seq_k, {}, hidden_of(data, b, h)};

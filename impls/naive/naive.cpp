@@ -23,6 +23,19 @@ bool causal_rule(Causal causal, std::int64_t i, std::int64_t j, std::int64_t seq
   return j <= limit;
 }
 
+// The diagonal of query i in an entry of q_len queries and k_len keys, for
+// the window and ALiBi (the causal alignment, or `align` when not causal).
+std::int64_t diagonal(const Problem& p, std::int64_t i, std::int64_t q_len, std::int64_t k_len) {
+  const bool top_left = p.causal == Causal::top_left || (p.causal == Causal::none && p.align == Align::top_left);
+  return top_left ? i : i + k_len - q_len;
+}
+
+bool window_rule(const Problem& p, std::int64_t j, std::int64_t diag) {
+  if (p.window_left >= 0 && j < diag - p.window_left) return false;
+  if (p.window_right >= 0 && j > diag + p.window_right) return false;
+  return true;
+}
+
 template <typename T>
 void naive_attention(const Problem& p, const AttentionIO& io) {
   using A = Acc<T>;
@@ -32,21 +45,50 @@ void naive_attention(const Problem& p, const AttentionIO& io) {
   T* out = io.out.as<T>();
   const T* bias = io.bias.as<T>();
   const A scale = static_cast<A>(p.scale);
-  const std::int64_t keys = p.seq_k;
+  const A cap = static_cast<A>(p.softcap);
   std::vector<A> weights(static_cast<std::size_t>(p.seq_k));
   std::vector<char> visible(static_cast<std::size_t>(p.seq_k));
   std::vector<A> acc(static_cast<std::size_t>(p.head_dim_v));
+  // Where key j of entry e lives in k and v: (tensor batch, seq).
+  auto key_batch = [&](std::int64_t e, std::int64_t j) {
+    if (p.paged()) return io.page_table[e * p.pages_per_entry() + j / p.page_size];
+    return p.ragged ? std::int64_t{0} : e;
+  };
+  auto key_seq = [&](std::int64_t e, std::int64_t j) {
+    if (p.paged()) return j % p.page_size;
+    return p.ragged ? io.cu_seqlens_k[e] + j : j;
+  };
 
-  for (std::int64_t b = 0; b < p.batch; ++b) {
-    const std::int64_t kv_len = io.kv_len ? io.kv_len[b] : p.seq_k;
+  for (std::int64_t b = 0; b < p.q_batch(); ++b) {
     for (std::int64_t h = 0; h < p.heads_q; ++h) {
       const std::int64_t g = h / p.group_size();
+      const A sink = io.sinks ? static_cast<A>(io.sinks[h]) : -std::numeric_limits<A>::infinity();
       for (std::int64_t i = 0; i < p.seq_q; ++i) {
+        // The row's batch entry e and its position qi there; a packed row past
+        // the last sequence belongs to none (e = -1) and sees no key.
+        std::int64_t e = b, qi = i, q_len = p.seq_q, k_len = p.seq_k;
+        if (p.ragged) {
+          e = -1;
+          for (std::int64_t n = 0; n < p.batch; ++n) {
+            if (i >= io.cu_seqlens_q[n] && i < io.cu_seqlens_q[n + 1]) e = n;
+          }
+          if (e >= 0) {
+            qi = i - io.cu_seqlens_q[e];
+            q_len = io.cu_seqlens_q[e + 1] - io.cu_seqlens_q[e];
+            k_len = io.cu_seqlens_k[e + 1] - io.cu_seqlens_k[e];
+          } else {
+            k_len = 0;
+          }
+        }
+        if (p.paged()) k_len = io.seq_lens[b];
+        const std::int64_t kv_len = io.kv_len ? io.kv_len[b] : k_len;
+        const std::int64_t diag = diagonal(p, qi, q_len, k_len);
+        const std::int64_t keys = k_len;
         A max_score = -std::numeric_limits<A>::infinity();
         bool any = false;
         for (std::int64_t j = 0; j < keys; ++j) {
           auto& vis = visible[static_cast<std::size_t>(j)];
-          vis = j < kv_len && causal_rule(p.causal, i, j, p.seq_q, p.seq_k);
+          vis = j < kv_len && causal_rule(p.causal, qi, j, q_len, k_len) && window_rule(p, j, diag);
           if (vis && !io.mask.empty()) vis = io.mask.at(b, h, i, j) != 0;
           A bias_value = 0;
           if (vis && bias) {
@@ -54,11 +96,15 @@ void naive_attention(const Problem& p, const AttentionIO& io) {
             vis = !(std::isinf(bias_value) && bias_value < 0);
           }
           if (!vis) continue;
+          const std::int64_t kb = key_batch(e, j), kj = key_seq(e, j);
           A dot = 0;
           for (std::int64_t d = 0; d < p.head_dim; ++d) {
-            dot += widen(q[io.q.offset(b, h, i, d)]) * widen(k[io.k.offset(b, g, j, d)]);
+            dot += widen(q[io.q.offset(b, h, i, d)]) * widen(k[io.k.offset(kb, g, kj, d)]);
           }
-          const A s = scale * dot + bias_value;
+          A scaled = scale * dot;
+          if (p.softcap != 0) scaled = cap * std::tanh(scaled / cap);
+          if (io.alibi_slopes) scaled -= static_cast<A>(io.alibi_slopes[h]) * static_cast<A>(std::abs(diag - j));
+          const A s = scaled + bias_value;
           weights[static_cast<std::size_t>(j)] = s;
           max_score = std::max(max_score, s);
           any = true;
@@ -66,10 +112,13 @@ void naive_attention(const Problem& p, const AttentionIO& io) {
         const std::int64_t row = (b * p.heads_q + h) * p.seq_q + i;
         if (!any) {
           for (std::int64_t d = 0; d < p.head_dim_v; ++d) out[io.out.offset(b, h, i, d)] = narrow<T>(A{0});
-          if (io.lse) io.lse[row] = -std::numeric_limits<double>::infinity();
+          if (io.lse) io.lse[row] = static_cast<double>(sink);
           continue;
         }
+        // A sink is one more logit in the denominator, with no value.
+        max_score = std::max(max_score, sink);
         A sum = 0;
+        if (io.sinks) sum += std::exp(sink - max_score);
         for (std::int64_t j = 0; j < keys; ++j) {
           if (!visible[static_cast<std::size_t>(j)]) continue;
           A& w = weights[static_cast<std::size_t>(j)];
@@ -80,9 +129,10 @@ void naive_attention(const Problem& p, const AttentionIO& io) {
         for (std::int64_t j = 0; j < keys; ++j) {
           if (!visible[static_cast<std::size_t>(j)]) continue;
           const A w = weights[static_cast<std::size_t>(j)] / sum;
+          const std::int64_t kb = key_batch(e, j), kj = key_seq(e, j);
           for (std::int64_t d = 0; d < p.head_dim_v; ++d) {
             A& a = acc[static_cast<std::size_t>(d)];
-            a += w * widen(v[io.v.offset(b, g, j, d)]);
+            a += w * widen(v[io.v.offset(kb, g, kj, d)]);
           }
         }
         for (std::int64_t d = 0; d < p.head_dim_v; ++d) out[io.out.offset(b, h, i, d)] = narrow<T>(acc[static_cast<std::size_t>(d)]);
@@ -112,8 +162,9 @@ class NaiveBackend final : public Backend {
     return "textbook attention: materialised scores, max-subtracted softmax, P V; float32 accumulation";
   }
   std::string_view capabilities() const override {
-    return "all dtypes, both layouts, masks, bias, kv_len, causal, GQA/MQA, any head_dim; lse";
+    return "all dtypes, both layouts, masks, bias, kv_len, causal, GQA/MQA, any head_dim; lse; every version 2 addition";
   }
+  unsigned features() const override { return kAllFeatures; }
   Status supports(const Problem&) const override { return Status::yes(); }
   std::unique_ptr<Plan> prepare(const Problem& problem, const AttentionIO& io, const RunOptions&) const override {
     return std::make_unique<NaivePlan>(problem, io);

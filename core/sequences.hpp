@@ -1,0 +1,102 @@
+// Where each batch entry's queries and keys are, for every arrangement of the
+// format (docs/fixture-format-v2.md): dense [batch, heads, seq, dim] tensors,
+// packed (ragged) sequences with cumulative offsets, and paged K and V with a
+// page table. The reference, the verifier and the backends all ask this one
+// map, so the rules about lengths, diagonals and positions live in one place.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "core/problem.hpp"
+
+namespace attn {
+
+struct SequenceMap {
+  const Problem* problem = nullptr;
+  const std::int64_t* kv_len = nullptr;       // [batch] or nullptr
+  const std::int64_t* cu_seqlens_q = nullptr; // [batch + 1] when ragged
+  const std::int64_t* cu_seqlens_k = nullptr; // [batch + 1] when ragged
+  const std::int64_t* page_table = nullptr;   // [batch, pages_per_entry] when paged
+  const std::int64_t* seq_lens = nullptr;     // [batch] when paged
+
+  // The entry's queries start at row q_begin of tensor batch q_tensor_batch.
+  std::int64_t q_begin(std::int64_t entry) const { return problem->ragged ? cu_seqlens_q[entry] : 0; }
+  std::int64_t q_tensor_batch(std::int64_t entry) const { return problem->ragged ? 0 : entry; }
+  std::int64_t q_len(std::int64_t entry) const {
+    return problem->ragged ? cu_seqlens_q[entry + 1] - cu_seqlens_q[entry] : problem->seq_q;
+  }
+  // The keys the entry holds (its diagonal is measured from this): seq_k for
+  // dense tensors (kv_len, version 1, hides keys without moving the diagonal),
+  // the packed length, or the paged entry's seq_lens.
+  std::int64_t k_len(std::int64_t entry) const {
+    if (problem->ragged) return cu_seqlens_k[entry + 1] - cu_seqlens_k[entry];
+    if (problem->paged()) return seq_lens[entry];
+    return problem->seq_k;
+  }
+  std::int64_t key_limit(std::int64_t entry) const {
+    return kv_len ? std::min(kv_len[entry], problem->seq_k) : k_len(entry);
+  }
+
+  // One query row, from its place in the q tensor.
+  struct Row {
+    std::int64_t entry = -1;  // -1: a packed row past the last sequence (no keys)
+    std::int64_t i = 0;       // position within the entry
+    std::int64_t q_len = 0, k_len = 0;
+    std::int64_t diag = 0;    // key position of the row's diagonal
+    Problem::KeyRange keys;   // keys the position rules leave visible
+  };
+  Row row(std::int64_t tensor_b, std::int64_t s) const {
+    Row r;
+    if (problem->ragged) {
+      const std::int64_t* end = cu_seqlens_q + problem->batch + 1;
+      const std::int64_t* it = std::upper_bound(cu_seqlens_q, end, s);
+      if (it == end) return r;  // at or past cu_seqlens_q[batch]
+      r.entry = (it - cu_seqlens_q) - 1;
+      r.i = s - cu_seqlens_q[r.entry];
+    } else {
+      r.entry = tensor_b;
+      r.i = s;
+    }
+    return entry_row(r.entry, r.i);
+  }
+  Row entry_row(std::int64_t entry, std::int64_t i) const {
+    Row r;
+    r.entry = entry;
+    r.i = i;
+    r.q_len = q_len(entry);
+    r.k_len = k_len(entry);
+    r.diag = problem->diagonal(i, r.q_len, r.k_len);
+    r.keys = problem->key_range(i, r.q_len, r.k_len, key_limit(entry));
+    return r;
+  }
+
+  // Where key j of an entry is in the k and v tensors: (tensor batch, seq).
+  struct Key {
+    std::int64_t b = 0, s = 0;
+  };
+  Key key(std::int64_t entry, std::int64_t j) const {
+    const Problem& p = *problem;
+    if (p.ragged) return {0, cu_seqlens_k[entry] + j};
+    if (p.paged()) return {page_table[entry * p.pages_per_entry() + j / p.page_size], j % p.page_size};
+    return {entry, j};
+  }
+  // How many keys from j on lie contiguously in the same page (all of them
+  // when not paged): a run a kernel may read with one stride.
+  std::int64_t contiguous_keys(std::int64_t j, std::int64_t end) const {
+    if (!problem->paged()) return end - j;
+    return std::min(end, (j / problem->page_size + 1) * problem->page_size) - j;
+  }
+};
+
+// The per-score additions of version 2, in the format's order: the scaled
+// product capped (cap * tanh(s / cap)), then ALiBi (-slope * |diag - j|), then
+// the bias; T is the backend's arithmetic type.
+template <typename T> inline T softcapped(T scaled, T cap) { return cap * std::tanh(scaled / cap); }
+template <typename T> inline T alibi_term(T slope, std::int64_t diag, std::int64_t j) {
+  const std::int64_t distance = diag >= j ? diag - j : j - diag;
+  return -slope * static_cast<T>(distance);
+}
+
+}  // namespace attn
