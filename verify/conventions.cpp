@@ -89,7 +89,7 @@ ConventionOutcome apply_conventions(const std::vector<Convention>& conventions, 
   const double tolerance = (8 * unit_roundoff(p.dtype) + 8 * std::sqrt(n) * 0x1p-24) * std::max(v_max, 1e-30);
   std::int64_t neither = 0;
   std::string first;
-  for (std::int64_t b = 0; b < p.batch; ++b) {
+  for (std::int64_t b = 0; b < p.q_batch(); ++b) {
     for (std::int64_t h = 0; h < p.heads_q; ++h) {
       for (std::int64_t i = 0; i < p.seq_q; ++i) {
         bool empty = true;

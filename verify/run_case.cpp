@@ -16,7 +16,7 @@ constexpr unsigned char kGuardByte = 0xA5;
 BackendRun run_backend(const Backend& backend, const CaseData& data, const RunOptions& options) {
   const Problem& p = data.problem;
   DeviceReadyInputs inputs = make_backend_inputs(data);
-  Dims4 out_shape{p.batch, p.heads_q, p.seq_q, p.head_dim_v};
+  Dims4 out_shape{p.q_batch(), p.heads_q, p.seq_q, p.head_dim_v};
   Dims4 out_strides = layout_strides(out_shape, p.layout);
   const std::size_t elem = dtype_size(p.dtype);
   const std::size_t out_bytes = static_cast<std::size_t>(p.out_elements()) * elem;
@@ -52,7 +52,7 @@ BackendRun run_backend(const Backend& backend, const CaseData& data, const RunOp
   }
   result.out.resize(static_cast<std::size_t>(p.out_elements()));
   std::size_t e = 0;
-  for (std::int64_t b = 0; b < p.batch; ++b)
+  for (std::int64_t b = 0; b < p.q_batch(); ++b)
     for (std::int64_t h = 0; h < p.heads_q; ++h)
       for (std::int64_t i = 0; i < p.seq_q; ++i)
         for (std::int64_t d = 0; d < p.head_dim_v; ++d)

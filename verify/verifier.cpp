@@ -169,7 +169,7 @@ Comparison run_one(const Backend& backend, const Fixture& fixture, const Judgeme
     // (the normalisation probe would need the tool to run again, on V = 1).
     const Problem& p = fixture.problem();
     std::optional<RecordedOutput> r =
-        recorded->read(fixture.header.name, "out", {p.batch, p.heads_q, p.seq_q, p.head_dim_v});  // InputError: exit 2
+        recorded->read(fixture.header.name, "out", {p.q_batch(), p.heads_q, p.seq_q, p.head_dim_v});  // InputError: exit 2
     if (!r) {
       c.verdict = Verdict::skip;
       c.reason = fmt::format("no output file {}", printable(recorded->file_for(fixture.header.name).string()));
