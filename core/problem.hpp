@@ -135,6 +135,7 @@ struct Problem {
   // Keys [lo, hi) of an entry that the position rules leave to query i: the
   // causal rule and the window from the diagonal (measured from k_len), and
   // key_limit (kv_len, or k_len). Masks and bias may hide more inside.
+  // 0 <= lo <= hi <= min(k_len, key_limit) always.
   struct KeyRange {
     std::int64_t lo = 0, hi = 0;
     bool empty() const { return hi <= lo; }
@@ -145,7 +146,8 @@ struct Problem {
     if (causal != Causal::none && diag + 1 < hi) hi = diag + 1;
     if (window_right >= 0 && diag + window_right + 1 < hi) hi = diag + window_right + 1;
     if (window_left >= 0 && diag - window_left > lo) lo = diag - window_left;
-    if (hi < lo) hi = lo;
+    if (hi < 0) hi = 0;
+    if (lo > hi) lo = hi;  // empty; both within [0, k_len]
     return {lo, hi};
   }
   std::int64_t broadcast_elements(const BroadcastShape& shape) const {

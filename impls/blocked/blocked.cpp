@@ -5,6 +5,7 @@
 #include <limits>
 #include <vector>
 
+#include "core/per_entry.hpp"
 #include "core/thread_pool.hpp"
 #include "impls/cpu_kernels/tiling.hpp"
 
@@ -49,11 +50,13 @@ class BlockedPlan final : public Plan {
     const QueryTile t = cpu::query_tile(p_, g_, tile_index);
     const std::int64_t rows = t.rows();
     const std::int64_t end_block = (cpu::visible_key_end(p_, io_, t) + kKeyBlock - 1) / kKeyBlock;
+    // Blocks left of every row's window hold no visible key.
+    const std::int64_t begin_block = std::min(cpu::visible_key_begin(p_, io_, t) / kKeyBlock, end_block);
     s.pack.pack(p_, g_, io_, t.b, t.kv_head, 0, g_.key_blocks);
     cpu::pack_queries(p_, g_, io_, t, s.q.data(), s.q_bf16.data());
     std::fill_n(s.m.begin(), rows, kNegInf);
     // Pass 1: every score of the row block, and the exact row maxima.
-    for (std::int64_t block = 0; block < end_block; ++block) {
+    for (std::int64_t block = begin_block; block < end_block; ++block) {
       float* tile_scores = s.scores.data() + block * g_.scratch_rows * kKeyBlock;
       if (g_.bf16_kernels) {
         kernels_.qk_bf16(s.q_bf16.data(), rows, g_.head_dim_pairs, s.pack.k_bf16(block), tile_scores);
@@ -66,7 +69,7 @@ class BlockedPlan final : public Plan {
     // Pass 2: exponentials against the final maxima, sums, and P V.
     std::fill_n(s.l.begin(), rows, 0.0f);
     std::fill_n(s.o.begin(), rows * g_.dv_pad, 0.0f);
-    for (std::int64_t block = 0; block < end_block; ++block) {
+    for (std::int64_t block = begin_block; block < end_block; ++block) {
       float* tile_scores = s.scores.data() + block * g_.scratch_rows * kKeyBlock;
       for (std::int64_t r = 0; r < rows; ++r) {
         float* row = tile_scores + r * kKeyBlock;
@@ -106,10 +109,12 @@ class BlockedBackend final : public Backend {
   std::string_view name() const override { return "blocked"; }
   std::string_view description() const override { return description_; }
   std::string_view capabilities() const override {
-    return "float32, float16, bfloat16; every mask rule, GQA/MQA, any head_dim; lse; not float64";
+    return "float32, float16, bfloat16; every mask rule, GQA/MQA, any head_dim; lse; every version 2 addition; not float64";
   }
   Status supports(const Problem& p) const override { return cpu::kernels_support(p); }
+  unsigned features() const override { return kAllFeatures; }
   std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& options) const override {
+    if (p.ragged) return plan_per_entry(p, io, options, *this);  // each entry a dense problem, in place
     return std::make_unique<BlockedPlan>(p, io, options);
   }
 

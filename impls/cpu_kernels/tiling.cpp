@@ -19,8 +19,8 @@ template <typename T> const T* typed(const TensorView& v) { return static_cast<c
 // Row (b, h, s) of a view, its first n elements widened to float. One offset
 // per row and a switch per row, not per element: packing runs once per head
 // and would otherwise cost as much as the products it feeds.
-void read_row(const TensorView& v, std::int64_t b, std::int64_t h, std::int64_t s, std::int64_t n, float* out) {
-  const std::int64_t base = v.offset(b, h, s, 0), step = v.strides[3];
+void read_row(const TensorView& v, std::int64_t base, std::int64_t n, float* out) {
+  const std::int64_t step = v.strides[3];
   switch (v.dtype) {
     case DType::f32: {
       const float* x = typed<float>(v) + base;
@@ -44,8 +44,24 @@ void read_row(const TensorView& v, std::int64_t b, std::int64_t h, std::int64_t 
   }
 }
 
-std::int64_t row_key_end(const Problem& p, const AttentionIO& io, std::int64_t b, std::int64_t i) {
-  return p.key_end(i, io.kv_len ? io.kv_len[b] : p.seq_k);
+// Keys [lo, hi) the position rules leave to query i of entry b (causal,
+// window, kv_len, a paged entry's length); the tiles are never packed
+// sequences (those run one entry at a time, core/per_entry.hpp).
+Problem::KeyRange row_keys(const Problem& p, const AttentionIO& io, std::int64_t b, std::int64_t i) {
+  return io.sequences(p).entry_row(b, i).keys;
+}
+
+// The scores of a tile are plain when nothing but the position rules touches
+// them: no mask, bias, softcap or ALiBi.
+bool plain_scores(const Problem& p, const AttentionIO& io) {
+  return io.mask.empty() && io.bias.empty() && p.softcap == 0 && io.alibi_slopes == nullptr;
+}
+
+// Where key j of entry b is in a k or v view: through the page table when paged.
+std::int64_t key_offset(const Problem& p, const AttentionIO& io, const TensorView& view, std::int64_t b,
+                        std::int64_t kv_head, std::int64_t j) {
+  const SequenceMap::Key key = io.sequences(p).key(b, j);
+  return view.offset(key.b, kv_head, key.s, 0);
 }
 
 }  // namespace
@@ -96,7 +112,8 @@ void HeadPack::pack(const Problem& p, const Geometry& g, const AttentionIO& io, 
   packed_b_ = b, packed_g_ = kv_head, packed_first_ = first_block, packed_end_ = end_block;
   first_ = first_block;
   const std::int64_t j_begin = first_block * kKeyBlock, j_end = end_block * kKeyBlock;
-  const std::int64_t j_real = std::min(j_end, p.seq_k);
+  // A paged entry holds seq_lens[b] keys: the table says nothing past them.
+  const std::int64_t j_real = std::min(j_end, p.paged() ? io.seq_lens[b] : p.seq_k);
   // Padding columns (dims past head_dim, V columns past head_dim_v) are zero
   // from reserve() and never written; keys past seq_k are zeroed here, since
   // another range may have put a real key in the same slot.
@@ -112,9 +129,9 @@ void HeadPack::pack(const Problem& p, const Geometry& g, const AttentionIO& io, 
         for (std::int64_t c = 0; c < p.head_dim_v; ++c) vpair[c * 2] = bf16{};
         continue;
       }
-      const bf16* krow = typed<bf16>(io.k) + io.k.offset(b, kv_head, j, 0);
+      const bf16* krow = typed<bf16>(io.k) + key_offset(p, io, io.k, b, kv_head, j);
       for (std::int64_t d = 0; d < p.head_dim; ++d) kblock[(d / 2) * kKeyBlock * 2 + slot * 2 + (d % 2)] = krow[d * ks];
-      const bf16* vrow = typed<bf16>(io.v) + io.v.offset(b, kv_head, j, 0);
+      const bf16* vrow = typed<bf16>(io.v) + key_offset(p, io, io.v, b, kv_head, j);
       for (std::int64_t c = 0; c < p.head_dim_v; ++c) vpair[c * 2] = vrow[c * vs];
     }
     return;
@@ -122,11 +139,11 @@ void HeadPack::pack(const Problem& p, const Geometry& g, const AttentionIO& io, 
   float* row = row_.data();
   for (std::int64_t j = j_begin; j < j_end; ++j) {
     float* kblock = k_f32_.data() + ((j / kKeyBlock) - first_) * kKeyBlock * k_stride_ + j % kKeyBlock;
-    if (j < j_real) read_row(io.k, b, kv_head, j, p.head_dim, row);
+    if (j < j_real) read_row(io.k, key_offset(p, io, io.k, b, kv_head, j), p.head_dim, row);
     else std::fill_n(row, p.head_dim, 0.0f);
     for (std::int64_t d = 0; d < p.head_dim; ++d) kblock[d * kKeyBlock] = row[d];
   }
-  if (v_f32_.empty() && io.v.strides[3] == 1) {
+  if (v_f32_.empty() && io.v.strides[3] == 1 && !p.paged()) {
     v_direct_ = typed<float>(io.v) + io.v.offset(b, kv_head, 0, 0);
     ldv_ = io.v.strides[2];
     return;
@@ -136,7 +153,7 @@ void HeadPack::pack(const Problem& p, const Geometry& g, const AttentionIO& io, 
   ldv_ = g.dv_pad;
   for (std::int64_t j = j_begin; j < j_end; ++j) {
     float* vrow = v_f32_.data() + (j - j_begin) * g.dv_pad;
-    if (j < j_real) read_row(io.v, b, kv_head, j, p.head_dim_v, vrow);
+    if (j < j_real) read_row(io.v, key_offset(p, io, io.v, b, kv_head, j), p.head_dim_v, vrow);
     else std::fill_n(vrow, p.head_dim_v, 0.0f);
   }
 }
@@ -191,40 +208,64 @@ void pack_queries(const Problem& p, const Geometry& g, const AttentionIO& io, co
       for (std::int64_t d = 0; d < p.head_dim; ++d) row[d] = x[d * io.q.strides[3]];
     } else {
       float* row = q_f32 + r * p.head_dim;
-      read_row(io.q, t.b, h, i, p.head_dim, row);
+      read_row(io.q, io.q.offset(t.b, h, i, 0), p.head_dim, row);
       for (std::int64_t d = 0; d < p.head_dim; ++d) row[d] *= g.score_scale;
     }
   }
 }
 
+// Both ends of a row's key range grow with the query, so the tile's first
+// query has the smallest and its last the largest.
 std::int64_t visible_key_end(const Problem& p, const AttentionIO& io, const QueryTile& t) {
-  return row_key_end(p, io, t.b, t.first_query + t.queries - 1);
+  return row_keys(p, io, t.b, t.first_query + t.queries - 1).hi;
+}
+
+std::int64_t visible_key_begin(const Problem& p, const AttentionIO& io, const QueryTile& t) {
+  const Problem::KeyRange first = row_keys(p, io, t.b, t.first_query);
+  return first.empty() ? visible_key_end(p, io, t) : first.lo;
 }
 
 bool block_fully_visible(const Problem& p, const AttentionIO& io, const QueryTile& t, std::int64_t j0) {
-  // key_end grows with the query, so the tile's first query sees the fewest keys.
-  return io.mask.empty() && io.bias.empty() && row_key_end(p, io, t.b, t.first_query) >= j0 + kKeyBlock;
+  if (!plain_scores(p, io)) return false;
+  const Problem::KeyRange first = row_keys(p, io, t.b, t.first_query);
+  const Problem::KeyRange last = row_keys(p, io, t.b, t.first_query + t.queries - 1);
+  return first.hi >= j0 + kKeyBlock && last.lo <= j0;
 }
 
 void finish_scores(const Problem& p, const Geometry& g, const AttentionIO& io, const Kernels& kernels,
                    const QueryTile& t, std::int64_t j0, float* s, float* row_max, bool kernel_max) {
   if (kernel_max && block_fully_visible(p, io, t, j0)) return;
-  const bool plain = io.mask.empty() && io.bias.empty();
+  const bool plain = plain_scores(p, io);
   const float scale = g.q_prescaled ? 1.0f : g.score_scale;
+  const SequenceMap map = io.sequences(p);
+  // Softcap in the log2 domain: cap log2e tanh(x / (cap log2e)) = log2e cap tanh(s / cap).
+  const float cap2 = static_cast<float>(p.softcap) * kLog2e;
   for (std::int64_t r = 0; r < t.rows(); ++r) {
     const std::int64_t h = t.head(g, r), i = t.query(g, r);
-    const std::int64_t end = std::clamp<std::int64_t>(row_key_end(p, io, t.b, i) - j0, 0, kKeyBlock);
-    if (kernel_max && plain && end == kKeyBlock) continue;
+    const SequenceMap::Row place = map.entry_row(t.b, i);
+    const std::int64_t begin = std::clamp<std::int64_t>(place.keys.lo - j0, 0, kKeyBlock);
+    const std::int64_t end = std::max(begin, std::clamp<std::int64_t>(place.keys.hi - j0, 0, kKeyBlock));
+    if (kernel_max && plain && end == kKeyBlock && begin == 0) continue;
     float* row = s + r * kKeyBlock;
     row_max[r] = kernels.scale_row(row, scale, end);
-    if (plain) continue;
+    if (plain && begin == 0) continue;
+    std::fill_n(row, begin, kNegInf);
+    if (p.softcap != 0) {
+      for (std::int64_t j = begin; j < end; ++j) row[j] = cap2 * std::tanh(row[j] / cap2);
+    }
+    if (io.alibi_slopes) {
+      const float slope2 = io.alibi_slopes[h] * kLog2e;
+      for (std::int64_t j = begin; j < end; ++j) {
+        row[j] -= slope2 * static_cast<float>(std::abs(place.diag - (j0 + j)));
+      }
+    }
     if (!io.mask.empty()) {
-      for (std::int64_t j = 0; j < end; ++j) {
+      for (std::int64_t j = begin; j < end; ++j) {
         if (io.mask.at(t.b, h, i, j0 + j) == 0) row[j] = kNegInf;
       }
     }
     if (!io.bias.empty()) {
-      for (std::int64_t j = 0; j < end; ++j) {
+      for (std::int64_t j = begin; j < end; ++j) {
         const float bias = load_float(io.bias, io.bias.offset(t.b, h, i, j0 + j));
         row[j] = std::isinf(bias) && bias < 0 ? kNegInf : row[j] + bias * kLog2e;
       }
@@ -244,7 +285,21 @@ void write_rows(const Problem& p, const Geometry& g, const AttentionIO& io, cons
   const std::int64_t step = out.strides[3];
   for (std::int64_t r = 0; r < t.rows(); ++r) {
     const std::int64_t h = t.head(g, r), i = t.query(g, r);
-    const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
+    float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
+    // log2 of the row's sum of exp2 of its scores: the weights were 2^(x - m - shift).
+    double total2 = l[r] > 0 ? static_cast<double>(m[r]) + shift + std::log2(static_cast<double>(l[r]))
+                             : -std::numeric_limits<double>::infinity();
+    if (io.sinks) {
+      // The sink joins the denominator: the keys keep 1 / (1 + 2^(sink - total)) of the weight.
+      const double sink2 = static_cast<double>(io.sinks[h]) * 1.4426950408889634;
+      if (l[r] > 0) {
+        inv = static_cast<float>(static_cast<double>(inv) / (1.0 + std::exp2(sink2 - total2)));
+        const double top = std::max(total2, sink2);
+        total2 = top + std::log2(std::exp2(total2 - top) + std::exp2(sink2 - top));
+      } else {
+        total2 = sink2;
+      }
+    }
     const float* acc = o + r * g.dv_pad;
     const std::int64_t base = out.offset(t.b, h, i, 0);
     switch (out.dtype) {
@@ -259,8 +314,7 @@ void write_rows(const Problem& p, const Geometry& g, const AttentionIO& io, cons
     }
     if (io.lse) {
       const std::int64_t row = (t.b * p.heads_q + h) * p.seq_q + i;
-      io.lse[row] = l[r] > 0 ? (static_cast<double>(m[r]) + std::log2(static_cast<double>(l[r])) + shift) * 0.6931471805599453
-                             : -std::numeric_limits<double>::infinity();
+      io.lse[row] = std::isinf(total2) ? total2 : total2 * 0.6931471805599453;
     }
   }
 }

@@ -104,18 +104,20 @@ QueryTile query_tile(const Problem& p, const Geometry& g, std::int64_t index);  
 void pack_queries(const Problem& p, const Geometry& g, const AttentionIO& io, const QueryTile& t, float* q_f32,
                   bf16* q_bf16);
 
-// Keys [0, end) hold every visible key of the tile (kv_len and causal), so
-// blocks at or past end may be skipped.
+// Keys [begin, end) hold every visible key of the tile (kv_len, causal, the
+// window, a paged entry's length), so blocks wholly outside may be skipped.
 std::int64_t visible_key_end(const Problem& p, const AttentionIO& io, const QueryTile& t);
+std::int64_t visible_key_begin(const Problem& p, const AttentionIO& io, const QueryTile& t);
 
-// Whether every row of the tile sees all 64 keys [j0, j0 + 64): no mask, no
-// bias, and neither kv_len nor the causal rule hides any of them.
+// Whether every row of the tile sees all 64 keys [j0, j0 + 64) with plain
+// scores: no mask, bias, softcap or ALiBi, and no position rule hides any.
 bool block_fully_visible(const Problem& p, const AttentionIO& io, const QueryTile& t, std::int64_t j0);
 
 // Turns the dot products of the tile's rows against keys [j0, j0 + 64) into
-// log2-domain scores: s * scale * log2(e) + bias * log2(e) (the scale only
-// where Q was not prescaled), and -inf where a key is hidden (mask, bias -inf,
-// kv_len, causal, or past seq_k), and leaves each row's maximum in row_max.
+// log2-domain scores: s * scale * log2(e), capped (softcap), plus ALiBi and
+// bias times log2(e) (the scale only where Q was not prescaled), and -inf
+// where a key is hidden (mask, bias -inf, kv_len, causal, window, or past the
+// entry's keys), and leaves each row's maximum in row_max.
 // kernel_max: row_max already holds the kernel's maxima (qk_f32); a row whose
 // 64 keys are all visible, with no mask and no bias, is then left untouched.
 void finish_scores(const Problem& p, const Geometry& g, const AttentionIO& io, const Kernels& kernels,
@@ -126,7 +128,8 @@ void finish_scores(const Problem& p, const Geometry& g, const AttentionIO& io, c
 void probabilities_bf16(const Kernels& kernels, const Geometry& g, const float* p, std::int64_t rows, bf16* out);
 
 // out = O / l in the dtype; lse = (m + log2 l + shift) ln 2 (shift: the one
-// the weights were computed with), or 0 and -inf for rows with l = 0.
+// the weights were computed with), or 0 and -inf for rows with l = 0; a sink
+// joins l (out scaled down, lse up; a row with l = 0 gets lse = the sink).
 void write_rows(const Problem& p, const Geometry& g, const AttentionIO& io, const QueryTile& t, const float* o,
                 const float* m, const float* l, int shift);
 

@@ -14,6 +14,7 @@
 
 #include "core/backend.hpp"
 #include "core/error.hpp"
+#include "core/per_entry.hpp"
 #include "core/thread_pool.hpp"
 
 namespace attn {
@@ -175,11 +176,16 @@ class OneDnnPlan final : public Plan {
   void hide_keys(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t rows, std::vector<char>& hidden_rows) {
     for (std::int64_t r = 0; r < rows; ++r) {
       const std::int64_t i = i0 + r;
-      const std::int64_t end = p_.key_end(i, io_.kv_len ? io_.kv_len[b] : p_.seq_k);
+      const SequenceMap::Row place = io_.sequences(p_).entry_row(b, i);  // causal, window, kv_len
+      const std::int64_t begin = place.keys.lo, end = place.keys.hi;
       float* row = s_.data() + r * p_.seq_k;
+      std::fill(row, row + begin, kNegInf);
       std::fill(row + end, row + p_.seq_k, kNegInf);
       bool any = false;
-      for (std::int64_t j = 0; j < end; ++j) {
+      for (std::int64_t j = begin; j < end; ++j) {
+        // Softcap on the scaled score, then ALiBi, then mask and bias.
+        if (p_.softcap != 0) row[j] = softcapped(row[j], static_cast<float>(p_.softcap));
+        if (io_.alibi_slopes) row[j] += alibi_term(io_.alibi_slopes[h], place.diag, j);
         if (!io_.mask.empty() && io_.mask.at(b, h, i, j) == 0) row[j] = kNegInf;
         if (!io_.bias.empty() && row[j] != kNegInf) {
           const float bias = load_float(io_.bias, io_.bias.offset(b, h, i, j));
@@ -223,13 +229,19 @@ class OneDnnBackend final : public Backend {
   std::string_view name() const override { return "onednn"; }
   std::string_view description() const override { return description_; }
   std::string_view capabilities() const override {
-    return "float32, bfloat16, float16 (widened); every mask rule, GQA/MQA; no lse; not float64";
+    return "float32, bfloat16, float16 (widened); every mask rule, GQA/MQA; window, softcap, ALiBi, ragged; no lse; "
+           "not float64, sinks or paged KV";
   }
   Status supports(const Problem& p) const override {
     if (p.dtype == DType::f64) return Status::no("float64 is not implemented: oneDNN's CPU matmul has no f64");
     return Status::yes();
   }
+  // Not sinks: the softmax primitive normalises over the keys alone, with no
+  // place for a logit that carries no value. Not paged KV: the matmul reads
+  // each head's K and V as one matrix.
+  unsigned features() const override { return kFeatureWindow | kFeatureSoftcap | kFeatureAlibi | kFeatureRagged; }
   std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& options) const override {
+    if (p.ragged) return plan_per_entry(p, io, options, *this);
     return std::make_unique<OneDnnPlan>(p, io, options);
   }
 

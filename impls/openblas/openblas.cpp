@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/backend.hpp"
+#include "core/per_entry.hpp"
 #include "core/thread_pool.hpp"
 #include "impls/cpu_kernels/kernels.hpp"
 
@@ -97,7 +98,10 @@ class OpenBlasPlan final : public Plan {
   // Scores of one row in the log2 domain, hidden keys -inf, then exp2 and sum.
   void softmax_row(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t r, int shift) {
     float* row = s_.data() + r * p_.seq_k;
-    const std::int64_t end = p_.key_end(i, io_.kv_len ? io_.kv_len[b] : p_.seq_k);
+    const SequenceMap::Row place = io_.sequences(p_).entry_row(b, i);  // causal, window, kv_len
+    const std::int64_t begin = place.keys.lo, end = place.keys.hi;
+    const float cap = static_cast<float>(p_.softcap);
+    const float slope = io_.alibi_slopes ? io_.alibi_slopes[h] : 0.0f;
     // scale * log2(e) rounded once (in double, then to float): rounding the
     // scale first and the product again scales every score by up to 2 ulps,
     // which large logits turn into 5x the error of a plain implementation
@@ -105,9 +109,13 @@ class OpenBlasPlan final : public Plan {
     const float scale = static_cast<float>(p_.scale * 1.4426950408889634);
     float m = kNegInf;
     for (std::int64_t j = 0; j < p_.seq_k; ++j) {
-      float s = j < end ? row[j] * scale : kNegInf;
-      if (j < end && !io_.mask.empty() && io_.mask.at(b, h, i, j) == 0) s = kNegInf;
-      if (j < end && !io_.bias.empty()) {
+      const bool shown = j >= begin && j < end;
+      float s = shown ? row[j] * scale : kNegInf;
+      // Softcap on the natural-log score, then ALiBi, then the bias (log2 domain).
+      if (shown && cap != 0) s = softcapped(s / kLog2e, cap) * kLog2e;
+      if (shown && io_.alibi_slopes) s += alibi_term(slope, place.diag, j) * kLog2e;
+      if (shown && !io_.mask.empty() && io_.mask.at(b, h, i, j) == 0) s = kNegInf;
+      if (shown && !io_.bias.empty()) {
         const float bias = load_float(io_.bias, io_.bias.offset(b, h, i, j));
         s = std::isinf(bias) && bias < 0 ? kNegInf : s + bias * kLog2e;
       }
@@ -126,16 +134,25 @@ class OpenBlasPlan final : public Plan {
   void write(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t rows, int shift) {
     for (std::int64_t r = 0; r < rows; ++r) {
       const float l = l_[static_cast<std::size_t>(r)];
-      const float inv = l > 0 ? 1.0f / l : 0.0f;
+      float inv = l > 0 ? 1.0f / l : 0.0f;
+      // log2 of the sum of exp2 of the row's scores (the weights were 2^(x - m - shift)).
+      double total2 = l > 0 ? static_cast<double>(m_[static_cast<std::size_t>(r)]) + std::log2(static_cast<double>(l)) + shift
+                            : -std::numeric_limits<double>::infinity();
+      if (io_.sinks) {  // the sink's share of the denominator
+        const double sink2 = static_cast<double>(io_.sinks[h]) * 1.4426950408889634;
+        if (l > 0) {
+          inv = static_cast<float>(static_cast<double>(inv) / (1.0 + std::exp2(sink2 - total2)));
+          const double top = std::max(total2, sink2);
+          total2 = top + std::log2(std::exp2(total2 - top) + std::exp2(sink2 - top));
+        } else {
+          total2 = sink2;
+        }
+      }
       for (std::int64_t c = 0; c < p_.head_dim_v; ++c) {
         const float value = o_[static_cast<std::size_t>(r * p_.head_dim_v + c)] * inv;
         store_float(io_.out, io_.out.offset(b, h, i0 + r, c), value);
       }
-      if (io_.lse) {
-        io_.lse[(b * p_.heads_q + h) * p_.seq_q + i0 + r] =
-            l > 0 ? (static_cast<double>(m_[static_cast<std::size_t>(r)]) + std::log2(static_cast<double>(l)) + shift) * 0.6931471805599453
-                  : -std::numeric_limits<double>::infinity();
-      }
+      if (io_.lse) io_.lse[(b * p_.heads_q + h) * p_.seq_q + i0 + r] = std::isinf(total2) ? total2 : total2 * 0.6931471805599453;
     }
   }
 
@@ -161,13 +178,20 @@ class OpenBlasBackend final : public Backend {
   std::string_view name() const override { return "openblas"; }
   std::string_view description() const override { return description_; }
   std::string_view capabilities() const override {
-    return "float32, float16, bfloat16 (widened to float32); every mask rule, GQA/MQA; lse; not float64";
+    return "float32, float16, bfloat16 (widened to float32); every mask rule, GQA/MQA; lse; window, softcap, ALiBi, "
+           "sinks, ragged; not float64, not paged KV";
   }
   Status supports(const Problem& p) const override {
     if (p.dtype == DType::f64) return Status::no("float64 is not implemented: this backend multiplies with sgemm");
     return Status::yes();
   }
+  // Paged KV is not: sgemm needs each head's K and V contiguous, and gathering
+  // the pages on every call is not what a paged kernel does.
+  unsigned features() const override {
+    return kFeatureWindow | kFeatureSoftcap | kFeatureAlibi | kFeatureSinks | kFeatureRagged;
+  }
   std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& options) const override {
+    if (p.ragged) return plan_per_entry(p, io, options, *this);
     return std::make_unique<OpenBlasPlan>(p, io, options);
   }
 

@@ -5,6 +5,7 @@
 #include <limits>
 #include <vector>
 
+#include "core/per_entry.hpp"
 #include "core/thread_pool.hpp"
 #include "impls/cpu_kernels/tiling.hpp"
 
@@ -32,8 +33,9 @@ class StreamingPlan final : public Plan {
     if (tiles_ < threads_ && g_.key_blocks >= 2 * threads_) chunks_ = threads_;
     // Few rows against float32 K and V in place (decode): packing would cost as
     // much as the whole computation, so the kernels read K and V directly.
+    // Paged K and V qualify when every 64-key block lies in one page.
     direct_ = g_.tile_rows <= kDirectRows && p.dtype == DType::f32 && io.k.strides[3] == 1 && io.v.strides[3] == 1 &&
-              p.head_dim_v == g_.dv_pad;
+              p.head_dim_v == g_.dv_pad && (!p.paged() || p.page_size % kKeyBlock == 0);
     scratch_.resize(static_cast<std::size_t>(threads_));
     for (Scratch& s : scratch_) s.reserve(p, g_, !direct_, 1);
     if (chunks_ > 1) {
@@ -71,6 +73,9 @@ class StreamingPlan final : public Plan {
     const std::int64_t rows = t.rows();
     const std::int64_t end_key = cpu::visible_key_end(p_, io_, t);
     const std::int64_t end_block = (end_key + kKeyBlock - 1) / kKeyBlock;
+    // Blocks left of every row's window hold no visible key: skipped, as the
+    // blocks past the causal diagonal are.
+    const std::int64_t begin_block = cpu::visible_key_begin(p_, io_, t) / kKeyBlock;
     const std::int64_t per_chunk = (g_.key_blocks + chunks_ - 1) / chunks_;
     const std::int64_t first = std::min(chunk * per_chunk, g_.key_blocks);
     const std::int64_t last = std::min(first + per_chunk, g_.key_blocks);
@@ -83,7 +88,7 @@ class StreamingPlan final : public Plan {
     // The AMX kernels read P's padding rows; the softmax writes only real ones.
     if (g_.bf16_kernels) std::fill(s.p_bf16.begin() + rows * kKeyBlock, s.p_bf16.end(), bf16{});
 
-    for (std::int64_t block = first; block < std::min(last, end_block); ++block) {
+    for (std::int64_t block = std::max(first, begin_block); block < std::min(last, end_block); ++block) {
       const std::int64_t j0 = block * kKeyBlock;
       const std::int64_t keys = std::min(kKeyBlock, p_.seq_k - j0);
       if (direct) {
@@ -110,7 +115,7 @@ class StreamingPlan final : public Plan {
       if (g_.bf16_kernels) {
         kernels_.pv_bf16(s.p_bf16.data(), rows, (keys + 1) / 2 * 2, s.pack.v_bf16(j0), g_.dv_pad, s.o.data());
       } else {
-        const float* v = direct ? static_cast<const float*>(io_.v.data) + io_.v.offset(t.b, t.kv_head, j0, 0) : s.pack.v_f32(j0);
+        const float* v = direct ? static_cast<const float*>(io_.v.data) + key_offset(io_.v, t, j0) : s.pack.v_f32(j0);
         kernels_.pv_f32(s.scores.data(), rows, keys, v, direct ? io_.v.strides[2] : s.pack.ldv(), g_.dv_pad, s.o.data());
       }
     }
@@ -128,8 +133,13 @@ class StreamingPlan final : public Plan {
     std::copy_n(s.o.begin(), rows * g_.dv_pad, partial_o_.begin() + base * g_.dv_pad);
   }
 
+  // Key j's row in a K or V view, in place: through the page table when paged.
+  std::int64_t key_offset(const TensorView& view, const QueryTile& t, std::int64_t j) const {
+    const SequenceMap::Key key = io_.sequences(p_).key(t.b, j);
+    return view.offset(key.b, t.kv_head, key.s, 0);
+  }
   const float* k_row(const QueryTile& t, std::int64_t j) const {
-    return static_cast<const float*>(io_.k.data) + io_.k.offset(t.b, t.kv_head, j, 0);
+    return static_cast<const float*>(io_.k.data) + key_offset(io_.k, t, j);
   }
 
   // Folds the scores of one row of the current block (times `pending`) into
@@ -210,10 +220,12 @@ class StreamingBackend final : public Backend {
   std::string_view name() const override { return "streaming"; }
   std::string_view description() const override { return description_; }
   std::string_view capabilities() const override {
-    return "float32, float16, bfloat16; every mask rule, GQA/MQA, any head_dim; lse; not float64";
+    return "float32, float16, bfloat16; every mask rule, GQA/MQA, any head_dim; lse; every version 2 addition; not float64";
   }
   Status supports(const Problem& p) const override { return cpu::kernels_support(p); }
+  unsigned features() const override { return kAllFeatures; }
   std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& options) const override {
+    if (p.ragged) return plan_per_entry(p, io, options, *this);  // each entry a dense problem, in place
     return std::make_unique<StreamingPlan>(p, io, options);
   }
 

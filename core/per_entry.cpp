@@ -1,0 +1,107 @@
+#include "core/per_entry.hpp"
+
+#include <limits>
+#include <vector>
+
+namespace attn {
+
+Problem entry_problem(const Problem& packed, std::int64_t q_len, std::int64_t k_len) {
+  Problem p = packed;
+  p.ragged = false;
+  p.batch = 1;
+  p.seq_q = q_len;
+  p.seq_k = k_len;
+  return p;
+}
+
+namespace {
+
+template <typename Ptr> BasicTensorView<Ptr> rows_of(const BasicTensorView<Ptr>& view, std::int64_t first, std::int64_t count) {
+  BasicTensorView<Ptr> sub = view;
+  using Byte = std::conditional_t<std::is_const_v<std::remove_pointer_t<Ptr>>, const char, char>;
+  sub.data = static_cast<Byte*>(view.data) + first * view.strides[2] * static_cast<std::int64_t>(dtype_size(view.dtype));
+  sub.shape[2] = count;
+  return sub;
+}
+
+class PerEntryPlan final : public Plan {
+ public:
+  PerEntryPlan(const Problem& p, const AttentionIO& io, const RunOptions& options, const Backend& dense)
+      : p_(p), io_(io) {
+    has_lse_ = true;
+    for (std::int64_t e = 0; e < p.batch; ++e) {
+      const std::int64_t q0 = io.cu_seqlens_q[e], q_len = io.cu_seqlens_q[e + 1] - q0;
+      const std::int64_t k0 = io.cu_seqlens_k[e], k_len = io.cu_seqlens_k[e + 1] - k0;
+      if (q_len == 0) continue;  // nothing to compute; its keys are nobody's
+      Entry entry;
+      entry.problem = entry_problem(p, q_len, k_len);
+      entry.q0 = q0;
+      entry.lse.assign(static_cast<std::size_t>(p.heads_q * q_len), 0.0);
+      AttentionIO sub = io;
+      sub.q = rows_of(io.q, q0, q_len);
+      sub.k = rows_of(io.k, k0, k_len);
+      sub.v = rows_of(io.v, k0, k_len);
+      sub.out = rows_of(io.out, q0, q_len);
+      sub.cu_seqlens_q = sub.cu_seqlens_k = nullptr;
+      sub.lse = io.lse ? entry.lse.data() : nullptr;
+      entry.plan = dense.prepare(entry.problem, sub, options);
+      has_lse_ = has_lse_ && entry.plan->has_lse();
+      entries_.push_back(std::move(entry));
+    }
+  }
+
+  void run() override {
+    for (Entry& e : entries_) e.plan->run();
+    finish(false);
+  }
+
+  void read_output() override { finish(true); }
+
+  bool has_lse() const override { return has_lse_; }
+  std::size_t workspace_bytes() const override {
+    std::size_t bytes = 0;
+    for (const Entry& e : entries_) bytes += e.plan->workspace_bytes() + e.lse.size() * sizeof(double);
+    return bytes;
+  }
+
+ private:
+  // The entries' lse into the packed rows, and the rows past the last
+  // sequence; after the sub-plans' read_output when `read` is set.
+  void finish(bool read) {
+    for (Entry& e : entries_) {
+      if (read) e.plan->read_output();
+      if (!io_.lse) continue;
+      for (std::int64_t h = 0; h < p_.heads_q; ++h)
+        for (std::int64_t i = 0; i < e.problem.seq_q; ++i) {
+          io_.lse[h * p_.seq_q + e.q0 + i] = e.lse[static_cast<std::size_t>(h * e.problem.seq_q + i)];
+        }
+    }
+    // Rows past the last sequence belong to none: no key, out 0.
+    const std::int64_t used = io_.cu_seqlens_q[p_.batch];
+    for (std::int64_t h = 0; h < p_.heads_q; ++h)
+      for (std::int64_t i = used; i < p_.seq_q; ++i) {
+        for (std::int64_t d = 0; d < p_.head_dim_v; ++d) store_float(io_.out, io_.out.offset(0, h, i, d), 0.0f);
+        if (io_.lse) io_.lse[h * p_.seq_q + i] = io_.sinks ? io_.sinks[h] : -std::numeric_limits<double>::infinity();
+      }
+  }
+
+  struct Entry {
+    Problem problem;
+    std::int64_t q0 = 0;
+    std::vector<double> lse;
+    std::unique_ptr<Plan> plan;
+  };
+  Problem p_;
+  AttentionIO io_;
+  std::vector<Entry> entries_;
+  bool has_lse_ = true;
+};
+
+}  // namespace
+
+std::unique_ptr<Plan> plan_per_entry(const Problem& problem, const AttentionIO& io, const RunOptions& options,
+                                     const Backend& dense) {
+  return std::make_unique<PerEntryPlan>(problem, io, options, dense);
+}
+
+}  // namespace attn

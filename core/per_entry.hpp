@@ -1,0 +1,21 @@
+// Packed (ragged) batches run as one dense problem per batch entry, each on
+// views into the packed tensors: no padding and no copies of q, k, v or out.
+// A backend whose kernels take dense problems answers a ragged one with
+// `plan_per_entry(problem, io, options, *this)` from its prepare().
+#pragma once
+
+#include <memory>
+
+#include "core/backend.hpp"
+
+namespace attn {
+
+// The dense problem of entry e of a packed one: batch 1, its own lengths.
+Problem entry_problem(const Problem& packed, std::int64_t q_len, std::int64_t k_len);
+
+// Sub-plans prepared here (not timed); run() runs them one after the other
+// and writes the rows past the last sequence (out 0, lse the sink or -inf).
+std::unique_ptr<Plan> plan_per_entry(const Problem& problem, const AttentionIO& io, const RunOptions& options,
+                                     const Backend& dense);
+
+}  // namespace attn
