@@ -5,6 +5,7 @@
 // back from its file, fails the mutant and passes the real backend it copies.
 // (That `make verify` catches every mutant is asserted by the ctest entries
 // mutants.make_verify_catches.*, which run attn-mutants with make verify's options.)
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -105,10 +106,20 @@ TEST(FuzzDraw, CoversEveryDtypeLayoutMaskBiasKvLenAndCausalRule) {
     if (p.head_dim != p.head_dim_v) seen.insert("dv!=d");
     if (p.heads_q > p.heads_kv) seen.insert("gqa");
     if (p.head_dim % 2 == 1) seen.insert("odd head_dim");
+    if (p.has_window()) seen.insert("window");
+    if (p.window_left == 0 || p.window_right == 0) seen.insert("window 0");
+    if (p.softcap != 0) seen.insert("softcap");
+    if (p.alibi) seen.insert("alibi");
+    if (p.sinks) seen.insert("sinks");
+    if (p.ragged) seen.insert("ragged");
+    if (p.ragged && std::count(c.spec.recipe.k_lens.begin(), c.spec.recipe.k_lens.end(), 0) > 0) seen.insert("empty sequence");
+    if (p.paged()) seen.insert("paged");
+    if (p.paged() && p.page_size == 1) seen.insert("page_size 1");
   }
   for (const char* want : {"f64", "f32", "f16", "bf16", "bhsd", "bshd", "causal=none", "causal=top_left",
                            "causal=bottom_right", "threads=1", "threads=8", "mask", "bias", "kv_len", "seq_k=0",
-                           "decode", "dv!=d", "gqa", "odd head_dim"}) {
+                           "decode", "dv!=d", "gqa", "odd head_dim", "window", "window 0", "softcap", "alibi", "sinks",
+                           "ragged", "empty sequence", "paged", "page_size 1"}) {
     EXPECT_TRUE(seen.count(want)) << "400 cases of seed " << kSeed << " never drew " << want;
   }
 }

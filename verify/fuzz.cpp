@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <numeric>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -118,6 +119,27 @@ bool store(FuzzCase& c, Problem p) {
   } else {
     c.spec.recipe.kv_len.clear();
   }
+  InputRecipe& r = c.spec.recipe;
+  auto sum = [](const std::vector<std::int64_t>& v) { return std::accumulate(v.begin(), v.end(), std::int64_t{0}); };
+  if (p.ragged) {  // the packed lengths must fit the packed capacities
+    if (static_cast<std::int64_t>(r.q_lens.size()) != p.batch || r.k_lens.size() != r.q_lens.size()) return false;
+    if (sum(r.q_lens) > p.seq_q || sum(r.k_lens) > p.seq_k) return false;
+  } else {
+    r.q_lens.clear();
+    r.k_lens.clear();
+  }
+  if (p.paged()) {  // the pool: every used page and one spare
+    if (static_cast<std::int64_t>(r.seq_lens.size()) != p.batch || p.seq_k % p.page_size != 0) return false;
+    std::int64_t pages = 1;
+    for (auto& n : r.seq_lens) {
+      n = std::min(n, p.seq_k);
+      pages += (n + p.page_size - 1) / p.page_size;
+    }
+    p.num_pages = pages;
+  } else {
+    r.seq_lens.clear();
+  }
+  if (!p.sinks) r.sink_mean = 0, r.sink_std = 2;
   try {
     p.validate();
   } catch (const InputError&) {
@@ -143,6 +165,62 @@ std::int64_t follow(std::int64_t axis, std::int64_t old_full, std::int64_t new_f
   return axis == old_full && old_full != 1 ? new_full : std::min(axis, new_full);
 }
 
+// The format version 2 additions, from a stream of their own so that the
+// version 1 part of every case is drawn as before: windows (0, 1, around seq
+// and unbounded sides), softcap, ALiBi, sinks, and packed or paged layouts of
+// the keys (which replace the case's mask, bias and kv_len).
+void draw_version2(const std::string& name, Problem& p, InputRecipe& r) {
+  Rng rng = Rng::from_name(name);
+  auto side = [&] {
+    const double u = rng.uniform();
+    if (u < 0.3) return std::int64_t{-1};
+    if (u < 0.5) return rng.uniform_int(0, 1);
+    return rng.uniform_int(0, std::max<std::int64_t>(p.seq_k, 1) + 2);
+  };
+  if (rng.uniform() < 0.2) {
+    p.window_left = side();
+    p.window_right = p.causal != Causal::none && rng.uniform() < 0.7 ? -1 : side();
+  }
+  if (rng.uniform() < 0.5) p.align = Align::top_left;  // used only by a window or ALiBi without causal
+  if (p.causal != Causal::none) p.align = p.alignment();
+  if (rng.uniform() < 0.15) p.softcap = std::ldexp(static_cast<double>(rng.uniform_int(2, 120)), -2);  // 0.5 to 30
+  if (rng.uniform() < 0.15) p.alibi = true;
+  if (rng.uniform() < 0.15) {
+    p.sinks = true;
+    r.sink_mean = rng.uniform(-2.0, 6.0);
+  }
+  const double layout = rng.uniform();
+  auto clear_masking = [&] {
+    p.mask = {};
+    p.bias = {};
+    p.kv_len = false;
+    r.mask = MaskPattern::none;
+    r.bias = BiasPattern::none;
+    r.kv_len.clear();
+  };
+  if (layout < 0.1) {  // packed: 1 to 4 entries, zero lengths likely, tails after the last
+    clear_masking();
+    p.ragged = true;
+    const std::int64_t entries = rng.uniform_int(1, 4), q_max = std::max<std::int64_t>(p.seq_q / entries, 1),
+                       k_max = std::max<std::int64_t>(p.seq_k / entries, 1);
+    for (std::int64_t e = 0; e < entries; ++e) {
+      r.q_lens.push_back(rng.uniform() < 0.2 ? 0 : rng.uniform_int(1, q_max));
+      r.k_lens.push_back(rng.uniform() < 0.2 ? 0 : rng.uniform_int(1, k_max));
+    }
+    p.batch = entries;
+    p.seq_q = std::max<std::int64_t>(std::accumulate(r.q_lens.begin(), r.q_lens.end(), std::int64_t{0}) + rng.uniform_int(0, 3), 1);
+    p.seq_k = std::accumulate(r.k_lens.begin(), r.k_lens.end(), std::int64_t{0}) + rng.uniform_int(0, 3);
+  } else if (layout < 0.2) {  // paged: pages of 1 to 128 keys, a partly filled last page, empty entries
+    clear_masking();
+    const std::int64_t sizes[] = {1, 3, 16, 16, 64, 128};
+    p.page_size = pick(rng, sizes);
+    const std::int64_t pages = std::max<std::int64_t>((p.seq_k + p.page_size - 1) / p.page_size, 1);
+    p.seq_k = pages * p.page_size;
+    for (std::int64_t b = 0; b < p.batch; ++b) r.seq_lens.push_back(rng.uniform() < 0.15 ? 0 : rng.uniform_int(1, p.seq_k));
+    p.num_pages = 1;  // store() sizes the pool
+  }
+}
+
 }  // namespace
 
 std::string FuzzCase::describe() const {
@@ -155,6 +233,9 @@ std::string FuzzCase::describe() const {
     text += fmt::format(",q~N({},{}),k~N({},{})", r.q_mean, r.q_std, r.k_mean, r.k_std);
   }
   if (r.v_mean != 0 || r.v_std != 1) text += fmt::format(",v~N({},{})", r.v_mean, r.v_std);
+  if (!r.q_lens.empty()) text += fmt::format(",q_lens=[{}],k_lens=[{}]", fmt::join(r.q_lens, ","), fmt::join(r.k_lens, ","));
+  if (!r.seq_lens.empty()) text += fmt::format(",seq_lens=[{}]", fmt::join(r.seq_lens, ","));
+  if (r.sink_mean != 0 || r.sink_std != 2) text += fmt::format(",sinks~N({},{})", r.sink_mean, r.sink_std);
   if (r.poison_hidden_v) text += ",poisoned_hidden_v";
   return text + fmt::format(" [threads {}, {}]", threads, layout_name(layout));
 }
@@ -253,6 +334,7 @@ FuzzCase draw_fuzz_case(std::uint64_t seed, std::int64_t index) {
   const int threads[] = {1, 2, 3, 8, 8};
   c.threads = pick(rng, threads);
   c.layout = rng.uniform() < 0.5 ? Layout::bhsd : Layout::bshd;
+  draw_version2(fmt::format("attn fuzz v2 {} {}", seed, index), p, r);
   if (!store(c, p)) throw Error(fmt::format("attn fuzz: drew an invalid case {}: {}", c.spec.name, p.to_string()));
   return c;
 }
@@ -290,10 +372,11 @@ std::vector<FuzzCase> simpler_fuzz_cases(const FuzzCase& c) {
     q.mask.batch = follow(q.mask.batch, p.batch, b);
     q.bias.batch = follow(q.bias.batch, p.batch, b);
     q.batch = b;
-    auto& lengths = n.spec.recipe.kv_len;
-    if (!lengths.empty()) {
-      if (keep_last) lengths.erase(lengths.begin(), lengths.end() - b);
-      else lengths.resize(static_cast<std::size_t>(b));
+    InputRecipe& r = n.spec.recipe;
+    for (auto* lengths : {&r.kv_len, &r.q_lens, &r.k_lens, &r.seq_lens}) {
+      if (lengths->empty()) continue;
+      if (keep_last) lengths->erase(lengths->begin(), lengths->end() - b);
+      else lengths->resize(static_cast<std::size_t>(b));
     }
   };
   for (std::int64_t b : toward(p.batch, 1)) with([&](FuzzCase& n, Problem& q) { resize_batch(n, q, b, false); });
@@ -347,6 +430,38 @@ std::vector<FuzzCase> simpler_fuzz_cases(const FuzzCase& c) {
     });
   }
   if (r.poison_hidden_v) with([](FuzzCase& n, Problem&) { n.spec.recipe.poison_hidden_v = false; });
+  // Version 2: each addition off, then smaller.
+  if (p.window_left >= 0) {
+    with([](FuzzCase&, Problem& q) { q.window_left = -1; });
+    for (std::int64_t w : toward(p.window_left, 0)) with([&](FuzzCase&, Problem& q) { q.window_left = w; });
+  }
+  if (p.window_right >= 0) {
+    with([](FuzzCase&, Problem& q) { q.window_right = -1; });
+    for (std::int64_t w : toward(p.window_right, 0)) with([&](FuzzCase&, Problem& q) { q.window_right = w; });
+  }
+  if (p.softcap != 0) with([](FuzzCase&, Problem& q) { q.softcap = 0; });
+  if (p.alibi) with([](FuzzCase&, Problem& q) { q.alibi = false; });
+  if (p.sinks) with([](FuzzCase&, Problem& q) { q.sinks = false; });
+  if (p.ragged) {
+    with([](FuzzCase&, Problem& q) { q.ragged = false; });
+    for (auto lens : {&InputRecipe::q_lens, &InputRecipe::k_lens}) {
+      for (std::size_t e = 0; e < (r.*lens).size(); ++e) {
+        for (std::int64_t n : toward((r.*lens)[e], 0)) with([&](FuzzCase& c2, Problem&) { (c2.spec.recipe.*lens)[e] = n; });
+      }
+    }
+    auto total = [](const std::vector<std::int64_t>& v) { return std::accumulate(v.begin(), v.end(), std::int64_t{0}); };
+    for (std::int64_t s : toward(p.seq_q, std::max<std::int64_t>(total(r.q_lens), 1))) with([&](FuzzCase&, Problem& q) { q.seq_q = s; });
+    for (std::int64_t s : toward(p.seq_k, total(r.k_lens))) with([&](FuzzCase&, Problem& q) { q.seq_k = s; });
+  }
+  if (p.paged()) {
+    with([](FuzzCase&, Problem& q) { q.page_size = 0, q.num_pages = 0; });
+    for (std::int64_t ps : toward(p.page_size, 1)) with([&](FuzzCase&, Problem& q) { q.page_size = ps; });
+    for (std::int64_t pages : toward(p.pages_per_entry(), 1)) with([&](FuzzCase&, Problem& q) { q.seq_k = pages * p.page_size; });
+    for (std::size_t b = 0; b < r.seq_lens.size(); ++b) {
+      for (std::int64_t n : toward(r.seq_lens[b], 0)) with([&](FuzzCase& c2, Problem&) { c2.spec.recipe.seq_lens[b] = n; });
+    }
+  }
+  if (r.sink_mean != 0) with([](FuzzCase& n, Problem&) { n.spec.recipe.sink_mean = 0; });
   return out;
 }
 
