@@ -119,9 +119,15 @@ TEST(LayerFixtures, RoundTripAndClearErrors) {
 
 TEST(LayerVerification, EveryBackendPassesAndAFlawedOneFails) {
   auto files = find_fixture_files({kGolden / "layer", fs::path(ATTN_SOURCE_DIR) / "tests/data/h5py_pytorch_style_layer.h5"});
-  ASSERT_EQ(files.size(), 19u);
+  ASSERT_EQ(files.size(), 22u);
   VerifySummary all = verify(files, make_backends(std::vector<std::string>{"naive", "blocked", "streaming", "openblas", "onednn"}), {});
   for (const auto& o : all.outcomes) {
+    // onednn has no sinks (its softmax primitive cannot take one): the version 2 layers are its SKIP.
+    if (o.backend == "onednn" && o.fixture.find("layer/v2_") != std::string::npos) {
+      EXPECT_EQ(o.comparison.verdict, Verdict::skip) << o.fixture;
+      EXPECT_NE(o.comparison.reason.find("sinks"), std::string::npos) << o.comparison.reason;
+      continue;
+    }
     EXPECT_EQ(o.comparison.verdict, Verdict::pass) << o.backend << " " << o.fixture << ": " << o.comparison.reason;
   }
   std::vector<std::unique_ptr<Backend>> flawed;

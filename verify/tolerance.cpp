@@ -109,12 +109,16 @@ MeasuredLimit measured_limit(DType dtype, const std::vector<double>& truth,
           std::max(floor * scale.rms, absolute)};
 }
 
-std::vector<double> probe_bounds(const Problem& p, const ReferenceStats& stats) {
+std::vector<double> probe_bounds(const Problem& p, const ReferenceStats& stats, const std::vector<double>& kept) {
   const double u = unit_roundoff(p.dtype), u_acc = accumulation_roundoff(p.dtype);
   std::vector<double> bounds(stats.visible.size());
   for (std::size_t r = 0; r < bounds.size(); ++r) {
     const double n = static_cast<double>(stats.visible[r]);
-    bounds[r] = u + ToleranceConstants::probe_factor * (u * stats.weight_norm[r] + std::sqrt(std::max(n, 1.0)) * u_acc);
+    const double share = kept.empty() ? 1.0 : kept[r];
+    // Equal weights have ||p||_2 = share / sqrt(n) exactly; anything else more.
+    const bool uniform = n > 1 && std::fabs(stats.weight_norm[r] * std::sqrt(n) - share) <= 1e-9 * share;
+    const double growth = uniform ? n : std::sqrt(std::max(n, 1.0));
+    bounds[r] = u + ToleranceConstants::probe_factor * (u * stats.weight_norm[r] + growth * u_acc);
   }
   return bounds;
 }

@@ -102,7 +102,11 @@ MeasuredLimit measured_limit(DType dtype, const std::vector<double>& truth,
 double subnormal_allowance(DType dtype, double n);
 
 // Per row: how far from 1 a visible row of the normalisation probe may be.
-std::vector<double> probe_bounds(const Problem& problem, const ReferenceStats& stats);
+// `kept`: per row, the share of the weight the visible keys keep (1 without
+// sinks; empty means 1). Rows whose visible weights are all equal (scores all
+// equal, e.g. subnormal q and k) sum identical terms: their rounding errors
+// do not cancel, so the accumulation grows as n, not root n.
+std::vector<double> probe_bounds(const Problem& problem, const ReferenceStats& stats, const std::vector<double>& kept = {});
 
 // A fixture's own rule, atol + rtol |out| per element; empty when it has none.
 std::vector<double> fixture_tolerance(const FixtureHeader& header, const std::vector<double>& golden);

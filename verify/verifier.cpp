@@ -331,7 +331,6 @@ void verify_sdpa(const Fixture& fixture, const BackendRefs& backends,
     j.tolerance = fixture_tolerance(fixture.header, fixture.out);
     warning = loose_tolerance_warning(fixture.header, j.truth.out, j.tolerance);
     if (!warning.empty()) summary.warnings.push_back(fmt::format("{}: {}", fixture.header.path.string(), warning));
-    j.probe_bounds = probe_bounds(problem, j.stats);
     if (problem.sinks) {
       // The visible keys share 1 - exp(sink - lse) of the weight; the sink the rest.
       j.probe_want.resize(j.truth.lse.size());
@@ -340,6 +339,7 @@ void verify_sdpa(const Fixture& fixture, const BackendRefs& backends,
         j.probe_want[r] = -std::expm1(sink - j.truth.lse[r]);
       }
     }
+    j.probe_bounds = probe_bounds(problem, j.stats, j.probe_want);
     j.probe = ones_probe(fixture.data);
   }
   for (const RunConfig& config : configs) {

@@ -118,13 +118,15 @@ void naive_attention(const Problem& p, const AttentionIO& io) {
         // A sink is one more logit in the denominator, with no value.
         max_score = std::max(max_score, sink);
         A sum = 0;
-        if (io.sinks) sum += std::exp(sink - max_score);
         for (std::int64_t j = 0; j < keys; ++j) {
           if (!visible[static_cast<std::size_t>(j)]) continue;
           A& w = weights[static_cast<std::size_t>(j)];
           w = std::exp(w - max_score);
           sum += w;
         }
+        // The sink last: added first, a sink far above the scores would round
+        // every small weight after it at its own magnitude (found by attn fuzz).
+        if (io.sinks) sum += std::exp(sink - max_score);
         std::fill(acc.begin(), acc.end(), A{0});
         for (std::int64_t j = 0; j < keys; ++j) {
           if (!visible[static_cast<std::size_t>(j)]) continue;
