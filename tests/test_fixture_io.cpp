@@ -274,3 +274,119 @@ TEST_F(FixtureIo, FindsFixturesInFoldersSorted) {
     return std::string();
   }(), "no such file or folder");
 }
+
+// Format version 2: a paged and a packed case load; every broken field is an
+// input error that names it. (Hostile sizes go through the same checks as
+// version 1: declared shapes first, memory before reading.)
+TEST_F(FixtureIo, Version2FieldsLoadAndEveryBrokenOneIsNamed) {
+  using Stored = h5::File::Stored;
+  auto paged = [](RawCase& r) {
+    r.attrs["format_version"] = std::int64_t{2};
+    r.attrs["batch"] = std::int64_t{2};
+    r.attrs["page_size"] = std::int64_t{2};
+    r.attrs["causal"] = std::string("bottom_right");
+    r.datasets["k"] = {{3, 1, 2, 2}, std::vector<double>(12, 0.25)};
+    r.datasets["v"] = {{3, 1, 2, 2}, std::vector<double>(12, 1.0)};
+    r.datasets["page_table"] = {{2, 2}, {2, 0, 1, -1}, Stored::int64};
+    r.datasets["seq_lens"] = {{2}, {4, 1}, Stored::int64};
+  };
+  EXPECT_EQ(error_after(paged), "");
+  {
+    RawCase r;
+    paged(r);
+    r.write(dir_ / "paged.h5");
+    const Fixture f = read_fixture(dir_ / "paged.h5");
+    EXPECT_EQ(f.problem().page_size, 2);
+    EXPECT_EQ(f.problem().num_pages, 3);
+    EXPECT_EQ(f.data.page_table, (std::vector<std::int64_t>{2, 0, 1, -1}));
+    EXPECT_EQ(f.problem().to_string(), "dtype=f32,b=2,hq=2,hkv=1,sq=3,sk=4,d=2,dv=2,scale=0.5,causal=bottom_right,paged=2x3");
+  }
+  auto with = [&](auto base, auto edit) {
+    return error_after([&](RawCase& r) {
+      base(r);
+      edit(r);
+    });
+  };
+  EXPECT_ERROR(with(paged, [](RawCase& r) { r.datasets["page_table"].values[0] = 7; }),
+               "page_table[0][0] = 7: entry 0 holds 4 keys, so this page is read and must be in [0, num_pages = 3)");
+  EXPECT_ERROR(with(paged, [](RawCase& r) { r.datasets["seq_lens"].values[1] = 5; }), "seq_lens[1] = 5");
+  EXPECT_ERROR(with(paged, [](RawCase& r) { r.attrs["page_size"] = std::int64_t{3}; }),
+               "seq_k = 4 is not a multiple of page_size = 3");
+  EXPECT_ERROR(with(paged, [](RawCase& r) { r.attrs["page_size"] = std::int64_t{0}; }), "'page_size' must be an integer >= 1");
+  EXPECT_ERROR(with(paged, [](RawCase& r) { r.datasets["k"].dims = {3, 1, 4, 1}; }), "dataset 'k' has shape [3, 1, 4, 1], expected [3, 1, 2, 2]");
+  EXPECT_ERROR(with(paged, [](RawCase& r) { r.datasets["page_table"].stored = Stored::float32; }),
+               "dataset 'page_table' is");
+  EXPECT_ERROR(with(paged, [](RawCase& r) { r.datasets.erase("seq_lens"); }), "missing dataset 'seq_lens'");
+  EXPECT_ERROR(with(paged, [](RawCase& r) { r.datasets["kv_len"] = {{2}, {1, 1}, Stored::int64}; }),
+               "paged KV takes seq_lens, not kv_len");
+
+  auto packed = [](RawCase& r) {
+    r.attrs["format_version"] = std::int64_t{2};
+    r.attrs["batch"] = std::int64_t{3};
+    r.datasets["q"] = {{1, 2, 3, 2}, std::vector<double>(12, 0.5)};
+    r.datasets["k"] = {{1, 1, 4, 2}, std::vector<double>(8, 0.25)};
+    r.datasets["v"] = {{1, 1, 4, 2}, std::vector<double>(8, 1.0)};
+    r.datasets["out"] = {{1, 2, 3, 2}, std::vector<double>(12, 1.0), Stored::float64};
+    r.datasets["cu_seqlens_q"] = {{4}, {0, 2, 2, 3}, Stored::int64};
+    r.datasets["cu_seqlens_k"] = {{4}, {0, 0, 3, 4}, Stored::int64};
+  };
+  EXPECT_EQ(error_after(packed), "");
+  EXPECT_ERROR(with(packed, [](RawCase& r) { r.datasets["cu_seqlens_k"].values = {0, 3, 2, 4}; }),
+               "cu_seqlens_k[2] = 2 is below cu_seqlens_k[1] = 3");
+  EXPECT_ERROR(with(packed, [](RawCase& r) { r.datasets["cu_seqlens_q"].values = {0, 2, 2, 4}; }),
+               "cu_seqlens_q[3] = 4, more than seq_q = 3");
+  EXPECT_ERROR(with(packed, [](RawCase& r) { r.datasets["cu_seqlens_q"].values = {1, 2, 2, 3}; }), "cu_seqlens_q[0] = 1, expected 0");
+  EXPECT_ERROR(with(packed, [](RawCase& r) { r.datasets.erase("cu_seqlens_k"); }), "missing dataset 'cu_seqlens_k'");
+  EXPECT_ERROR(with(packed, [](RawCase& r) { r.datasets["cu_seqlens_q"].dims = {3}; }), "dataset 'cu_seqlens_q' has shape [3], expected [4]");
+  EXPECT_ERROR(with(packed, [](RawCase& r) { r.datasets["mask"] = {{1, 1, 1, 4}, {1, 1, 1, 1}, Stored::uint8}; }),
+               "packed (ragged) sequences take no mask, bias or kv_len");
+  EXPECT_ERROR(with(packed, [](RawCase& r) { r.datasets["q"].dims = {3, 2, 1, 2}; }), "dataset 'q' has shape [3, 2, 1, 2], expected [1, 2, 3, 2]");
+
+  auto v2 = [](RawCase& r) { r.attrs["format_version"] = std::int64_t{2}; };
+  EXPECT_ERROR(with(v2, [](RawCase& r) { r.attrs["softcap"] = -1.0; }), "'softcap' must be a finite number >= 0");
+  EXPECT_ERROR(with(v2, [](RawCase& r) { r.attrs["softcap"] = std::nan(""); }), "'softcap' must be a finite number >= 0");
+  EXPECT_ERROR(with(v2, [](RawCase& r) { r.attrs["window_left"] = std::int64_t{-2}; }), "'window_left' must be an integer >= -1");
+  EXPECT_ERROR(with(v2, [](RawCase& r) { r.attrs["window_right"] = 1.5; }), "'window_right'");
+  EXPECT_ERROR(with(v2, [](RawCase& r) { r.attrs["align"] = std::string("middle"); }), "'align' is 'middle'");
+  EXPECT_ERROR(with(v2, [](RawCase& r) {
+                 r.attrs["causal"] = std::string("top_left");
+                 r.attrs["align"] = std::string("bottom_right");
+               }),
+               "a causal case is measured from its own alignment");
+  EXPECT_ERROR(with(v2, [](RawCase& r) { r.datasets["alibi_slopes"] = {{3}, {1, 1, 1}}; }),
+               "dataset 'alibi_slopes' has shape [3], expected [2]");
+  EXPECT_ERROR(with(v2, [](RawCase& r) { r.datasets["sinks"] = {{2}, {0.5, std::nan("")}}; }), "dataset 'sinks' holds nan");
+  EXPECT_ERROR(with(v2, [](RawCase& r) { r.datasets["sinks"] = {{2}, {0.5, 0.1}, Stored::float64}; }),
+               "sinks[1] = 0.1, expected a finite value exactly representable in float32");
+  EXPECT_ERROR(error_after([](RawCase& r) { r.datasets["sinks"] = {{2}, {0.5, 0.5}}; }),
+               "dataset 'sinks' belongs to format version 2, but 'format_version' is 1");
+  EXPECT_EQ(with(v2, [](RawCase& r) {
+              r.attrs["window_left"] = std::int64_t{1};
+              r.attrs["softcap"] = 30.0;
+              r.datasets["alibi_slopes"] = {{2}, {0.5, 0.25}};
+              r.datasets["sinks"] = {{2}, {0.5, -1}};
+            }),
+            "");
+}
+
+TEST_F(FixtureIo, Version2RoundTripsAndVersion1StaysVersion1) {
+  for (const auto& spec : standard_suite()) {
+    if (spec.name != "paged/window_alibi_softcap_sinks_ps16_f32" && spec.name != "ragged/b5_zero_lengths_f32" &&
+        spec.name != "basic/b1_h2_q4_k4_d8_f32") {
+      continue;
+    }
+    const Fixture f = generate_fixture(spec);
+    write_fixture(f, dir_ / "rt.h5");
+    const Fixture back = read_fixture(dir_ / "rt.h5");
+    EXPECT_EQ(back.problem(), f.problem()) << spec.name;
+    EXPECT_EQ(back.problem(), Problem::parse(spec.problem)) << spec.name;
+    EXPECT_EQ(back.data.alibi_slopes, f.data.alibi_slopes);
+    EXPECT_EQ(back.data.sinks, f.data.sinks);
+    EXPECT_EQ(back.data.cu_seqlens_q, f.data.cu_seqlens_q);
+    EXPECT_EQ(back.data.page_table, f.data.page_table);
+    EXPECT_EQ(back.data.seq_lens, f.data.seq_lens);
+    EXPECT_EQ(back.out, f.out);
+    h5::File file = h5::File::open_read(dir_ / "rt.h5");
+    EXPECT_EQ(file.integer_attribute("format_version"), f.problem().features() ? 2 : 1) << spec.name;
+  }
+}

@@ -95,3 +95,52 @@ TEST(TensorView, LayoutStridesDescribeBothLayouts) {
   TensorView view{nullptr, DType::f32, shape, layout_strides(shape, Layout::bshd)};
   EXPECT_EQ(view.extent(), 210);
 }
+
+TEST(Problem, Version2FieldsRoundTripAndAreValidated) {
+  for (const char* text : {"dtype=f32,b=1,hq=2,hkv=1,sq=3,sk=5,d=8,dv=8,scale=0.5,align=top_left,wl=2,wr=0",
+                           "dtype=bf16,b=2,hq=4,hkv=2,sq=1,sk=64,d=16,dv=16,scale=0.25,causal=bottom_right,wl=7,softcap=30,"
+                           "alibi,sinks,paged=16x9",
+                           "dtype=f16,b=3,hq=2,hkv=2,sq=10,sk=12,d=4,dv=4,scale=0.5,causal=top_left,ragged"}) {
+    const Problem p = Problem::parse(text);
+    EXPECT_EQ(p.to_string(), text);
+    EXPECT_EQ(Problem::parse(p.to_string()), p);
+  }
+  const Problem paged = Problem::parse("dtype=f32,b=2,hq=2,hkv=1,sq=1,sk=64,d=8,paged=16x9");
+  EXPECT_EQ(paged.k_elements(), 9 * 1 * 16 * 8);  // the pool, not batch x seq_k
+  EXPECT_EQ(paged.pages_per_entry(), 4);
+  EXPECT_EQ(paged.features(), unsigned{kFeaturePaged});
+  const Problem packed = Problem::parse("dtype=f32,b=3,hq=2,hkv=1,sq=10,sk=12,d=8,ragged");
+  EXPECT_EQ(packed.q_elements(), 2 * 10 * 8);  // one packed batch
+  EXPECT_EQ(packed.rows(), 20);
+  EXPECT_EQ(feature_names(kFeatureWindow | kFeatureSinks), "sliding window, sinks");
+  auto error = [](const char* text) {
+    try {
+      Problem::parse(text);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(error("dtype=f32,b=1,hq=1,hkv=1,sq=1,sk=10,d=8,paged=3x4").find("not a multiple of page_size"), std::string::npos);
+  EXPECT_NE(error("dtype=f32,b=1,hq=1,hkv=1,sq=1,sk=10,d=8,wl=-2").find("window_left is -2"), std::string::npos);
+  EXPECT_NE(error("dtype=f32,b=1,hq=1,hkv=1,sq=1,sk=10,d=8,softcap=-1").find("softcap is -1"), std::string::npos);
+  EXPECT_NE(error("dtype=f32,b=1,hq=1,hkv=1,sq=1,sk=10,d=8,ragged,kv_len").find("take no mask, bias or kv_len"), std::string::npos);
+  EXPECT_NE(error("dtype=f32,b=1,hq=1,hkv=1,sq=1,sk=10,d=8,causal=top_left,align=bottom_right").find("contradicts"),
+            std::string::npos);
+  EXPECT_NE(error("dtype=f32,b=1,hq=1,hkv=1,sq=1,sk=10,d=8,alibi=3").find("alibi takes no value"), std::string::npos);
+}
+
+TEST(Problem, KeyRangesFollowTheWindowAndStayInsideTheKeys) {
+  const Problem p = Problem::parse("dtype=f32,b=1,hq=1,hkv=1,sq=4,sk=3,d=8,align=top_left,wl=1,wr=0");
+  for (std::int64_t i = 0; i < 4; ++i) {
+    const Problem::KeyRange r = p.key_range(i, 4, 3, 3);
+    EXPECT_GE(r.lo, 0);
+    EXPECT_LE(r.lo, r.hi);
+    EXPECT_LE(r.hi, 3);
+  }
+  EXPECT_EQ(p.key_range(2, 4, 3, 3).lo, 1);
+  EXPECT_EQ(p.key_range(2, 4, 3, 3).hi, 3);
+  EXPECT_TRUE(p.key_range(3, 4, 3, 3).empty() == false);  // keys 2 (the window reaches back one)
+  EXPECT_TRUE(Problem::parse("dtype=f32,b=1,hq=1,hkv=1,sq=5,sk=2,d=8,causal=bottom_right").key_range(0, 5, 2, 2).empty());
+  EXPECT_EQ(p.causal_visible_pairs(), 1 + 2 + 2 + 1);
+}
