@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -41,7 +42,29 @@ CaseData random_case(const Problem& p) {
   fill(data.q, p.q_elements());
   fill(data.k, p.k_elements());
   fill(data.v, p.v_elements());
+  const Sequences s = benchmark_sequences(p);
+  data.cu_seqlens_q = s.cu_seqlens_q;
+  data.cu_seqlens_k = s.cu_seqlens_k;
+  data.page_table = s.page_table;
+  data.seq_lens = s.seq_lens;
+  for (std::int64_t h = 0; h < p.heads_q && p.alibi; ++h) {
+    data.alibi_slopes.push_back(round_to_dtype(std::exp2(-8.0 * static_cast<double>(h + 1) / static_cast<double>(p.heads_q)), DType::f32));
+  }
+  for (std::int64_t h = 0; h < p.heads_q && p.sinks; ++h) data.sinks.push_back(round_to_dtype(rng.normal(), DType::f32));
   return data;
+}
+
+// The problem at most `size` queries and keys long, for timing estimates:
+// packed sequences keep their proportions, paged entries their page size.
+Problem shrunk(const Problem& p, std::int64_t size) {
+  Problem small = p;
+  small.seq_q = std::min<std::int64_t>(p.seq_q, size);
+  small.seq_k = std::min<std::int64_t>(p.seq_k, size);
+  if (p.paged()) {
+    small.seq_k = std::max<std::int64_t>(small.seq_k / p.page_size, 1) * p.page_size;
+    small.num_pages = small.batch * small.pages_per_entry() + 1;
+  }
+  return small;
 }
 
 struct Prepared {
@@ -67,7 +90,7 @@ std::unique_ptr<Prepared> make_inputs(const Problem& p) {
   if (!cached) cached = std::make_shared<const DeviceReadyInputs>(make_backend_inputs(random_case(p)));
   prepared->inputs = cached;
   prepared->io = cached->io;
-  Dims4 shape{p.batch, p.heads_q, p.seq_q, p.head_dim_v};
+  Dims4 shape{p.q_batch(), p.heads_q, p.seq_q, p.head_dim_v};
   prepared->out = Buffer(static_cast<std::size_t>(p.out_elements()) * dtype_size(p.dtype));
   prepared->lse.assign(static_cast<std::size_t>(p.rows()), 0.0);
   prepared->io.out = MutableTensorView{prepared->out.data(), p.dtype, shape, layout_strides(shape, p.layout)};
@@ -86,9 +109,7 @@ std::unique_ptr<Prepared> prepare(const Backend& backend, const Problem& p, cons
 // fixed cost per call are not overestimated.
 double estimate_seconds(const Backend& backend, const Problem& p, const RunOptions& options) {
   auto time_at = [&](std::int64_t size, double& flops) {
-    Problem small = p;
-    small.seq_q = std::min<std::int64_t>(p.seq_q, size);
-    small.seq_k = std::min<std::int64_t>(p.seq_k, size);
+    const Problem small = shrunk(p, size);
     flops = useful_flops(small);
     auto prepared = prepare(backend, small, options);
     prepared->plan->run();  // warm up
@@ -157,6 +178,10 @@ void run_one(benchmark::State& state, const Backend& backend, const Problem& p, 
   }
   prepared->plan->read_output();
   state.counters["FLOP/s"] = benchmark::Counter(useful_flops(p), benchmark::Counter::kIsIterationInvariantRate);
+  // Per call, for reports: the pairs of packed and paged cases depend on
+  // lengths the problem string does not carry.
+  state.counters["useful_flops"] = useful_flops(p);
+  state.counters["dense_flops"] = dense_flops(p);
   if (p.seq_q == 1) state.counters["KV_bytes/s"] = benchmark::Counter(kv_bytes(p), benchmark::Counter::kIsIterationInvariantRate);
   if (AllocTracker::available()) state.counters["extra_MiB"] = extra / (1 << 20);
   state.counters["workspace_MiB"] = static_cast<double>(prepared->plan->workspace_bytes()) / (1 << 20);

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "bench/matrix.hpp"
+#include "core/case_data.hpp"
 #include "core/error.hpp"
 
 using namespace attn;
@@ -40,4 +41,47 @@ TEST(BenchMatrix, UsefulFlopsCountOnlyVisiblePairs) {
   p.causal = Causal::top_left;  // 1 + 2 + 3 visible pairs
   EXPECT_DOUBLE_EQ(bench::useful_flops(p), 2.0 * (8 + 4) * 2 * 4 * 6);
   EXPECT_DOUBLE_EQ(bench::kv_bytes(p), 4.0 * (2 * 1 * 5 * 8 + 2 * 1 * 5 * 4));
+}
+
+TEST(BenchMatrix, Version2CasesCountTheirOwnPairs) {
+  // A window of 1 to the left, causal: each query sees itself and one key before it.
+  Problem p = Problem::parse("dtype=f32,b=1,hq=2,hkv=2,sq=4,sk=4,d=8,causal=top_left,wl=1");
+  EXPECT_DOUBLE_EQ(bench::useful_flops(p), 2.0 * 16 * 2 * (1 + 2 + 2 + 2));
+  EXPECT_DOUBLE_EQ(bench::dense_flops(p), 2.0 * 16 * 2 * 16);
+  // Packed: 6 sequences sharing 16 tokens as 1, 3, 0, 2, 5, 1 (of 12): lengths 1, 4, 0, 2, 6, 1 after rounding down.
+  p = Problem::parse("dtype=f32,b=6,hq=1,hkv=1,sq=16,sk=16,d=8,ragged");
+  const bench::Sequences s = bench::benchmark_sequences(p);
+  EXPECT_EQ(s.cu_seqlens_q, (std::vector<std::int64_t>{0, 1, 5, 5, 8, 14, 16}));
+  double pairs = 0;
+  for (std::size_t e = 0; e + 1 < s.cu_seqlens_q.size(); ++e) {
+    const double n = static_cast<double>(s.cu_seqlens_q[e + 1] - s.cu_seqlens_q[e]);
+    pairs += n * n;
+  }
+  EXPECT_DOUBLE_EQ(bench::useful_flops(p), 2.0 * 16 * pairs);  // not 16 x 16: no pair across sequences
+  // Paged: every entry's keys only, and the table names distinct pages of the pool.
+  p = Problem::parse("dtype=bf16,b=3,hq=4,hkv=1,sq=1,sk=64,d=16,paged=16x13");
+  const bench::Sequences pages = bench::benchmark_sequences(p);
+  ASSERT_EQ(pages.seq_lens.size(), 3u);
+  double keys = 0;
+  for (std::int64_t n : pages.seq_lens) keys += static_cast<double>(n);
+  EXPECT_DOUBLE_EQ(bench::useful_flops(p), 2.0 * 32 * 4 * keys);
+  EXPECT_DOUBLE_EQ(bench::kv_bytes(p), keys * 32 * 2);
+  CaseData data;
+  data.problem = p;
+  data.page_table = pages.page_table;
+  data.seq_lens = pages.seq_lens;
+  data.q.assign(static_cast<std::size_t>(p.q_elements()), 0.0);
+  data.k.assign(static_cast<std::size_t>(p.k_elements()), 0.0);
+  data.v.assign(static_cast<std::size_t>(p.v_elements()), 0.0);
+  EXPECT_NO_THROW(data.validate());
+  // The quick preset has one of each.
+  int window = 0, packed = 0, paged = 0;
+  for (const Problem& q : bench::benchmark_problems("quick")) {
+    window += q.has_window();
+    packed += q.ragged;
+    paged += q.paged();
+  }
+  EXPECT_EQ(window, 1);
+  EXPECT_EQ(packed, 1);
+  EXPECT_EQ(paged, 1);
 }

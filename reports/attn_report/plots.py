@@ -55,23 +55,24 @@ def _label(m, hosts):
 
 
 def gflops_vs_seq(measurements, peaks):
-    """GFLOP/s against sequence length, one panel per head_dim x causal x dtype,
+    """GFLOP/s against sequence length, one panel per head_dim x causal x dtype
+    (x the version 2 variant: a window, packed or paged batches),
     each host's peak drawn as a dashed line. peaks: host -> {'fp32': x, 'bf16': y,
     'amx_bf16': z}; the AMX peak (often 20x the others) is written, not drawn."""
     rows = [m for m in measurements if m.gflops and not m.problem.decode and m.problem.seq_q == m.problem.seq_k]
     if not rows:
         return None
     hosts = sorted({m.host for m in rows})
-    panels = sorted({(m.problem.head_dim, m.problem.causal, m.problem.dtype) for m in rows})
+    panels = sorted({(m.problem.head_dim, m.problem.causal, m.problem.dtype, m.problem.variant) for m in rows})
     columns = min(3, len(panels))
     grid_rows = math.ceil(len(panels) / columns)
     fig, axes = plt.subplots(grid_rows, columns, figsize=(7.2 * columns, 3.8 * grid_rows), squeeze=False)
     for ax in axes.flat[len(panels):]:
         ax.axis("off")
-    for ax, (head_dim, causal, dtype) in zip(axes.flat, panels):
+    for ax, (head_dim, causal, dtype, variant) in zip(axes.flat, panels):
         lines = defaultdict(list)
         for m in rows:
-            if (m.problem.head_dim, m.problem.causal, m.problem.dtype) == (head_dim, causal, dtype):
+            if (m.problem.head_dim, m.problem.causal, m.problem.dtype, m.problem.variant) == (head_dim, causal, dtype, variant):
                 lines[(m.backend, m.host, m.problem.heads_q, m.problem.heads_kv)].append(
                     (m.problem.seq_q, m.gflops, m.gflops_iqr))
         head_configs = {(hq, hkv) for (_, _, hq, hkv) in lines}
@@ -99,7 +100,7 @@ def gflops_vs_seq(measurements, peaks):
                 ax.annotate(f"peak {peak:.0f}{at}", (0.01, peak), xycoords=("axes fraction", "data"), fontsize=7,
                             va="bottom")
         ax.set_xscale("log", base=2)
-        ax.set_title(f"{dtype}, head_dim {head_dim}, causal {causal}", fontsize=10)
+        ax.set_title(f"{dtype}, head_dim {head_dim}, causal {causal}" + (f", {variant}" if variant else ""), fontsize=10)
         ax.set_xlabel("sequence length")
         ax.set_ylabel("useful GFLOP/s (median, IQR bars)")
         ax.set_ylim(bottom=0)

@@ -17,24 +17,61 @@ class Problem:
     head_dim_v: int
     causal: str = "none"
     text: str = ""
+    # Format version 2 (docs/fixture-format-v2.md): what makes a case more than its sizes.
+    window_left: int = -1
+    window_right: int = -1
+    align: str = "bottom_right"
+    ragged: bool = False
+    page_size: int = 0
+    others: tuple = ()  # softcap, alibi, sinks
+    # The bench's own counts (attn bench writes them per case): packed and
+    # paged cases' pairs depend on lengths the problem string does not carry.
+    counted_useful: float = None
+    counted_dense: float = None
 
     @property
     def decode(self):
         return self.seq_q == 1
 
+    @property
+    def variant(self):
+        """The version 2 additions as a short label ('' for none): 'window 512', 'packed x6', 'paged 16', ..."""
+        parts = []
+        if self.window_left >= 0 or self.window_right >= 0:
+            sides = [str(w) if w >= 0 else "inf" for w in (self.window_left, self.window_right)]
+            parts.append("window " + (sides[0] if self.window_right < 0 else ":".join(sides)))
+        if self.ragged:
+            parts.append(f"packed x{self.batch}")
+        if self.page_size:
+            parts.append(f"paged {self.page_size}")
+        parts.extend(self.others)
+        return ", ".join(parts)
+
     def visible_pairs(self):
-        """Query-key pairs the causal alignment leaves visible (all when not causal)."""
-        if self.causal == "none":
-            return self.seq_q * self.seq_k
-        offset = self.seq_k - self.seq_q if self.causal == "bottom_right" else 0
-        return sum(max(0, min(self.seq_k, i + offset + 1)) for i in range(self.seq_q))
+        """Query-key pairs the causal alignment and the window leave visible (all when neither)."""
+        diag = self.seq_k - self.seq_q if (self.causal if self.causal != "none" else self.align) == "bottom_right" else 0
+        pairs = 0
+        for i in range(self.seq_q):
+            lo, hi = 0, self.seq_k
+            if self.causal != "none":
+                hi = min(hi, i + diag + 1)
+            if self.window_right >= 0:
+                hi = min(hi, i + diag + self.window_right + 1)
+            if self.window_left >= 0:
+                lo = max(lo, i + diag - self.window_left)
+            pairs += max(0, hi - lo)
+        return pairs
 
     def useful_flops(self):
         """attnbench's convention (bench/matrix.cpp): 2 (d + dv) flops per visible pair per query head."""
+        if self.counted_useful:
+            return self.counted_useful
         return 2.0 * (self.head_dim + self.head_dim_v) * self.batch * self.heads_q * self.visible_pairs()
 
     def dense_flops(self):
-        """The figure tools that count every pair, causal or not, report."""
+        """The figure tools that count every pair, causal or windowed or not, report."""
+        if self.counted_dense:
+            return self.counted_dense
         return 2.0 * (self.head_dim + self.head_dim_v) * self.batch * self.heads_q * self.seq_q * self.seq_k
 
     def min_bytes(self):
@@ -52,6 +89,8 @@ class Problem:
         label += f" q{self.seq_q} k{self.seq_k} d{self.head_dim}"
         if self.causal != "none":
             label += " causal"
+        if self.variant:
+            label += ", " + self.variant
         return label
 
 
@@ -63,10 +102,15 @@ def parse_problem(text):
         key, _, value = token.partition("=")
         fields[key] = value
     try:
+        others = tuple(f"softcap {fields['softcap']}" if key == "softcap" else key
+                       for key in ("softcap", "alibi", "sinks") if key in fields)
         return Problem(dtype=fields["dtype"], batch=int(fields["b"]), heads_q=int(fields["hq"]),
                        heads_kv=int(fields["hkv"]), seq_q=int(fields["sq"]), seq_k=int(fields["sk"]),
                        head_dim=int(fields["d"]), head_dim_v=int(fields.get("dv", fields["d"])),
-                       causal=fields.get("causal", "none"), text=text)
+                       causal=fields.get("causal", "none"), text=text,
+                       window_left=int(fields.get("wl", -1)), window_right=int(fields.get("wr", -1)),
+                       align=fields.get("align", "bottom_right"), ragged="ragged" in fields,
+                       page_size=int(fields["paged"].split("x")[0]) if "paged" in fields else 0, others=others)
     except (KeyError, ValueError) as error:
         raise ValueError(f"not an attn problem string: {text!r} ({error})") from None
 
@@ -171,6 +215,10 @@ def load_bench(path, data=None):
             m.kv_bytes.append(entry["KV_bytes/s"])
         if "extra_MiB" in entry:
             m.extra_mib = entry["extra_MiB"]
+        if "useful_flops" in entry:
+            problem.counted_useful = entry["useful_flops"]
+        if "dense_flops" in entry:
+            problem.counted_dense = entry["dense_flops"]
     return BenchFile(path, host, context, list(by_name.values()))
 
 
