@@ -138,8 +138,27 @@ int show(const FixturesArgs& args) {
              printable(fmt::format("{}", fmt::join(h.tags, ","))), p.to_string());
   fmt::print("dtype       {}\ncausal      {}\nscale       {}\n", dtype_name(p.dtype), causal_name(p.causal), p.scale);
   if (h.atol || h.rtol) fmt::print("tolerance   atol={} rtol={} (the fixture's own)\n", h.atol.value_or(0), h.rtol.value_or(0));
-  fmt::print("datasets\n  q    [{}, {}, {}, {}]\n  k    [{}, {}, {}, {}]\n  v    [{}, {}, {}, {}]\n", p.batch, p.heads_q,
-             p.seq_q, p.head_dim, p.batch, p.heads_kv, p.seq_k, p.head_dim, p.batch, p.heads_kv, p.seq_k, p.head_dim_v);
+  if (p.features()) {  // format version 2 (docs/fixture-format-v2.md)
+    fmt::print("version 2   {}\n", feature_names(p.features()));
+    if (p.has_window() || (p.alibi && p.causal == Causal::none)) {
+      fmt::print("window      left {}, right {}, from the {} diagonal\n", p.window_left >= 0 ? std::to_string(p.window_left) : "unbounded",
+                 p.window_right >= 0 ? std::to_string(p.window_right) : "unbounded", align_name(p.alignment()));
+    }
+    if (p.softcap != 0) fmt::print("softcap     {}\n", p.softcap);
+  }
+  fmt::print("datasets\n  q    [{}, {}, {}, {}]\n  k    [{}, {}, {}, {}]\n  v    [{}, {}, {}, {}]\n", p.q_batch(), p.heads_q,
+             p.seq_q, p.head_dim, p.kv_batch(), p.heads_kv, p.kv_seq(), p.head_dim, p.kv_batch(), p.heads_kv, p.kv_seq(),
+             p.head_dim_v);
+  if (p.alibi) fmt::print("  alibi_slopes [{}] = {}\n", p.heads_q, fmt::join(f.data.alibi_slopes, ", "));
+  if (p.sinks) fmt::print("  sinks [{}] = {}\n", p.heads_q, fmt::join(f.data.sinks, ", "));
+  if (p.ragged) {
+    fmt::print("  cu_seqlens_q [{}] = {}\n", p.batch + 1, fmt::join(f.data.cu_seqlens_q, ", "));
+    fmt::print("  cu_seqlens_k [{}] = {}\n", p.batch + 1, fmt::join(f.data.cu_seqlens_k, ", "));
+  }
+  if (p.paged()) {
+    fmt::print("  page_table [{}, {}] (pages of {} keys, a pool of {})\n", p.batch, p.pages_per_entry(), p.page_size, p.num_pages);
+    fmt::print("  seq_lens [{}] = {}\n", p.batch, fmt::join(f.data.seq_lens, ", "));
+  }
   if (p.mask.present) {
     auto hidden = std::count(f.data.mask.begin(), f.data.mask.end(), 0);
     fmt::print("  mask [{}, {}, {}, {}], {} of {} hidden\n", p.mask.batch, p.mask.heads, p.mask.rows, p.seq_k, hidden,
@@ -150,8 +169,8 @@ int show(const FixturesArgs& args) {
     fmt::print("  bias [{}, {}, {}, {}], {} entries -inf\n", p.bias.batch, p.bias.heads, p.bias.rows, p.seq_k, neg_inf);
   }
   if (p.kv_len) fmt::print("  kv_len [{}] = {}\n", p.batch, fmt::join(f.data.kv_len, ", "));
-  fmt::print("  out  [{}, {}, {}, {}]\n", p.batch, p.heads_q, p.seq_q, p.head_dim_v);
-  if (f.lse) fmt::print("  lse  [{}, {}, {}]\n", p.batch, p.heads_q, p.seq_q);
+  fmt::print("  out  [{}, {}, {}, {}]\n", p.q_batch(), p.heads_q, p.seq_q, p.head_dim_v);
+  if (f.lse) fmt::print("  lse  [{}, {}, {}]\n", p.q_batch(), p.heads_q, p.seq_q);
 
   const auto rows = static_cast<std::int64_t>(args.rows);
   fmt::print("\nout[0, 0] (first {} rows, first 8 columns)\n", rows);

@@ -92,7 +92,8 @@ class CublasBackend final : public Backend {
     return "cublasGemmStridedBatchedEx for Q K^T and P V (fp32 accumulation, TF32 off) + a masking softmax kernel";
   }
   std::string_view capabilities() const override {
-    return "float32, float16, bfloat16; every mask rule, GQA/MQA, any head_dim; lse; needs a CUDA device";
+    return "float32, float16, bfloat16; every mask rule, GQA/MQA, any head_dim; lse; needs a CUDA device; "
+           "no version 2 addition (SKIP: not extended without a device to test it on)";
   }
   Status available() const override { return cuda::device_status(); }
   Status supports(const Problem& p) const override {

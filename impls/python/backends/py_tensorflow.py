@@ -25,7 +25,8 @@ import attn_common as ac
 NAME = "py-tensorflow"
 DESCRIPTION = "TensorFlow, the design document's tf.matmul + tf.nn.softmax function (mask * -1e9, 1 = hidden)"
 CAPABILITIES = ("float32 only (d_k is cast to float32), masks, causal and kv_len as the mask, GQA by repeated heads; "
-                "scale 1/sqrt(d) only; no bias; needs tensorflow (ATTN_PYTHON_VENV)")
+                "scale 1/sqrt(d) only; no bias; needs tensorflow (ATTN_PYTHON_VENV)"
+                "; version 2: none (the design document's function has no window, cap, slope, sink or paging)")
 
 _tf = None
 
