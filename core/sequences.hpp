@@ -99,4 +99,17 @@ template <typename T> inline T alibi_term(T slope, std::int64_t diag, std::int64
   return -slope * static_cast<T>(distance);
 }
 
+// A sink joining a row's denominator, for kernels that keep the row's sum in
+// the log2 domain: total2 = log2 of the sum of exp2 of its scores (-inf for a
+// row with no visible key), sink2 = the sink times log2(e). The keys keep
+// `keep` of their normalised weight, and lse2 is log2 of the whole sum.
+struct SinkShare {
+  double keep = 1, lse2 = 0;
+};
+inline SinkShare with_sink(double total2, double sink2) {
+  if (std::isinf(total2)) return {0.0, sink2};  // nothing visible: the sink is the denominator
+  const double top = total2 > sink2 ? total2 : sink2;
+  return {1.0 / (1.0 + std::exp2(sink2 - total2)), top + std::log2(std::exp2(total2 - top) + std::exp2(sink2 - top))};
+}
+
 }  // namespace attn

@@ -42,11 +42,18 @@ RowPlace place(const CaseData& data, std::int64_t tb, std::int64_t h, std::int64
   at.i = s;
   at.k_len = p.seq_k;
   if (p.ragged) {
+    // The entry e with cu_seqlens_q[e] <= s < cu_seqlens_q[e + 1] (the last such
+    // when empty entries share an offset), by bisection: a file may hold
+    // millions of empty entries.
     at.entry = -1;
-    for (std::int64_t e = 0; e < p.batch; ++e) {
-      if (data.cu_seqlens_q[e] <= s && s < data.cu_seqlens_q[e + 1]) at.entry = e;
+    std::int64_t lo = 0, hi = p.batch;  // cu[lo] <= s holds for lo = 0 when s >= 0
+    if (s >= data.cu_seqlens_q[static_cast<std::size_t>(p.batch)]) return at;  // past the last sequence
+    while (hi - lo > 1) {
+      const std::int64_t mid = lo + (hi - lo) / 2;
+      if (data.cu_seqlens_q[static_cast<std::size_t>(mid)] <= s) lo = mid;
+      else hi = mid;
     }
-    if (at.entry < 0) return at;
+    at.entry = lo;
     at.i = s - data.cu_seqlens_q[at.entry];
     q_len = data.cu_seqlens_q[at.entry + 1] - data.cu_seqlens_q[at.entry];
     at.k_len = data.cu_seqlens_k[at.entry + 1] - data.cu_seqlens_k[at.entry];

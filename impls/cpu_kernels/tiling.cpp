@@ -289,16 +289,10 @@ void write_rows(const Problem& p, const Geometry& g, const AttentionIO& io, cons
     // log2 of the row's sum of exp2 of its scores: the weights were 2^(x - m - shift).
     double total2 = l[r] > 0 ? static_cast<double>(m[r]) + shift + std::log2(static_cast<double>(l[r]))
                              : -std::numeric_limits<double>::infinity();
-    if (io.sinks) {
-      // The sink joins the denominator: the keys keep 1 / (1 + 2^(sink - total)) of the weight.
-      const double sink2 = static_cast<double>(io.sinks[h]) * 1.4426950408889634;
-      if (l[r] > 0) {
-        inv = static_cast<float>(static_cast<double>(inv) / (1.0 + std::exp2(sink2 - total2)));
-        const double top = std::max(total2, sink2);
-        total2 = top + std::log2(std::exp2(total2 - top) + std::exp2(sink2 - top));
-      } else {
-        total2 = sink2;
-      }
+    if (io.sinks) {  // the sink joins the denominator
+      const SinkShare share = with_sink(total2, static_cast<double>(io.sinks[h]) * 1.4426950408889634);
+      inv = static_cast<float>(static_cast<double>(inv) * share.keep);
+      total2 = share.lse2;
     }
     const float* acc = o + r * g.dv_pad;
     const std::int64_t base = out.offset(t.b, h, i, 0);

@@ -1,5 +1,6 @@
 #include "impls/naive/naive.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -67,11 +68,10 @@ void naive_attention(const Problem& p, const AttentionIO& io) {
         // The row's batch entry e and its position qi there; a packed row past
         // the last sequence belongs to none (e = -1) and sees no key.
         std::int64_t e = b, qi = i, q_len = p.seq_q, k_len = p.seq_k;
-        if (p.ragged) {
-          e = -1;
-          for (std::int64_t n = 0; n < p.batch; ++n) {
-            if (i >= io.cu_seqlens_q[n] && i < io.cu_seqlens_q[n + 1]) e = n;
-          }
+        if (p.ragged) {  // the entry whose queries hold row i, by bisection
+          const std::int64_t* end = io.cu_seqlens_q + p.batch + 1;
+          const std::int64_t* after = std::upper_bound(io.cu_seqlens_q, end, i);
+          e = after == end ? -1 : (after - io.cu_seqlens_q) - 1;
           if (e >= 0) {
             qi = i - io.cu_seqlens_q[e];
             q_len = io.cu_seqlens_q[e + 1] - io.cu_seqlens_q[e];

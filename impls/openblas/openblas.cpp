@@ -139,14 +139,9 @@ class OpenBlasPlan final : public Plan {
       double total2 = l > 0 ? static_cast<double>(m_[static_cast<std::size_t>(r)]) + std::log2(static_cast<double>(l)) + shift
                             : -std::numeric_limits<double>::infinity();
       if (io_.sinks) {  // the sink's share of the denominator
-        const double sink2 = static_cast<double>(io_.sinks[h]) * 1.4426950408889634;
-        if (l > 0) {
-          inv = static_cast<float>(static_cast<double>(inv) / (1.0 + std::exp2(sink2 - total2)));
-          const double top = std::max(total2, sink2);
-          total2 = top + std::log2(std::exp2(total2 - top) + std::exp2(sink2 - top));
-        } else {
-          total2 = sink2;
-        }
+        const SinkShare share = with_sink(total2, static_cast<double>(io_.sinks[h]) * 1.4426950408889634);
+        inv = static_cast<float>(static_cast<double>(inv) * share.keep);
+        total2 = share.lse2;
       }
       for (std::int64_t c = 0; c < p_.head_dim_v; ++c) {
         const float value = o_[static_cast<std::size_t>(r * p_.head_dim_v + c)] * inv;
