@@ -28,15 +28,6 @@ struct CaseData {
   std::vector<std::int64_t> page_table;    // [batch, pages_per_entry] when paged
   std::vector<std::int64_t> seq_lens;      // [batch] when paged
 
-  SequenceMap sequences() const {
-    return {&problem,
-            kv_len.empty() ? nullptr : kv_len.data(),
-            cu_seqlens_q.empty() ? nullptr : cu_seqlens_q.data(),
-            cu_seqlens_k.empty() ? nullptr : cu_seqlens_k.data(),
-            page_table.empty() ? nullptr : page_table.data(),
-            seq_lens.empty() ? nullptr : seq_lens.data()};
-  }
-
   // Throws InputError if any array's size disagrees with the problem, or a
   // value breaks the format's rules (non-finite q/k/v, NaN or +inf bias, a
   // value not representable in dtype, kv_len outside [0, seq_k], offsets out

@@ -1,8 +1,9 @@
 // Where each batch entry's queries and keys are, for every arrangement of the
 // format (docs/fixture-format-v2.md): dense [batch, heads, seq, dim] tensors,
 // packed (ragged) sequences with cumulative offsets, and paged K and V with a
-// page table. The reference, the verifier and the backends all ask this one
-// map, so the rules about lengths, diagonals and positions live in one place.
+// page table. The backends' shared helper (blocked, streaming, openblas,
+// onednn and the benchmarks use it); the reference writes the same rules out
+// on its own, so a slip here cannot hide from the verifier.
 #pragma once
 
 #include <algorithm>
@@ -21,9 +22,6 @@ struct SequenceMap {
   const std::int64_t* page_table = nullptr;   // [batch, pages_per_entry] when paged
   const std::int64_t* seq_lens = nullptr;     // [batch] when paged
 
-  // The entry's queries start at row q_begin of tensor batch q_tensor_batch.
-  std::int64_t q_begin(std::int64_t entry) const { return problem->ragged ? cu_seqlens_q[entry] : 0; }
-  std::int64_t q_tensor_batch(std::int64_t entry) const { return problem->ragged ? 0 : entry; }
   std::int64_t q_len(std::int64_t entry) const {
     return problem->ragged ? cu_seqlens_q[entry + 1] - cu_seqlens_q[entry] : problem->seq_q;
   }
@@ -39,28 +37,14 @@ struct SequenceMap {
     return kv_len ? std::min(kv_len[entry], problem->seq_k) : k_len(entry);
   }
 
-  // One query row, from its place in the q tensor.
+  // Query i of an entry: its lengths, diagonal and the keys the position rules leave.
   struct Row {
-    std::int64_t entry = -1;  // -1: a packed row past the last sequence (no keys)
+    std::int64_t entry = -1;
     std::int64_t i = 0;       // position within the entry
     std::int64_t q_len = 0, k_len = 0;
     std::int64_t diag = 0;    // key position of the row's diagonal
     Problem::KeyRange keys;   // keys the position rules leave visible
   };
-  Row row(std::int64_t tensor_b, std::int64_t s) const {
-    Row r;
-    if (problem->ragged) {
-      const std::int64_t* end = cu_seqlens_q + problem->batch + 1;
-      const std::int64_t* it = std::upper_bound(cu_seqlens_q, end, s);
-      if (it == end) return r;  // at or past cu_seqlens_q[batch]
-      r.entry = (it - cu_seqlens_q) - 1;
-      r.i = s - cu_seqlens_q[r.entry];
-    } else {
-      r.entry = tensor_b;
-      r.i = s;
-    }
-    return entry_row(r.entry, r.i);
-  }
   Row entry_row(std::int64_t entry, std::int64_t i) const {
     Row r;
     r.entry = entry;
@@ -81,12 +65,6 @@ struct SequenceMap {
     if (p.ragged) return {0, cu_seqlens_k[entry] + j};
     if (p.paged()) return {page_table[entry * p.pages_per_entry() + j / p.page_size], j % p.page_size};
     return {entry, j};
-  }
-  // How many keys from j on lie contiguously in the same page (all of them
-  // when not paged): a run a kernel may read with one stride.
-  std::int64_t contiguous_keys(std::int64_t j, std::int64_t end) const {
-    if (!problem->paged()) return end - j;
-    return std::min(end, (j / problem->page_size + 1) * problem->page_size) - j;
   }
 };
 
