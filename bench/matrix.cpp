@@ -2,9 +2,9 @@
 
 #include <fmt/format.h>
 
-#include "core/error.hpp"
+#include "attnbench/error.hpp"
 #include "core/rng.hpp"
-#include "core/sequences.hpp"
+#include "attnbench/sequences.hpp"
 
 namespace attn::bench {
 

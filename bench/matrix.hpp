@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "core/problem.hpp"
+#include "attnbench/problem.hpp"
 
 namespace attn::bench {
 

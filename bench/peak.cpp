@@ -7,10 +7,12 @@
 #include <cstring>
 #include <vector>
 
+#include "core/cpu.hpp"
 #include "core/thread_pool.hpp"
-#include "impls/cpu_kernels/kernels.hpp"
 
 #define ATTN_AVX512 __attribute__((target("avx512f,avx512bw,avx512bf16,fma")))
+#define ATTN_AVX2 __attribute__((target("avx2,fma")))
+#define ATTN_AMX __attribute__((target("amx-tile,amx-bf16,avx512f")))
 
 namespace attn::bench {
 
@@ -61,6 +63,62 @@ ATTN_AVX512 double dot_loop(std::int64_t iterations) {
   return reduce(acc);
 }
 
+ATTN_AVX2 double avx2_fma_loop(std::int64_t iterations) {
+  __m256 acc[kChains / 2];
+  for (int i = 0; i < kChains / 2; ++i) {
+    acc[i] = _mm256_set1_ps(0.001f * static_cast<float>(i + 1));
+    __asm__("" : "+x"(acc[i]));
+  }
+  const __m256 b = _mm256_set1_ps(0.9999f), c = _mm256_set1_ps(1e-6f);
+  for (std::int64_t n = 0; n < iterations; ++n) {
+#pragma GCC unroll 12
+    for (int i = 0; i < kChains / 2; ++i) acc[i] = _mm256_fmadd_ps(acc[i], b, c);
+  }
+  __m256 s = acc[0];
+  for (int i = 1; i < kChains / 2; ++i) s = _mm256_add_ps(s, acc[i]);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, s);
+  double total = 0;
+  for (float x : lanes) total += x;
+  return total;
+}
+
+// Four independent 16x16 accumulators against two A and two B tiles that stay
+// in place: TDPBF16PS back to back, the AMX peak. 16 x 16 x 32 x 2 flops per
+// instruction. The tile configuration is loaded and released inside, so no
+// tile state outlives a call.
+ATTN_AMX double amx_loop(std::int64_t iterations) {
+  struct alignas(64) TileConfig {
+    std::uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    std::uint16_t colsb[16] = {};
+    std::uint8_t rows[16] = {};
+  } config;
+  for (int t = 0; t < 8; ++t) {
+    config.colsb[t] = 64;
+    config.rows[t] = 16;
+  }
+  alignas(64) static const std::uint16_t ones[16 * 32] = {};
+  alignas(64) float out[16 * 16];
+  _tile_loadconfig(&config);
+  _tile_loadd(4, ones, 64);
+  _tile_loadd(5, ones, 64);
+  _tile_loadd(6, ones, 64);
+  _tile_loadd(7, ones, 64);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (std::int64_t n = 0; n < iterations; ++n) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, out, 64);
+  _tile_release();
+  return out[0];
+}
+
 double portable_fma_loop(std::int64_t iterations) {
   float a[64];
   for (int i = 0; i < 64; ++i) {
@@ -102,6 +160,21 @@ ATTN_AVX512 double read_avx512(const float* data, std::int64_t n) {
   return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
 }
 
+ATTN_AVX2 double read_avx2(const float* data, std::int64_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+  for (std::int64_t i = 0; i + 32 <= n; i += 32) {
+    s0 = _mm256_add_ps(s0, _mm256_load_ps(data + i));
+    s1 = _mm256_add_ps(s1, _mm256_load_ps(data + i + 8));
+    s2 = _mm256_add_ps(s2, _mm256_load_ps(data + i + 16));
+    s3 = _mm256_add_ps(s3, _mm256_load_ps(data + i + 24));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+  double total = 0;
+  for (float x : lanes) total += x;
+  return total;
+}
+
 double read_portable(const float* data, std::int64_t n) {
   double s = 0;
   for (std::int64_t i = 0; i < n; ++i) s += data[i];
@@ -114,14 +187,17 @@ MachinePeak measure_peak(int threads, double seconds_per_test) {
   MachinePeak peak;
   peak.threads = resolve_threads(threads);
   ThreadPool& pool = ThreadPool::get(peak.threads);
-  const bool avx512 = cpu::avx512_kernels() != nullptr;
-  peak.isa = cpu::best_kernels().isa;
+  const CpuFeatures& cpu = cpu_features();
+  const bool avx512 = cpu.avx512_bf16, avx2 = cpu.avx2_fma;
+  peak.isa = std::string(cpu_kernel_set());
   if (avx512) {
     peak.fp32_gflops = throughput(pool, seconds_per_test, kChains * 16.0 * 2, fma_loop) / 1e9;
     peak.bf16_gflops = throughput(pool, seconds_per_test, kChains * 16.0 * 4, dot_loop) / 1e9;
-    if (cpu::amx_kernels()) {
-      peak.amx_bf16_gflops = throughput(pool, seconds_per_test, 4 * 16.0 * 16 * 32 * 2, cpu::amx_peak_loop) / 1e9;
+    if (cpu.amx_bf16) {
+      peak.amx_bf16_gflops = throughput(pool, seconds_per_test, 4 * 16.0 * 16 * 32 * 2, amx_loop) / 1e9;
     }
+  } else if (avx2) {
+    peak.fp32_gflops = throughput(pool, seconds_per_test, kChains / 2 * 8.0 * 2, avx2_fma_loop) / 1e9;
   } else {
     peak.fp32_gflops = throughput(pool, seconds_per_test, 64.0 * 2, portable_fma_loop) / 1e9;
   }
@@ -138,7 +214,9 @@ MachinePeak measure_peak(int threads, double seconds_per_test) {
     const auto start = Clock::now();
     pool.on_each_thread([&](int worker) {
       const std::int64_t per = n / pool.size();
-      sink.store(avx512 ? read_avx512(data + worker * per, per) : read_portable(data + worker * per, per));
+      sink.store(avx512 ? read_avx512(data + worker * per, per)
+                 : avx2 ? read_avx2(data + worker * per, per)
+                        : read_portable(data + worker * per, per));
     });
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     best = std::max(best, static_cast<double>(n) * sizeof(float) / elapsed / 1e9);

@@ -19,7 +19,7 @@
 #include <string_view>
 
 #include "bench/alloc_tracker.hpp"
-#include "core/error.hpp"
+#include "attnbench/error.hpp"
 #include "core/output_file.hpp"
 #include "bench/matrix.hpp"
 #include "bench/peak.hpp"

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "bench/peak.hpp"
-#include "core/backend.hpp"
+#include "attnbench/backend.hpp"
 #include "core/shard.hpp"
 
 namespace attn::bench {

@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "cli/commands.hpp"
-#include "core/error.hpp"
+#include "attnbench/error.hpp"
 #include "core/output_file.hpp"
 #include "core/text.hpp"
 #include "fixtures/fixture.hpp"

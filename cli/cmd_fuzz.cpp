@@ -4,7 +4,7 @@
 #include <unistd.h>
 
 #include "cli/commands.hpp"
-#include "core/error.hpp"
+#include "attnbench/error.hpp"
 #include "core/registry.hpp"
 #include "verify/fuzz.hpp"
 

@@ -29,7 +29,7 @@ Runner add_list_command(CLI::App& app) {
       Status available = backend->available();
       std::string state = available ? "yes" : fmt::format("no: {}", available.reason);
       fmt::print("{:<14} {:<26} {}\n", backend->name(), state, backend->description());
-      fmt::print("{:<14} {:<26} supports: {}\n", "", "", backend->capabilities());
+      fmt::print("{:<14} {:<26} supports: {}\n", "", "", describe_capabilities(backend->capabilities()));
     }
     return 0;
   };

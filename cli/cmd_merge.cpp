@@ -6,8 +6,9 @@
 #include <algorithm>
 
 #include "cli/commands.hpp"
-#include "core/error.hpp"
+#include "attnbench/error.hpp"
 #include "core/output_file.hpp"
+#include "verify/exit_code.hpp"
 #include "verify/merge.hpp"
 #include "verify/report.hpp"
 
@@ -17,7 +18,7 @@ namespace {
 struct MergeArgs {
   std::vector<std::string> files;
   std::string json, junit;
-  bool allow_mixed = false, allow_all_skipped = false;
+  bool allow_mixed = false, allow_all_skipped = false, fail_on_mistrusted = false;
 };
 }  // namespace
 
@@ -30,9 +31,11 @@ Runner add_merge_command(CLI::App& app) {
   cmd->add_option("--junit", args->junit, "Write the merged results as JUnit XML (schemas/junit.xsd)");
   cmd->add_flag("--allow-mixed", args->allow_mixed, "Merge shards of different suites, commits or options anyway");
   cmd->add_flag("--allow-all-skipped", args->allow_all_skipped, "Exit 0 even when every case of every shard was skipped");
-  cmd->footer("Exit status: as attn verify's over the union of the shards: 0 when at least one case ran and nothing "
-              "failed; 1 when something FAILED or everything was skipped; 2 when an input error was recorded, or a "
-              "shard is missing, given twice, or of another suite, commit or options.");
+  cmd->add_flag("--fail-on-mistrusted", args->fail_on_mistrusted, "Exit 1 when any result is MISTRUSTED");
+  cmd->footer("Exit status: attn verify's rule over the union of the shards: 0 when at least one case ran and nothing "
+              "failed; 1 when something FAILED, everything was skipped (unless --allow-all-skipped) or, with "
+              "--fail-on-mistrusted, a result was MISTRUSTED; 2 when an input error was recorded, or a shard is "
+              "missing, given twice, or of another suite, commit or options.");
   return [args]() {
     std::vector<std::filesystem::path> inputs(args->files.begin(), args->files.end());
     check_outputs({args->json, args->junit}, inputs);
@@ -52,15 +55,9 @@ Runner add_merge_command(CLI::App& app) {
     }
     if (!args->junit.empty()) write_junit(merged.summary, args->junit, self, merged.run);
     fmt::print("merged {} files: {} results\n", inputs.size(), merged.summary.outcomes.size());
-    if (!merged.summary.input_errors.empty()) return 2;
-    if (merged.summary.failed() > 0) return 1;
-    const bool all_skipped = std::all_of(merged.summary.outcomes.begin(), merged.summary.outcomes.end(),
-                                         [](const CaseOutcome& o) { return o.comparison.verdict == Verdict::skip; });
-    if (all_skipped && !args->allow_all_skipped) {
-      fmt::print(stderr, "attn merge: every case of every shard was skipped: nothing was verified (exit 1)\n");
-      return 1;
-    }
-    return 0;
+    const ExitDecision exit = verification_exit(merged.summary, {args->allow_all_skipped, args->fail_on_mistrusted});
+    if (exit.code != 0 && !exit.why.empty()) fmt::print(stderr, "attn merge: {} (exit {})\n", exit.why, exit.code);
+    return exit.code;
   };
 }
 

@@ -7,7 +7,7 @@
 
 #include "bench/peak.hpp"
 #include "cli/commands.hpp"
-#include "core/error.hpp"
+#include "attnbench/error.hpp"
 #include "core/output_file.hpp"
 
 namespace attn::cli {

@@ -14,7 +14,7 @@
 #include <filesystem>
 
 #include "cli/commands.hpp"
-#include "core/error.hpp"
+#include "attnbench/error.hpp"
 
 namespace attn::cli {
 

@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.hpp"
-#include "core/error.hpp"
+#include "attnbench/error.hpp"
 #include "core/output_file.hpp"
 #include "core/text.hpp"
 #include "core/registry.hpp"

@@ -6,10 +6,11 @@
 
 #include "cli/commands.hpp"
 #include "verify/recorded.hpp"
-#include "core/error.hpp"
+#include "attnbench/error.hpp"
 #include "core/output_file.hpp"
 #include "core/registry.hpp"
-#include "impls/cpu_kernels/kernels.hpp"
+#include "core/cpu.hpp"
+#include "verify/exit_code.hpp"
 #include "fixtures/fixture.hpp"
 #include "verify/report.hpp"
 
@@ -116,7 +117,7 @@ Runner add_verify_command(CLI::App& app) {
     char exe[4096];
     if (ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1); n > 0) self.assign(exe, static_cast<std::size_t>(n));
     print_summary(stdout, summary, self);
-    run.kernels = std::string(cpu::best_kernels().isa);
+    run.kernels = std::string(cpu_kernel_set());
     run.threads = options.thread_counts.empty() ? std::vector<int>{0} : options.thread_counts;
     for (Layout l : options.layouts) run.layouts.emplace_back(layout_name(l));
     if (run.layouts.empty()) run.layouts.emplace_back("bhsd");
@@ -125,33 +126,13 @@ Runner add_verify_command(CLI::App& app) {
     if (!args->json.empty()) write_json(summary, args->json, run);
     if (!args->junit.empty()) write_junit(summary, args->junit, self, run);
     if (summary.shard) {
-      // A shard's own exit: its failures and input errors; whether the whole
-      // run verified anything is the merge's verdict (attn merge).
       fmt::print("shard {} ({}): {} of the suite's {} (fixture, backend) units\n", summary.shard->text(), shard_source,
                  summary.units_run, summary.units);
-      if (!summary.input_errors.empty()) return 2;
-      return summary.failed() > 0 ? 1 : 0;
     }
-    if (summary.outcomes.empty() && summary.input_errors.empty()) {
-      fmt::print(stderr, "attn verify: no fixture matched the tags given\n");
-      return 2;
-    }
-    if (!summary.input_errors.empty()) return 2;
-    if (summary.failed() > 0) return 1;
-    const auto count = [&](Verdict v) {
-      return std::count_if(summary.outcomes.begin(), summary.outcomes.end(),
-                           [v](const CaseOutcome& o) { return o.comparison.verdict == v; });
-    };
-    if (count(Verdict::skip) == static_cast<std::ptrdiff_t>(summary.outcomes.size()) && !args->allow_all_skipped) {
-      fmt::print(stderr, "attn verify: every backend skipped every case: nothing was verified (exit 1; "
-                         "--allow-all-skipped accepts that)\n");
-      return 1;
-    }
-    if (args->fail_on_mistrusted && count(Verdict::mistrusted) > 0) {
-      fmt::print(stderr, "attn verify: {} results are MISTRUSTED (--fail-on-mistrusted)\n", count(Verdict::mistrusted));
-      return 1;
-    }
-    return 0;
+    const ExitDecision exit = verification_exit(summary, {args->allow_all_skipped, args->fail_on_mistrusted,
+                                                          summary.shard.has_value()});
+    if (exit.code != 0 && !exit.why.empty()) fmt::print(stderr, "attn verify: {} (exit {})\n", exit.why, exit.code);
+    return exit.code;
   };
 }
 

@@ -6,10 +6,10 @@
 #include <map>
 
 #include "cli/commands.hpp"
-#include "core/error.hpp"
+#include "attnbench/error.hpp"
 #include "core/plugin.hpp"
 #include "core/text.hpp"
-#include "impls/cpu_kernels/kernels.hpp"
+#include "core/cpu.hpp"
 #ifdef ATTN_HAVE_PYTHON
 #include "impls/python/bridge.hpp"
 #endif
@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
   }
   try {
     // A kernel set forced by ATTN_CPU_ISA is checked now, not when a kernel first runs.
-    if (std::getenv("ATTN_CPU_ISA")) (void)attn::cpu::best_kernels();
+    if (std::getenv("ATTN_CPU_ISA")) (void)attn::cpu_kernel_set();
     load_plugins(plugins);
     for (auto& [command, runner] : runners) {
       if (command->parsed()) return runner();

@@ -1,9 +1,8 @@
-#include "core/backend.hpp"
+#include "attnbench/backend.hpp"
 
 #include <fmt/format.h>
 
 #include <chrono>
-#include <stdexcept>
 
 namespace attn {
 
@@ -13,36 +12,21 @@ double Plan::run_timed() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-}  // namespace attn
-
-namespace attn {
-
-std::string_view convention_name(ConventionKind kind) {
-  switch (kind) {
-    case ConventionKind::empty_rows_mean_v: return "empty_rows_mean_v";
-    case ConventionKind::empty_rows_nan: return "empty_rows_nan";
-    case ConventionKind::empty_rows_unmasked: return "empty_rows_unmasked";
-  }
-  return "unknown";
+std::string describe_capabilities(const Capabilities& c) {
+  std::string text = c.dtypes ? dtype_names(c.dtypes) : std::string("no dtype");
+  text += c.features ? fmt::format("; {}", feature_names(c.features)) : std::string("; no version 2 addition");
+  text += c.lse ? "; lse" : "; no lse";
+  return text;
 }
-
-}  // namespace attn
-
-namespace attn {
-
-Status Backend::supports_layer(const Problem& problem, std::int64_t /*model_dim*/) const { return supports(problem); }
-
-std::vector<double> Backend::run_layer(const LayerData& /*layer*/, const RunOptions& /*options*/) const {
-  throw std::logic_error("this backend does not run layers itself (runs_layers() is false)");
-}
-
-}  // namespace attn
-
-namespace attn {
 
 Status backend_accepts(const Backend& backend, const Problem& problem) {
-  const unsigned missing = problem.features() & ~backend.features();
+  const Capabilities declared = backend.capabilities();
+  const unsigned missing = problem.features() & ~declared.features;
   if (missing) return Status::no(fmt::format("does not implement {} (format version 2)", feature_names(missing)));
+  if (!(declared.dtypes & dtype_bit(problem.dtype))) {
+    return Status::no(fmt::format("does not implement {} (it declares {})", dtype_name(problem.dtype),
+                                  declared.dtypes ? dtype_names(declared.dtypes) : std::string("no dtype")));
+  }
   return backend.supports(problem);
 }
 

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "core/error.hpp"
+#include "attnbench/error.hpp"
 
 namespace attn {
 

@@ -8,9 +8,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/backend.hpp"
-#include "core/problem.hpp"
-#include "core/tensor.hpp"
+#include "attnbench/backend.hpp"
+#include "attnbench/problem.hpp"
+#include "attnbench/tensor.hpp"
 
 namespace attn {
 

@@ -1,10 +1,10 @@
-#include "core/dtype.hpp"
+#include "attnbench/dtype.hpp"
 
 #include <bit>
 #include <cmath>
 #include <limits>
 
-#include "core/error.hpp"
+#include "attnbench/error.hpp"
 
 namespace attn {
 
@@ -26,6 +26,16 @@ std::string_view dtype_short_name(DType dtype) {
     case DType::bf16: return "bf16";
   }
   return "?";
+}
+
+std::string dtype_names(unsigned dtypes) {
+  std::string text;
+  for (DType d : {DType::f64, DType::f32, DType::f16, DType::bf16}) {
+    if (!(dtypes & dtype_bit(d))) continue;
+    if (!text.empty()) text += ", ";
+    text += dtype_name(d);
+  }
+  return text;
 }
 
 std::optional<DType> parse_dtype(std::string_view text) {

@@ -10,7 +10,7 @@
 #include <cstring>
 #include <string>
 
-#include "core/error.hpp"
+#include "attnbench/error.hpp"
 
 namespace attn {
 

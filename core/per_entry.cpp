@@ -1,4 +1,4 @@
-#include "core/per_entry.hpp"
+#include "attnbench/per_entry.hpp"
 
 #include <limits>
 #include <vector>

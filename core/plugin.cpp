@@ -7,7 +7,7 @@
 #include <memory>
 
 #include "attnbench/plugin.h"
-#include "core/error.hpp"
+#include "attnbench/error.hpp"
 #include "core/text.hpp"
 
 namespace attn {
@@ -78,14 +78,14 @@ class PluginBackend final : public Backend {
       : b_(b),
         path_(std::move(path)),
         name_(plugin_text(b->name, 64)),
-        description_(plugin_text(b->description)),
-        capabilities_(plugin_text(b->capabilities)) {
+        description_(plugin_text(b->description)) {
     if (description_.empty()) description_ = fmt::format("plugin {}", path_);
     else description_ += fmt::format(" (plugin {})", path_);
   }
   std::string_view name() const override { return name_; }
   std::string_view description() const override { return description_; }
-  std::string_view capabilities() const override { return capabilities_; }
+  // ABI version 1 declares lse per backend and no dtypes or version 2 additions.
+  Capabilities capabilities() const override { return {kAllDTypes, 0, b_->has_lse != 0}; }
   Status available() const override {
     if (b_->available == nullptr) return Status::yes();
     const char* why = b_->available(b_->user);
@@ -126,7 +126,7 @@ class PluginBackend final : public Backend {
  private:
   const attn_backend* b_;
   std::string path_;
-  std::string name_, description_, capabilities_;
+  std::string name_, description_;
 };
 
 }  // namespace

@@ -1,4 +1,4 @@
-#include "core/problem.hpp"
+#include "attnbench/problem.hpp"
 
 #include <fmt/format.h>
 
@@ -8,7 +8,7 @@
 #include <map>
 #include <vector>
 
-#include "core/error.hpp"
+#include "attnbench/error.hpp"
 
 namespace attn {
 

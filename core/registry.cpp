@@ -4,7 +4,7 @@
 
 #include <mutex>
 
-#include "core/error.hpp"
+#include "attnbench/error.hpp"
 #include "core/text.hpp"
 
 namespace attn {

@@ -12,7 +12,7 @@
 #include <string_view>
 #include <vector>
 
-#include "core/backend.hpp"
+#include "attnbench/backend.hpp"
 
 namespace attn {
 

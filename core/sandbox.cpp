@@ -12,7 +12,7 @@
 #include <cstring>
 #include <exception>
 
-#include "core/error.hpp"
+#include "attnbench/error.hpp"
 
 namespace attn {
 

@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <numeric>
 
-#include "core/error.hpp"
+#include "attnbench/error.hpp"
 
 namespace attn {
 

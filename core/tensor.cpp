@@ -1,4 +1,4 @@
-#include "core/tensor.hpp"
+#include "attnbench/tensor.hpp"
 
 #include <cstdlib>
 #include <new>

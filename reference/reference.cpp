@@ -24,7 +24,7 @@ std::int64_t broadcast_index(const BroadcastShape& s, std::int64_t b, std::int64
 
 // Where query row `row` of the q tensor (tensor batch tb, head h, seq s) and
 // its keys are. Written here from the format's text, apart from the helpers
-// the backends share (core/sequences.hpp), so that a slip there cannot hide.
+// the backends share (attnbench/sequences.hpp), so that a slip there cannot hide.
 struct RowPlace {
   std::int64_t tb = 0, h = 0, g = 0, s = 0, row = 0;
   std::int64_t entry = -1;             // -1: a packed row past the last sequence

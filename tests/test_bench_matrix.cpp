@@ -5,7 +5,7 @@
 
 #include "bench/matrix.hpp"
 #include "core/case_data.hpp"
-#include "core/error.hpp"
+#include "attnbench/error.hpp"
 
 using namespace attn;
 

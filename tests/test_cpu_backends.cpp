@@ -15,6 +15,7 @@
 #include "impls/cpu_kernels/kernels.hpp"
 #include "impls/cpu_kernels/tiling.hpp"
 #include "verify/run_case.hpp"
+#include "tests/declared.hpp"
 #include "verify/verifier.hpp"
 
 using namespace attn;
@@ -31,28 +32,19 @@ VerifySummary verify_fast(const std::vector<fs::path>& paths, int threads = 0) {
   return verify(find_fixture_files(paths), make_backends(kFast), options);
 }
 
-// The version 2 additions each backend declares (openblas: not paged KV;
-// onednn: not sinks, not paged KV).
-unsigned features_of(const std::string& name) {
+// What each backend declares (openblas: not paged KV; onednn: not sinks, not
+// paged KV, and bfloat16 only where oneDNN has a bf16 matmul for this CPU).
+Capabilities declared_by(const std::string& name) {
   for (const auto& b : make_backends(kFast)) {
-    if (b->name() == name) return b->features();
+    if (b->name() == name) return b->capabilities();
   }
-  return 0;
+  return {};
 }
 
-void expect_pass_or_f64_skip(const VerifySummary& summary) {
+void expect_pass_or_undeclared_skip(const VerifySummary& summary) {
   EXPECT_TRUE(summary.input_errors.empty());
   for (const auto& o : summary.outcomes) {
-    const Problem p = read_fixture_header(o.file).problem;
-    if (p.features() & ~features_of(o.backend)) {
-      EXPECT_EQ(o.comparison.verdict, Verdict::skip) << o.backend << " " << o.fixture;
-      EXPECT_NE(o.comparison.reason.find("(format version 2)"), std::string::npos) << o.comparison.reason;
-    } else if (p.dtype == DType::f64) {
-      EXPECT_EQ(o.comparison.verdict, Verdict::skip) << o.backend << " " << o.fixture;
-      EXPECT_NE(o.comparison.reason.find("float64"), std::string::npos);
-    } else {
-      EXPECT_EQ(o.comparison.verdict, Verdict::pass) << o.backend << " " << o.fixture << ": " << o.comparison.reason;
-    }
+    attn::testing::expect_pass_unless_undeclared(o, declared_by(o.backend), read_fixture_header(o.file).problem);
   }
 }
 
@@ -63,18 +55,18 @@ void expect_pass_or_f64_skip(const VerifySummary& summary) {
 TEST(CpuBackends, PassEveryCommittedFixtureWithTwoThreadsAndOne) {
   VerifySummary two = verify_fast({kGolden}, 2);
   EXPECT_EQ(two.outcomes.size(), 4 * find_fixture_files({kGolden}).size());
-  expect_pass_or_f64_skip(two);
+  expect_pass_or_undeclared_skip(two);
   VerifySummary one = verify_fast({kGolden / "mask", kGolden / "decode", kGolden / "causal_bottom_right"}, 1);
-  expect_pass_or_f64_skip(one);
+  expect_pass_or_undeclared_skip(one);
 }
 
 TEST(CpuBackends, PassTheExternalData) {
-  expect_pass_or_f64_skip(verify_fast({fs::path(ATTN_SOURCE_DIR) / "tests" / "data"}));
+  expect_pass_or_undeclared_skip(verify_fast({fs::path(ATTN_SOURCE_DIR) / "tests" / "data"}));
   fs::path onnx = fs::path(ATTN_SOURCE_DIR) / ".." / "shared" / "conformance" / "onnx";
   if (!fs::is_directory(onnx)) GTEST_SKIP() << "no conformance data at " << onnx;
   VerifySummary summary = verify_fast({onnx});
   EXPECT_EQ(summary.outcomes.size(), 4 * 66u);
-  expect_pass_or_f64_skip(summary);
+  expect_pass_or_undeclared_skip(summary);
 }
 
 TEST(CpuBackends, BshdLayoutPasses) {
@@ -82,7 +74,7 @@ TEST(CpuBackends, BshdLayoutPasses) {
   options.layout = Layout::bshd;
   VerifySummary summary = verify(find_fixture_files({kGolden / "gqa", kGolden / "mask", kGolden / "head_dim"}),
                                  make_backends(kFast), options);
-  expect_pass_or_f64_skip(summary);
+  expect_pass_or_undeclared_skip(summary);
 }
 
 TEST(CpuBackends, StreamingIsBitwiseReproducibleAtAFixedThreadCount) {

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <limits>
 
-#include "core/dtype.hpp"
+#include "attnbench/dtype.hpp"
 
 using namespace attn;
 

@@ -10,7 +10,7 @@
 #include <thread>
 #include <variant>
 
-#include "core/error.hpp"
+#include "attnbench/error.hpp"
 #include "fixtures/fixture.hpp"
 #include "fixtures/h5.hpp"
 #include "fixtures/suite.hpp"

@@ -19,7 +19,7 @@
 #include <functional>
 #include <thread>
 
-#include "core/error.hpp"
+#include "attnbench/error.hpp"
 #include "core/sandbox.hpp"
 #include "fixtures/fixture.hpp"
 

@@ -3,9 +3,9 @@
 
 #include <cmath>
 
-#include "core/error.hpp"
-#include "core/problem.hpp"
-#include "core/tensor.hpp"
+#include "attnbench/error.hpp"
+#include "attnbench/problem.hpp"
+#include "attnbench/tensor.hpp"
 
 using namespace attn;
 

@@ -6,7 +6,7 @@
 #include <limits>
 
 #include "core/detmath.hpp"
-#include "core/error.hpp"
+#include "attnbench/error.hpp"
 #include "reference/reference.hpp"
 
 using namespace attn;

@@ -9,7 +9,7 @@
 #include <map>
 #include <random>
 
-#include "core/error.hpp"
+#include "attnbench/error.hpp"
 #include "core/shard.hpp"
 #include "fixtures/suite.hpp"
 

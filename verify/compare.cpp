@@ -57,18 +57,17 @@ std::vector<char> rows_with_keys(const std::vector<std::int64_t>& visible) {
   return counts;
 }
 
-}  // namespace
-
-Comparison compare_output(const CompareInputs& in) {
+// Check 2, element by element: the a-priori bound against the float64 truth,
+// NaN and infinity, rows with no visible key exactly 0; and how much of the
+// result could be told from zero at all (for MISTRUSTED).
+void check_a_priori(const CompareInputs& in, Comparison& r) {
   const Problem& p = in.problem;
-  Comparison r;
   std::int64_t informative = 0;
   std::string first_failure;
   auto note = [&](std::int64_t e, std::string what) {
     first_failure = fmt::format("{} at [{}]", what, fmt::join(coords_of(p, e), ","));
   };
   const auto n = static_cast<std::int64_t>(in.truth_out.size());
-  bool all_finite = true;
   for (std::int64_t e = 0; e < n; ++e) {
     const double truth = in.truth_out[static_cast<std::size_t>(e)];
     const double got = in.got_out[static_cast<std::size_t>(e)];
@@ -80,7 +79,6 @@ Comparison compare_output(const CompareInputs& in) {
     double error = std::fabs(got - truth);
     double ratio;
     if (!std::isfinite(got)) {
-      all_finite = false;
       error = std::numeric_limits<double>::infinity();
       ratio = error;
       if (first_failure.empty()) note(e, fmt::format("non-finite output {} where the truth is {}", got, truth));
@@ -105,84 +103,107 @@ Comparison compare_output(const CompareInputs& in) {
   if (r.worst_index >= 0) r.worst_coords = coords_of(p, r.worst_index);
   r.informative_fraction = n > 0 ? static_cast<double>(informative) / static_cast<double>(n) : 0.0;
   if (r.worst_ratio > 1.0) r.fail(first_failure);
+}
 
-  if (in.got_lse) {
-    double worst = 0;
-    std::string lse_failure;
-    for (std::size_t row = 0; row < in.truth_lse.size(); ++row) {
-      const double truth = in.truth_lse[row], got = (*in.got_lse)[row];
-      double ratio;
-      if (std::isinf(truth) || std::isinf(got) || std::isnan(got)) {
-        ratio = (got == truth) ? 0.0 : std::numeric_limits<double>::infinity();
-      } else {
-        ratio = std::fabs(got - truth) / in.bounds.lse[row];
-      }
-      if (ratio > 1.0 && lse_failure.empty()) {
-        lse_failure = fmt::format("lse of row {} is {}, expected {} (bound {:.3g})", row, got, truth, in.bounds.lse[row]);
-      }
-      worst = std::max(worst, ratio);
+// Check 2 for the log-sum-exp, when the backend returns one: within its bound,
+// and -inf exactly where the truth is.
+void check_lse(const CompareInputs& in, Comparison& r) {
+  if (!in.got_lse) return;
+  double worst = 0;
+  std::string lse_failure;
+  for (std::size_t row = 0; row < in.truth_lse.size(); ++row) {
+    const double truth = in.truth_lse[row], got = (*in.got_lse)[row];
+    double ratio;
+    if (std::isinf(truth) || std::isinf(got) || std::isnan(got)) {
+      ratio = (got == truth) ? 0.0 : std::numeric_limits<double>::infinity();
+    } else {
+      ratio = std::fabs(got - truth) / in.bounds.lse[row];
     }
-    r.lse_worst_ratio = worst;
-    if (!lse_failure.empty()) r.fail(lse_failure);
+    if (ratio > 1.0 && lse_failure.empty()) {
+      lse_failure = fmt::format("lse of row {} is {}, expected {} (bound {:.3g})", row, got, truth, in.bounds.lse[row]);
+    }
+    worst = std::max(worst, ratio);
   }
+  r.lse_worst_ratio = worst;
+  if (!lse_failure.empty()) r.fail(lse_failure);
+}
 
+// Check 3, the measured bound: max and RMS error within k times the least
+// accurate plain same-precision formulation's (skipped when the output is not
+// finite, which check 2 has failed already).
+void check_measured(const CompareInputs& in, const std::vector<char>& counts, Comparison& r) {
+  if (!in.measured) return;
+  for (double x : in.got_out) {
+    if (!std::isfinite(x)) return;
+  }
+  const ErrorNorms norms = error_norms(in.truth_out, in.got_out, in.problem.head_dim_v, counts);
+  r.rms_error = norms.rms;
+  const MeasuredLimit& m = *in.measured;
+  const double k = m.factor;
+  if (norms.elements == 0) return;
+  const double over_max = norms.max / m.reference_max(), over_rms = norms.rms / m.reference_rms();
+  const double max_limit = ToleranceConstants::baseline_max_share * k;
+  // The budget: 1 = at the limit of either check.
+  r.baseline_ratio = std::max(over_max / ToleranceConstants::baseline_max_share, over_rms);
+  r.baseline_max_ratio = over_max;
+  r.baseline_rms_ratio = over_rms;
+  if (over_rms > k) {
+    r.fail(fmt::format("RMS error {:.3g} is {:.1f}x the least accurate plain implementation's {:.3g} (limit {}x)",
+                       norms.rms, over_rms, m.reference_rms(), k));
+  } else if (over_max > max_limit) {
+    r.fail(fmt::format("max error {:.3g} is {:.1f}x the least accurate plain implementation's {:.3g} (limit {}x)",
+                       norms.max, over_max, m.reference_max(), max_limit));
+  }
+}
+
+// Check 4, the rounding-bias test. Only where the output's rounding dominates
+// (16-bit types): in float32 and float64 the accumulation's own lean is as
+// large as a directed rounding of out, and differs between correct designs (a
+// sequential sum of many positive terms loses the small ones: attn fuzz
+// measured -29 u on l over 2683 keys, against -2 u in 16 lanes), so a sign
+// test cannot tell them apart.
+void check_rounding_bias(const CompareInputs& in, const std::vector<char>& counts, Comparison& r) {
+  const DType dtype = in.problem.dtype;
+  if (!in.baselines || in.baselines->empty() || (dtype != DType::f16 && dtype != DType::bf16)) return;
+  // Errors within the subnormal allowance (bfloat16's flushing) carry no direction.
+  r.bias = least_biased(in.truth_out, in.got_out, *in.baselines, in.problem.head_dim_v, counts,
+                        subnormal_allowance(dtype, 1.0), nullptr);
+  if (r.bias.biased) r.fail("rounding bias: " + r.bias.finding);
+}
+
+// Check 6, the fixture's own atol and rtol against its stored out.
+void check_fixture_tolerance(const CompareInputs& in, Comparison& r) {
+  if (!in.golden_out || !in.fixture_tolerance) return;
+  double worst = 0;
+  std::int64_t at = -1;
+  for (std::size_t i = 0; i < in.got_out.size(); ++i) {
+    const double error = std::fabs(in.got_out[i] - (*in.golden_out)[i]);
+    const double tol = (*in.fixture_tolerance)[i];
+    const double ratio = std::isnan(error) ? std::numeric_limits<double>::infinity()
+                                           : (tol > 0 ? error / tol : (error > 0 ? std::numeric_limits<double>::infinity() : 0.0));
+    if (ratio > worst) {
+      worst = ratio;
+      at = static_cast<std::int64_t>(i);
+    }
+  }
+  r.fixture_ratio = worst;
+  if (worst > 1.0) {
+    r.fail(fmt::format("outside the fixture's own atol/rtol at [{}]: got {:.6g}, its out {:.6g}",
+                       fmt::join(coords_of(in.problem, at), ","), in.got_out[static_cast<std::size_t>(at)],
+                       (*in.golden_out)[static_cast<std::size_t>(at)]));
+  }
+}
+
+}  // namespace
+
+Comparison compare_output(const CompareInputs& in) {
+  Comparison r;
   const std::vector<char> counts = rows_with_keys(in.visible);
-  if (in.measured && all_finite) {
-    const ErrorNorms norms = error_norms(in.truth_out, in.got_out, p.head_dim_v, counts);
-    r.rms_error = norms.rms;
-    const MeasuredLimit& m = *in.measured;
-    const double k = m.factor;
-    if (norms.elements > 0) {
-      const double over_max = norms.max / m.reference_max(), over_rms = norms.rms / m.reference_rms();
-      const double max_limit = ToleranceConstants::baseline_max_share * k;
-      // The budget: 1 = at the limit of either check.
-      r.baseline_ratio = std::max(over_max / ToleranceConstants::baseline_max_share, over_rms);
-      r.baseline_max_ratio = over_max;
-      r.baseline_rms_ratio = over_rms;
-      if (over_rms > k) {
-        r.fail(fmt::format("RMS error {:.3g} is {:.1f}x the least accurate plain implementation's {:.3g} (limit {}x)",
-                           norms.rms, over_rms, m.reference_rms(), k));
-      } else if (over_max > max_limit) {
-        r.fail(fmt::format("max error {:.3g} is {:.1f}x the least accurate plain implementation's {:.3g} (limit {}x)",
-                           norms.max, over_max, m.reference_max(), max_limit));
-      }
-    }
-  }
-  // Only where the output's rounding dominates (16-bit types): in float32 and
-  // float64 the accumulation's own lean is as large as a directed rounding of
-  // out, and differs between correct designs (a sequential sum of many
-  // positive terms loses the small ones: attn fuzz measured -29 u on l over
-  // 2683 keys, against -2 u in 16 lanes), so a sign test cannot tell them apart.
-  const bool rounding_dominates = p.dtype == DType::f16 || p.dtype == DType::bf16;
-  if (in.baselines && !in.baselines->empty() && rounding_dominates) {
-    // Errors within the subnormal allowance (bfloat16's flushing) carry no direction.
-    r.bias = least_biased(in.truth_out, in.got_out, *in.baselines, p.head_dim_v, counts,
-                          subnormal_allowance(p.dtype, 1.0), nullptr);
-    if (r.bias.biased) r.fail("rounding bias: " + r.bias.finding);
-  }
-
-  if (in.golden_out && in.fixture_tolerance) {
-    double worst = 0;
-    std::int64_t at = -1;
-    for (std::int64_t e = 0; e < n; ++e) {
-      const auto i = static_cast<std::size_t>(e);
-      const double error = std::fabs(in.got_out[i] - (*in.golden_out)[i]);
-      const double tol = (*in.fixture_tolerance)[i];
-      const double ratio = std::isnan(error) ? std::numeric_limits<double>::infinity()
-                                             : (tol > 0 ? error / tol : (error > 0 ? std::numeric_limits<double>::infinity() : 0.0));
-      if (ratio > worst) {
-        worst = ratio;
-        at = e;
-      }
-    }
-    r.fixture_ratio = worst;
-    if (worst > 1.0) {
-      r.fail(fmt::format("outside the fixture's own atol/rtol at [{}]: got {:.6g}, its out {:.6g}",
-                         fmt::join(coords_of(p, at), ","), in.got_out[static_cast<std::size_t>(at)],
-                         (*in.golden_out)[static_cast<std::size_t>(at)]));
-    }
-  }
-
+  check_a_priori(in, r);
+  check_lse(in, r);
+  check_measured(in, counts, r);
+  check_rounding_bias(in, counts, r);
+  check_fixture_tolerance(in, r);
   if (r.verdict == Verdict::pass && r.informative_fraction < kMinInformativeFraction) {
     r.verdict = Verdict::mistrusted;
     r.reason = fmt::format("only {:.1f}% of the truth is larger than its bound: the match proves little",

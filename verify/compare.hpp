@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "core/problem.hpp"
-#include "core/tensor.hpp"
+#include "attnbench/problem.hpp"
+#include "attnbench/tensor.hpp"
 #include "verify/bias.hpp"
 #include "verify/conventions.hpp"
 #include "verify/tolerance.hpp"

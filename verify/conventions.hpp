@@ -1,4 +1,4 @@
-// A backend's declared framework conventions (core/backend.hpp, Convention)
+// A backend's declared framework conventions (attnbench/backend.hpp, Convention)
 // on rows with no visible key, checked rather than trusted: such a row must
 // hold either the format's value (0) or exactly what a declared convention
 // gives, and everything else is judged as for any backend.
@@ -8,7 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "core/backend.hpp"
+#include "attnbench/backend.hpp"
+#include "core/extensions.hpp"
 #include "core/case_data.hpp"
 
 namespace attn {

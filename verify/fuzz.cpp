@@ -8,7 +8,7 @@
 #include <cmath>
 #include <limits>
 
-#include "core/error.hpp"
+#include "attnbench/error.hpp"
 #include "core/output_file.hpp"
 #include "core/rng.hpp"
 #include "reference/reference.hpp"
@@ -18,30 +18,6 @@ namespace attn {
 namespace {
 
 constexpr double kMaxWork = 3e7;  // b * hq * sq * sk * (d + dv) of one drawn case
-
-// A backend owned elsewhere, for the verifier's list of owned backends.
-class Borrowed final : public Backend {
- public:
-  explicit Borrowed(const Backend& b) : b_(b) {}
-  std::string_view name() const override { return b_.name(); }
-  std::string_view description() const override { return b_.description(); }
-  Status available() const override { return b_.available(); }
-  Status supports(const Problem& p) const override { return b_.supports(p); }
-  unsigned features() const override { return b_.features(); }
-  std::string_view capabilities() const override { return b_.capabilities(); }
-  std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& o) const override {
-    return b_.prepare(p, io, o);
-  }
-  // Everything else the verifier asks a backend, too: a wrapper that dropped
-  // the declared conventions would turn a documented DIFFERS into a FAIL.
-  std::vector<Convention> conventions(const Problem& p) const override { return b_.conventions(p); }
-  bool runs_layers() const override { return b_.runs_layers(); }
-  Status supports_layer(const Problem& p, std::int64_t model_dim) const override { return b_.supports_layer(p, model_dim); }
-  std::vector<double> run_layer(const LayerData& layer, const RunOptions& o) const override { return b_.run_layer(layer, o); }
-
- private:
-  const Backend& b_;
-};
 
 std::int64_t log_uniform(Rng& rng, std::int64_t lo, std::int64_t hi) {
   const double x = std::exp(rng.uniform(std::log(static_cast<double>(lo)), std::log(static_cast<double>(hi) + 1.0)));
@@ -477,9 +453,7 @@ VerifyOptions options_of(const FuzzCase& c) {
 }  // namespace
 
 FuzzJudgement judge_fuzz_case(const Backend& backend, const FuzzCase& c) {
-  std::vector<std::unique_ptr<Backend>> one;
-  one.push_back(std::make_unique<Borrowed>(backend));
-  const VerifySummary summary = verify_fixture(fuzz_fixture(c), one, options_of(c), true);
+  const VerifySummary summary = verify_fixture(fuzz_fixture(c), {&backend}, options_of(c), true);
   for (const auto& o : summary.outcomes) {
     if (o.comparison.verdict == Verdict::fail) return {true, o.comparison.reason};
   }
@@ -526,11 +500,11 @@ FuzzSummary run_fuzz(const std::vector<std::unique_ptr<Backend>>& backends, cons
   };
   for (std::int64_t index = 0; index < options.cases; ++index) {
     if (options.minutes > 0 && elapsed() > options.minutes * 60) break;
-    std::vector<std::unique_ptr<Backend>> active;
+    std::vector<const Backend*> active;
     std::vector<std::size_t> which;
     for (std::size_t b = 0; b < backends.size(); ++b) {
       if (failed[b]) continue;
-      active.push_back(std::make_unique<Borrowed>(*backends[b]));
+      active.push_back(backends[b].get());
       which.push_back(b);
     }
     if (active.empty()) break;

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "core/backend.hpp"
+#include "attnbench/backend.hpp"
 #include "fixtures/suite.hpp"
 #include "verify/verifier.hpp"
 

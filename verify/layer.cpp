@@ -1,5 +1,6 @@
 #include "verify/layer.hpp"
 
+#include "core/extensions.hpp"
 #include "verify/run_case.hpp"
 
 namespace attn {
@@ -53,7 +54,7 @@ LayerRun run_layer(const Backend& backend, const LayerData& layer, const RunOpti
   LayerRun run;
   // A declared convention is checked on the attention rows, before the output
   // projection mixes them.
-  const std::vector<Convention> conventions = backend.conventions(p);
+  const std::vector<Convention> conventions = conventions_of(backend, p);
   if (!conventions.empty()) run.conventions = apply_conventions(conventions, inputs, attention.out, nullptr);
   std::vector<double> merged = merge_heads(attention.out, p.batch, p.heads_q, p.seq_q, p.head_dim_v);
   run.y = project_in_dtype(merged, p.batch * p.seq_q, layer.o_width(), layer.w_o, layer.model_dim, layer.b_o, p.dtype);

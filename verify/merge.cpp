@@ -8,7 +8,7 @@
 #include <map>
 #include <set>
 
-#include "core/error.hpp"
+#include "attnbench/error.hpp"
 
 namespace attn {
 

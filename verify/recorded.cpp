@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "core/error.hpp"
+#include "attnbench/error.hpp"
 #include "core/sandbox.hpp"
 #include "core/text.hpp"
 #include "fixtures/h5.hpp"

@@ -12,7 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "core/backend.hpp"
+#include "attnbench/backend.hpp"
+#include "core/extensions.hpp"
 
 namespace attn {
 
@@ -21,15 +22,18 @@ struct RecordedOutput {
   std::optional<std::vector<double>> lse;  // sdpa only
 };
 
-class RecordedOutputs final : public Backend {
+// Whatever the files hold is judged: every dtype and addition is "declared".
+class RecordedOutputs final : public Backend, private BackendExtensions {
  public:
   RecordedOutputs(std::filesystem::path dir, std::string name);
   std::string_view name() const override { return name_; }
   std::string_view description() const override { return description_; }
-  std::string_view capabilities() const override { return "whatever the files hold"; }
+  Capabilities capabilities() const override { return {kAllDTypes, kAllFeatures, true}; }
   Status supports(const Problem&) const override { return Status::yes(); }
   // Never called: the verifier reads the files instead (verify/verifier.cpp).
   std::unique_ptr<Plan> prepare(const Problem&, const AttentionIO&, const RunOptions&) const override;
+  const BackendExtensions* extensions() const override { return this; }
+  const RecordedOutputs* recorded() const override { return this; }
 
   // The attn verify options that select these outputs again.
   std::string arguments() const;

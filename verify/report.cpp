@@ -1,5 +1,7 @@
 #include "verify/report.hpp"
 
+#include "core/cpu.hpp"
+
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -12,7 +14,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "core/error.hpp"
+#include "attnbench/error.hpp"
 #include "core/output_file.hpp"
 #include "core/text.hpp"
 
@@ -188,13 +190,7 @@ RunInfo this_run(std::string version, std::string commit) {
   info.started = stamp;
   char host[256] = {};
   if (::gethostname(host, sizeof host - 1) == 0) info.hostname = host;
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  for (std::string line; std::getline(cpuinfo, line);) {
-    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
-      info.cpu = line.substr(line.find(':') + 2);
-      break;
-    }
-  }
+  info.cpu = cpu_model_name();
   return info;
 }
 

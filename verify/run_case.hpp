@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "core/backend.hpp"
+#include "attnbench/backend.hpp"
 #include "core/case_data.hpp"
 
 namespace attn {

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/problem.hpp"
+#include "attnbench/problem.hpp"
 #include "fixtures/fixture.hpp"
 #include "reference/layer.hpp"
 #include "reference/reference.hpp"

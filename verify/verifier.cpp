@@ -6,7 +6,8 @@
 #include <chrono>
 #include <cmath>
 
-#include "core/error.hpp"
+#include "attnbench/error.hpp"
+#include "core/extensions.hpp"
 #include "core/sandbox.hpp"
 #include "core/shard.hpp"
 #include "core/text.hpp"
@@ -73,13 +74,9 @@ std::vector<Status> support_of(const BackendRefs& backends, const Problem& probl
   std::vector<Status> support;
   for (const auto& backend : backends) {
     Status s = backend->available();
-    if (s && model_dim > 0 && backend->runs_layers()) {
-      const unsigned missing = problem.features() & ~backend->features();
-      s = missing ? Status::no(fmt::format("does not implement {} (format version 2)", feature_names(missing)))
-                  : backend->supports_layer(problem, model_dim);
-    } else if (s) {
-      s = backend_accepts(*backend, problem);
-    }
+    if (s) s = backend_accepts(*backend, problem);
+    // A framework's own layer (torch.nn.MultiheadAttention, Keras) has its own limits.
+    if (s && model_dim > 0 && runs_own_layers(*backend)) s = backend->extensions()->supports_layer(problem, model_dim);
     support.push_back(s);
   }
   return support;
@@ -164,7 +161,7 @@ struct Judgement {
 Comparison run_one(const Backend& backend, const Fixture& fixture, const Judgement& j, const CaseData& probe_case,
                    const RunOptions& options) {
   Comparison c;
-  if (const auto* recorded = dynamic_cast<const RecordedOutputs*>(&backend)) {
+  if (const RecordedOutputs* recorded = recorded_outputs_of(backend)) {
     // Another tool's result: judged by every check that needs no second run
     // (the normalisation probe would need the tool to run again, on V = 1).
     const Problem& p = fixture.problem();
@@ -181,7 +178,7 @@ Comparison run_one(const Backend& backend, const Fixture& fixture, const Judgeme
   }
   try {
     BackendRun run = run_backend(backend, fixture.data, options);
-    const std::vector<Convention> conventions = backend.conventions(fixture.problem());
+    const std::vector<Convention> conventions = conventions_of(backend, fixture.problem());
     ConventionOutcome followed;
     if (!conventions.empty()) followed = apply_conventions(conventions, fixture.data, run.out, run.lse ? &*run.lse : nullptr);
     const std::vector<double>* lse = run.lse ? &*run.lse : nullptr;
@@ -249,13 +246,14 @@ void verify_layer(const std::filesystem::path& file, const BackendRefs& backends
       CaseOutcome outcome{std::string(backends[b]->name()), file, fixture.header.name,
                           fmt::format("{},model={}", data.problem.to_string(), fixture.header.model_dim), {}, 0, warning,
                           config};
-      if (const auto* recorded = dynamic_cast<const RecordedOutputs*>(backends[b])) outcome.arguments = recorded->arguments();
+      const RecordedOutputs* recorded = recorded_outputs_of(*backends[b]);
+      if (recorded) outcome.arguments = recorded->arguments();
       if (!support[b].ok) {
         outcome.comparison.verdict = Verdict::skip;
         outcome.comparison.reason = support[b].reason;
       } else {
         auto start = std::chrono::steady_clock::now();
-        if (const auto* recorded = dynamic_cast<const RecordedOutputs*>(backends[b])) {
+        if (recorded) {
           std::optional<RecordedOutput> r =
               recorded->read(fixture.header.name, "y", {problem.batch, problem.seq_q, fixture.header.model_dim});
           if (!r) {
@@ -272,13 +270,13 @@ void verify_layer(const std::filesystem::path& file, const BackendRefs& backends
         }
         try {
           LayerRun run;
-          if (backends[b]->runs_layers()) {
+          if (runs_own_layers(*backends[b])) {
             // The framework's own layer: y alone, no guard bands (it returns a new array).
-            run.y = backends[b]->run_layer(data, run_options);
+            run.y = backends[b]->extensions()->run_layer(data, run_options);
             if (run.y.size() != reference.y.size()) {
               throw Error(fmt::format("its layer returned {} values of y, not {}", run.y.size(), reference.y.size()));
             }
-            const std::vector<Convention> conventions = backends[b]->conventions(data.problem);
+            const std::vector<Convention> conventions = conventions_of(*backends[b], data.problem);
             if (!conventions.empty()) {
               run.conventions = apply_layer_conventions(conventions, data, reference, bounds.out, run.y);
             }
@@ -353,7 +351,7 @@ void verify_sdpa(const Fixture& fixture, const BackendRefs& backends,
     for (std::size_t b = 0; b < backends.size(); ++b) {
       CaseOutcome outcome{std::string(backends[b]->name()), fixture.header.path, fixture.header.name,
                           laid_out.problem().to_string(), {}, 0, warning, config};
-      if (const auto* recorded = dynamic_cast<const RecordedOutputs*>(backends[b])) outcome.arguments = recorded->arguments();
+      if (const RecordedOutputs* recorded = recorded_outputs_of(*backends[b])) outcome.arguments = recorded->arguments();
       if (!support[b].ok) {
         outcome.comparison.verdict = Verdict::skip;
         outcome.comparison.reason = support[b].reason;
@@ -369,10 +367,10 @@ void verify_sdpa(const Fixture& fixture, const BackendRefs& backends,
 
 }  // namespace
 
-VerifySummary verify_fixture(const Fixture& fixture, const std::vector<std::unique_ptr<Backend>>& backends,
+VerifySummary verify_fixture(const Fixture& fixture, const std::vector<const Backend*>& backends,
                              const VerifyOptions& options, bool trusted_golden, const OutcomeCallback& on_outcome) {
   VerifySummary summary;
-  verify_sdpa(fixture, refs_of(backends), options, on_outcome, summary, trusted_golden);
+  verify_sdpa(fixture, backends, options, on_outcome, summary, trusted_golden);
   return summary;
 }
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "core/backend.hpp"
+#include "attnbench/backend.hpp"
 #include "fixtures/fixture.hpp"
 #include "verify/compare.hpp"
 
@@ -75,7 +75,7 @@ VerifySummary verify(const std::vector<std::filesystem::path>& files,
 // file (every check, every run configuration). With trusted_golden the
 // fixture's out and lse are not checked against the reference (a caller that
 // has no golden, such as the fuzzer, passes an empty out).
-VerifySummary verify_fixture(const Fixture& fixture, const std::vector<std::unique_ptr<Backend>>& backends,
+VerifySummary verify_fixture(const Fixture& fixture, const std::vector<const Backend*>& backends,
                              const VerifyOptions& options, bool trusted_golden = false,
                              const OutcomeCallback& on_outcome = {});
 

@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "core/error.hpp"
+#include "attnbench/error.hpp"
 #include "reference/reference.hpp"
 #include "verify/run_case.hpp"
 

@@ -1,5 +1,5 @@
 // example-cpp: a C++ backend written exactly as an in-tree one (a subclass of
-// attn::Backend, core/backend.hpp), built out of tree against the installed
+// attn::Backend, attnbench/backend.hpp), built out of tree against the installed
 // package and loaded by `attn --plugin`. attnbench/cpp_plugin.hpp turns it into
 // the C ABI; nothing C++ crosses the boundary.
 #include <attnbench/cpp_plugin.hpp>
@@ -70,11 +70,12 @@ class ExampleBackend final : public attn::Backend {
   std::string_view description() const override {
     return "an attn::Backend subclass built out of tree: double sums, results through float";
   }
-  std::string_view capabilities() const override { return "float32, float16, bfloat16; every mask rule, GQA; no lse"; }
-  attn::Status supports(const attn::Problem& p) const override {
-    if (p.dtype == attn::DType::f64) return attn::Status::no("float64 results would pass through float");
-    return attn::Status::yes();
+  // Not float64: its results pass through float. No format version 2 addition, no lse.
+  attn::Capabilities capabilities() const override {
+    return {attn::dtype_bit(attn::DType::f32) | attn::dtype_bit(attn::DType::f16) | attn::dtype_bit(attn::DType::bf16), 0,
+            false};
   }
+  attn::Status supports(const attn::Problem&) const override { return attn::Status::yes(); }
   std::unique_ptr<attn::Plan> prepare(const attn::Problem& p, const attn::AttentionIO& io,
                                       const attn::RunOptions&) const override {
     return std::make_unique<ExamplePlan>(p, io);

@@ -17,7 +17,7 @@
 
 #include <cstdint>
 
-#include "core/dtype.hpp"
+#include "attnbench/dtype.hpp"
 
 namespace attn::cpu {
 
@@ -75,10 +75,6 @@ const Kernels& best_kernels();
 const Kernels& portable_kernels();
 const Kernels* avx512_kernels();  // nullptr when the CPU lacks AVX-512F/BW/BF16
 const Kernels* amx_kernels();     // nullptr without AMX-BF16, or when Linux refuses the tile state
-
-// For `attn peak` only: `iterations` x 4 back-to-back TDPBF16PS (16 x 16 x 32
-// products each); call only when amx_kernels() is not nullptr.
-double amx_peak_loop(std::int64_t iterations);
 
 // The smallest shift with 2^shift >= keys (0 for one key or none): what
 // exp2_sum needs so that no sum of weights times V can overflow.

@@ -6,15 +6,13 @@
 // time (Geometry pads both; see Kernels::bf16_rows_align).
 //
 // Linux hands out the 8 KiB of tile state only on request
-// (arch_prctl(ARCH_REQ_XCOMP_PERM)); amx_kernels() asks once, and returns
-// nullptr when the CPU or the kernel says no.
-#include <cpuid.h>
+// (arch_prctl(ARCH_REQ_XCOMP_PERM)); core/cpu.cpp asks once, and
+// amx_kernels() returns nullptr when the CPU or the kernel says no.
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <cstdint>
 
+#include "core/cpu.hpp"
 #include "impls/cpu_kernels/kernels.hpp"
 
 #define ATTN_AMX __attribute__((target("amx-tile,amx-bf16,avx512f")))
@@ -154,51 +152,10 @@ ATTN_AMX void pv_bf16(const bf16* p, std::int64_t rows, std::int64_t keys, const
 
 }  // namespace
 
-// Four independent 16x16 accumulators against two A and two B tiles that
-// stay in place: TDPBF16PS back to back, the AMX peak. 16 x 16 x 32 x 2
-// flops per instruction.
-ATTN_AMX double amx_peak_loop(std::int64_t iterations) {
-  alignas(64) static const std::uint16_t ones[16 * 32] = {};
-  alignas(64) float out[16 * 16];
-  TileScope scope;
-  _tile_loadd(4, ones, 64);
-  _tile_loadd(5, ones, 64);
-  _tile_loadd(6, ones, 64);
-  _tile_loadd(7, ones, 64);
-  zero_c();
-  for (std::int64_t n = 0; n < iterations; ++n) {
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_dpbf16ps(3, 5, 7);
-  }
-  _tile_stored(0, out, 64);
-  return out[0];
-}
-
-namespace {
-
-bool cpu_has_amx_bf16() {
-  unsigned eax, ebx, ecx, edx;
-  if (__get_cpuid_max(0, nullptr) < 7) return false;
-  __cpuid_count(7, 0, eax, ebx, ecx, edx);
-  const bool tile = edx & (1u << 24), bf16 = edx & (1u << 22);
-  return tile && bf16;
-}
-
-// Linux >= 5.16: permission to use the XTILEDATA state component (18).
-bool os_grants_tiles() {
-  constexpr long kReqXcompPerm = 0x1023;
-  constexpr long kXfeatureXtiledata = 18;
-  return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
-}
-
-}  // namespace
-
 const Kernels* amx_kernels() {
   static const Kernels* chosen = []() -> const Kernels* {
     const Kernels* avx = avx512_kernels();
-    if (!avx || !cpu_has_amx_bf16() || !os_grants_tiles()) return nullptr;
+    if (!avx || !cpu_features().amx_bf16) return nullptr;
     static Kernels amx = *avx;
     amx.isa = "amx_bf16";
     amx.qk_bf16 = qk_bf16;

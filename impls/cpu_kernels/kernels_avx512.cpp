@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 
+#include "core/cpu.hpp"
 #include "impls/cpu_kernels/kernels.hpp"
 
 #define ATTN_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")))
@@ -386,12 +387,6 @@ const Kernels kAvx512{"avx512_bf16", qk_f32, qk_bf16, pv_f32, pv_bf16, exp2_sum,
 
 }  // namespace
 
-const Kernels* avx512_kernels() {
-  __builtin_cpu_init();
-  bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-            __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("fma");
-  return ok ? &kAvx512 : nullptr;
-}
+const Kernels* avx512_kernels() { return cpu_features().avx512_bf16 ? &kAvx512 : nullptr; }
 
 }  // namespace attn::cpu

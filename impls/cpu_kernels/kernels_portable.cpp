@@ -9,8 +9,9 @@
 
 #include <fmt/format.h>
 
-#include "core/error.hpp"
+#include "attnbench/error.hpp"
 
+#include "core/cpu.hpp"
 #include "impls/cpu_kernels/kernels.hpp"
 
 namespace attn::cpu {
@@ -127,19 +128,12 @@ const Kernels kPortable{"portable", qk_f32, qk_bf16, pv_f32, pv_bf16, exp2_sum, 
 const Kernels& portable_kernels() { return kPortable; }
 
 const Kernels& best_kernels() {
+  // core/cpu.cpp decides which set (the CPU, the OS and ATTN_CPU_ISA); here, its tables.
   static const Kernels* chosen = []() -> const Kernels* {
-    const char* env = std::getenv("ATTN_CPU_ISA");
-    const std::string forced = env ? env : "";
-    const Kernels* amx = amx_kernels();
-    const Kernels* avx = avx512_kernels();
-    if (forced.empty()) return amx ? amx : avx ? avx : &kPortable;
-    if (forced == "portable") return &kPortable;
-    if (forced == "avx512" && avx) return avx;
-    if (forced == "amx" && amx) return amx;
-    if (forced == "avx512" || forced == "amx") {
-      throw Error(fmt::format("ATTN_CPU_ISA={}: this CPU (or the OS) does not allow it; leave it unset to pick the best", forced));
-    }
-    throw Error(fmt::format("ATTN_CPU_ISA={}: expected amx, avx512 or portable", forced));
+    const std::string_view set = cpu_kernel_set();
+    if (set == "amx_bf16" && amx_kernels()) return amx_kernels();
+    if (set == "avx512_bf16" && avx512_kernels()) return avx512_kernels();
+    return &kPortable;
   }();
   return *chosen;
 }

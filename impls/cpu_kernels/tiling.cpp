@@ -46,7 +46,7 @@ void read_row(const TensorView& v, std::int64_t base, std::int64_t n, float* out
 
 // Keys [lo, hi) the position rules leave to query i of entry b (causal,
 // window, kv_len, a paged entry's length); the tiles are never packed
-// sequences (those run one entry at a time, core/per_entry.hpp).
+// sequences (those run one entry at a time, attnbench/per_entry.hpp).
 Problem::KeyRange row_keys(const Problem& p, const AttentionIO& io, std::int64_t b, std::int64_t i) {
   return io.sequences(p).entry_row(b, i).keys;
 }
@@ -156,11 +156,6 @@ void HeadPack::pack(const Problem& p, const Geometry& g, const AttentionIO& io, 
     if (j < j_real) read_row(io.v, key_offset(p, io, io.v, b, kv_head, j), p.head_dim_v, vrow);
     else std::fill_n(vrow, p.head_dim_v, 0.0f);
   }
-}
-
-Status kernels_support(const Problem& p) {
-  if (p.dtype == DType::f64) return Status::no("float64 is not implemented: the kernels accumulate in float32");
-  return Status::yes();
 }
 
 void TileScratch::reserve(const Problem& p, const Geometry& g, bool pack_kv, std::int64_t score_blocks) {

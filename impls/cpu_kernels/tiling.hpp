@@ -9,7 +9,7 @@
 #include <new>
 #include <vector>
 
-#include "core/backend.hpp"
+#include "attnbench/backend.hpp"
 #include "impls/cpu_kernels/kernels.hpp"
 
 namespace attn::cpu {
@@ -71,10 +71,6 @@ class HeadPack {
   std::int64_t ldv_ = 0, k_stride_ = 0, first_ = 0;
   std::int64_t packed_b_ = -1, packed_g_ = -1, packed_first_ = -1, packed_end_ = -1;
 };
-
-// Whether the shared kernels handle a problem: everything but float64 (they
-// accumulate in float32). Both CPU tile backends answer supports() with this.
-Status kernels_support(const Problem& p);
 
 // One thread's scratch for tiles: packed K/V, the tile's Q, scores (one
 // 64-key block, or `score_blocks` of them side by side), P in bfloat16, the

@@ -91,15 +91,11 @@ class CublasBackend final : public Backend {
   std::string_view description() const override {
     return "cublasGemmStridedBatchedEx for Q K^T and P V (fp32 accumulation, TF32 off) + a masking softmax kernel";
   }
-  std::string_view capabilities() const override {
-    return "float32, float16, bfloat16; every mask rule, GQA/MQA, any head_dim; lse; needs a CUDA device; "
-           "no version 2 addition (SKIP: not extended without a device to test it on)";
-  }
+  // Not float64: the GEMMs run in float32 or 16-bit types. No version 2
+  // addition: not extended without a device to test it on.
+  Capabilities capabilities() const override { return {dtype_bit(DType::f32) | dtype_bit(DType::f16) | dtype_bit(DType::bf16), 0, true}; }
   Status available() const override { return cuda::device_status(); }
-  Status supports(const Problem& p) const override {
-    if (p.dtype == DType::f64) return Status::no("float64 is not implemented: the GEMMs run in float32 or 16-bit types");
-    return Status::yes();
-  }
+  Status supports(const Problem&) const override { return Status::yes(); }
   std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions&) const override {
     return std::make_unique<CublasPlan>(p, io);
   }

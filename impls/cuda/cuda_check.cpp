@@ -1,7 +1,7 @@
 #include <dlfcn.h>
 #include <fmt/format.h>
 
-#include "core/error.hpp"
+#include "attnbench/error.hpp"
 #include "impls/cuda/cuda_check.hpp"
 
 namespace attn::cuda {

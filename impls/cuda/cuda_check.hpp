@@ -8,7 +8,7 @@
 
 #include <string>
 
-#include "core/backend.hpp"
+#include "attnbench/backend.hpp"
 
 #define ATTN_CUDA(call)                                                                              \
   do {                                                                                               \

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "core/backend.hpp"
+#include "attnbench/backend.hpp"
 #include "impls/cuda/cuda_check.hpp"
 
 namespace attn::cuda {

@@ -10,7 +10,7 @@
 // implement every masking rule, GQA, head_dim and head_dim_v up to 256, lse.
 #include <fmt/format.h>
 
-#include "core/error.hpp"
+#include "attnbench/error.hpp"
 #include "impls/cuda/device_case.hpp"
 #include "impls/cuda/kernels.hpp"
 
@@ -58,13 +58,11 @@ class FlashBackend final : public Backend {
     return "fused FlashAttention-2-style kernel: tensor cores (WMMA) for float16/bfloat16, CUDA cores for float32; "
            "K/V tiles in shared memory, online softmax";
   }
-  std::string_view capabilities() const override {
-    return "float32, float16, bfloat16; every mask rule, GQA/MQA, head_dim and head_dim_v <= 256; lse; needs a CUDA device; "
-           "no version 2 addition (SKIP: the kernels were not extended without a device to test them on)";
-  }
+  // Not float64: the kernel accumulates in float32. No version 2 addition:
+  // the kernels were not extended without a device to test them on.
+  Capabilities capabilities() const override { return {dtype_bit(DType::f32) | dtype_bit(DType::f16) | dtype_bit(DType::bf16), 0, true}; }
   Status available() const override { return cuda::device_status(); }
   Status supports(const Problem& p) const override {
-    if (p.dtype == DType::f64) return Status::no("float64 is not implemented: the kernel accumulates in float32");
     if (p.head_dim > cuda::kFlashMaxDim || p.head_dim_v > cuda::kFlashMaxDim) {
       return Status::no(fmt::format("head_dim {} / head_dim_v {}: the kernel handles up to {}", p.head_dim, p.head_dim_v,
                                     cuda::kFlashMaxDim));

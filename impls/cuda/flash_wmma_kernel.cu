@@ -20,7 +20,7 @@
 
 #include <mma.h>
 
-#include "core/error.hpp"
+#include "attnbench/error.hpp"
 #include "impls/cuda/device_common.cuh"
 #include "impls/cuda/kernels.hpp"
 

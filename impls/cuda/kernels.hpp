@@ -4,7 +4,7 @@
 
 #include <cstddef>
 
-#include "core/dtype.hpp"
+#include "attnbench/dtype.hpp"
 #include "impls/cuda/device_case.hpp"
 
 namespace attn::cuda {

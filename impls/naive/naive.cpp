@@ -163,10 +163,7 @@ class NaiveBackend final : public Backend {
   std::string_view description() const override {
     return "textbook attention: materialised scores, max-subtracted softmax, P V; float32 accumulation";
   }
-  std::string_view capabilities() const override {
-    return "all dtypes, both layouts, masks, bias, kv_len, causal, GQA/MQA, any head_dim; lse; every version 2 addition";
-  }
-  unsigned features() const override { return kAllFeatures; }
+  Capabilities capabilities() const override { return {kAllDTypes, kAllFeatures, true}; }
   Status supports(const Problem&) const override { return Status::yes(); }
   std::unique_ptr<Plan> prepare(const Problem& problem, const AttentionIO& io, const RunOptions&) const override {
     return std::make_unique<NaivePlan>(problem, io);

@@ -12,9 +12,9 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <vector>
 
-#include "core/backend.hpp"
-#include "core/error.hpp"
-#include "core/per_entry.hpp"
+#include "attnbench/backend.hpp"
+#include "attnbench/error.hpp"
+#include "attnbench/per_entry.hpp"
 #include "core/thread_pool.hpp"
 
 namespace attn {
@@ -226,23 +226,21 @@ class OneDnnBackend final : public Backend {
     const std::string isa = isa_name(dnnl::get_effective_cpu_isa());
     bf16_refusal_ = bf16_matmul_refusal(isa);
     description_ = fmt::format("oneDNN {}.{}.{} matmul + softmax primitives (ISA {}), {}", v->major, v->minor, v->patch,
-                               isa, bf16_refusal_.empty() ? "bf16 matmuls for bfloat16" : "no bfloat16 on this CPU");
+                               isa, bf16_refusal_.empty() ? "bf16 matmuls for bfloat16" : bf16_refusal_);
   }
   std::string_view name() const override { return "onednn"; }
   std::string_view description() const override { return description_; }
-  std::string_view capabilities() const override {
-    return "float32, bfloat16, float16 (widened); every mask rule, GQA/MQA; window, softcap, ALiBi, ragged; no lse; "
-           "not float64, sinks or paged KV";
+  // Not float64: oneDNN's CPU matmul has none. bfloat16 only where oneDNN
+  // has a bf16 matmul for this CPU (the description says why not); float16
+  // is widened to float32. Not sinks: the softmax primitive normalises over
+  // the keys alone, with no place for a logit that carries no value. Not
+  // paged KV: the matmul reads each head's K and V as one matrix.
+  Capabilities capabilities() const override {
+    unsigned dtypes = dtype_bit(DType::f32) | dtype_bit(DType::f16);
+    if (bf16_refusal_.empty()) dtypes |= dtype_bit(DType::bf16);
+    return {dtypes, kFeatureWindow | kFeatureSoftcap | kFeatureAlibi | kFeatureRagged, false};
   }
-  Status supports(const Problem& p) const override {
-    if (p.dtype == DType::f64) return Status::no("float64 is not implemented: oneDNN's CPU matmul has no f64");
-    if (p.dtype == DType::bf16 && !bf16_refusal_.empty()) return Status::no(bf16_refusal_);
-    return Status::yes();
-  }
-  // Not sinks: the softmax primitive normalises over the keys alone, with no
-  // place for a logit that carries no value. Not paged KV: the matmul reads
-  // each head's K and V as one matrix.
-  unsigned features() const override { return kFeatureWindow | kFeatureSoftcap | kFeatureAlibi | kFeatureRagged; }
+  Status supports(const Problem&) const override { return Status::yes(); }
   std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& options) const override {
     if (p.ragged) return plan_per_entry(p, io, options, *this);
     return std::make_unique<OneDnnPlan>(p, io, options);
@@ -274,7 +272,7 @@ class OneDnnBackend final : public Backend {
       dnnl::reorder::primitive_desc(engine, c, engine, a);
       return {};
     } catch (const dnnl::error& e) {
-      return fmt::format("oneDNN has no bfloat16 matmul on this CPU (ISA {}): {} (status {})", isa, e.what(),
+      return fmt::format("no bfloat16: oneDNN has no bf16 matmul for ISA {} ({}, status {})", isa, e.what(),
                          static_cast<int>(e.status));
     }
   }

@@ -10,8 +10,8 @@
 #include <limits>
 #include <vector>
 
-#include "core/backend.hpp"
-#include "core/per_entry.hpp"
+#include "attnbench/backend.hpp"
+#include "attnbench/per_entry.hpp"
 #include "core/thread_pool.hpp"
 #include "impls/cpu_kernels/kernels.hpp"
 
@@ -172,19 +172,13 @@ class OpenBlasBackend final : public Backend {
                                  trim(OPENBLAS_VERSION), openblas_get_corename())) {}
   std::string_view name() const override { return "openblas"; }
   std::string_view description() const override { return description_; }
-  std::string_view capabilities() const override {
-    return "float32, float16, bfloat16 (widened to float32); every mask rule, GQA/MQA; lse; window, softcap, ALiBi, "
-           "sinks, ragged; not float64, not paged KV";
+  // Not float64: it multiplies with sgemm (16-bit inputs are widened to
+  // float32). Not paged KV: sgemm needs each head's K and V contiguous, and
+  // gathering the pages on every call is not what a paged kernel does.
+  Capabilities capabilities() const override {
+    return {dtype_bit(DType::f32) | dtype_bit(DType::f16) | dtype_bit(DType::bf16), kFeatureWindow | kFeatureSoftcap | kFeatureAlibi | kFeatureSinks | kFeatureRagged, true};
   }
-  Status supports(const Problem& p) const override {
-    if (p.dtype == DType::f64) return Status::no("float64 is not implemented: this backend multiplies with sgemm");
-    return Status::yes();
-  }
-  // Paged KV is not: sgemm needs each head's K and V contiguous, and gathering
-  // the pages on every call is not what a paged kernel does.
-  unsigned features() const override {
-    return kFeatureWindow | kFeatureSoftcap | kFeatureAlibi | kFeatureSinks | kFeatureRagged;
-  }
+  Status supports(const Problem&) const override { return Status::yes(); }
   std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& options) const override {
     if (p.ragged) return plan_per_entry(p, io, options, *this);
     return std::make_unique<OpenBlasPlan>(p, io, options);

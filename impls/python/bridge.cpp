@@ -17,7 +17,8 @@
 #include <fstream>
 #include <mutex>
 
-#include "core/error.hpp"
+#include "attnbench/error.hpp"
+#include "core/extensions.hpp"
 #include "core/layer_data.hpp"
 #include "core/text.hpp"
 
@@ -248,12 +249,6 @@ class FloatStateGuard {
 #endif
 };
 
-struct Module {
-  py::object module;
-  std::string name, description, capabilities;
-  bool has_lse = false;
-};
-
 // A new numpy array holding a copy of `values` in `shape` (the layer's inputs are small).
 template <typename T>
 py::array_t<T> copied(const std::vector<T>& values, std::vector<py::ssize_t> shape) {
@@ -294,7 +289,24 @@ class PythonPlan final : public Plan {
   std::string name_;
 };
 
-class PythonBackend final : public Backend {
+// DTYPES, optional: the dtypes a backend computes in (names as in the
+// format); all four when absent.
+unsigned declared_dtypes(const py::object& module) {
+  if (!py::hasattr(module, "DTYPES")) return kAllDTypes;
+  unsigned bits = 0;
+  for (py::handle item : module.attr("DTYPES")) {
+    const std::string name = py::str(item);
+    const std::optional<DType> dtype = parse_dtype(name);
+    if (!dtype) {
+      throw Error(fmt::format("DTYPES names '{}', which is not a dtype (float64, float32, float16, bfloat16)",
+                              printable(name)));
+    }
+    bits |= dtype_bit(*dtype);
+  }
+  return bits;
+}
+
+class PythonBackend final : public Backend, private BackendExtensions {
  public:
   PythonBackend(fs::path file, std::string fallback_name) : file_(std::move(file)), name_(std::move(fallback_name)) {
     const Status& runtime = Runtime::get().status();
@@ -310,11 +322,14 @@ class PythonBackend final : public Backend {
       module_ = std::make_unique<py::object>(module);
       name_ = py::str(module.attr("NAME"));
       description_ = py::str(module.attr("DESCRIPTION"));
-      capabilities_ = py::str(module.attr("CAPABILITIES"));
+      dtypes_ = declared_dtypes(module);
       has_lse_ = py::hasattr(module, "HAS_LSE") && py::bool_(module.attr("HAS_LSE"));
       runs_layers_ = py::hasattr(module, "layer");
     } catch (py::error_already_set& e) {
       unavailable_ = fmt::format("{} cannot be loaded: {}", printable(file_.string()), python_error(e));
+      description_ = fmt::format("Python backend {}", file_.filename().string());
+    } catch (const Error& e) {
+      unavailable_ = fmt::format("{} cannot be loaded: {}", printable(file_.string()), e.what());
       description_ = fmt::format("Python backend {}", file_.filename().string());
     }
   }
@@ -326,7 +341,9 @@ class PythonBackend final : public Backend {
   }
   std::string_view name() const override { return name_; }
   std::string_view description() const override { return description_; }
-  std::string_view capabilities() const override { return capabilities_; }
+  // No format version 2 addition: the bridge passes none of their fields.
+  Capabilities capabilities() const override { return {dtypes_, 0, has_lse_}; }
+  const BackendExtensions* extensions() const override { return this; }
   const std::string& load_error() const { return unavailable_; }
 
   Status available() const override {
@@ -479,7 +496,8 @@ class PythonBackend final : public Backend {
 
  private:
   fs::path file_;
-  std::string name_, description_, capabilities_;
+  std::string name_, description_;
+  unsigned dtypes_ = kAllDTypes;
   std::string unavailable_;
   bool has_lse_ = false;
   bool runs_layers_ = false;

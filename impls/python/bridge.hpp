@@ -1,7 +1,7 @@
 // Backends written in Python, run by an embedded CPython (pybind11). A Python
 // backend is a file that implements the contract of backends/attn_common.py:
 //
-//   NAME, DESCRIPTION, CAPABILITIES       strings
+//   NAME, DESCRIPTION                     strings; DTYPES optional (all four when absent)
 //   available() -> None | str            None, or why it cannot run here
 //   supports(problem) -> None | str      None, or why it does not handle it
 //   conventions(problem) -> [(code, why)]   optional: known differences from the format
@@ -17,7 +17,7 @@
 #include <memory>
 #include <string>
 
-#include "core/backend.hpp"
+#include "attnbench/backend.hpp"
 #include "core/plugin.hpp"
 
 namespace attn::python {

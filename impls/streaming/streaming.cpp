@@ -5,7 +5,7 @@
 #include <limits>
 #include <vector>
 
-#include "core/per_entry.hpp"
+#include "attnbench/per_entry.hpp"
 #include "core/thread_pool.hpp"
 #include "impls/cpu_kernels/tiling.hpp"
 
@@ -219,11 +219,9 @@ class StreamingBackend final : public Backend {
   }
   std::string_view name() const override { return "streaming"; }
   std::string_view description() const override { return description_; }
-  std::string_view capabilities() const override {
-    return "float32, float16, bfloat16; every mask rule, GQA/MQA, any head_dim; lse; every version 2 addition; not float64";
-  }
-  Status supports(const Problem& p) const override { return cpu::kernels_support(p); }
-  unsigned features() const override { return kAllFeatures; }
+  // Not float64: the kernels accumulate in float32.
+  Capabilities capabilities() const override { return {dtype_bit(DType::f32) | dtype_bit(DType::f16) | dtype_bit(DType::bf16), kAllFeatures, true}; }
+  Status supports(const Problem&) const override { return Status::yes(); }
   std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& options) const override {
     if (p.ragged) return plan_per_entry(p, io, options, *this);  // each entry a dense problem, in place
     return std::make_unique<StreamingPlan>(p, io, options);

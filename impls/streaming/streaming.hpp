@@ -8,7 +8,7 @@
 
 #include <memory>
 
-#include "core/backend.hpp"
+#include "attnbench/backend.hpp"
 
 namespace attn {
 

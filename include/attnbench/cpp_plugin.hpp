@@ -1,5 +1,5 @@
 // A C++ backend (a subclass of attn::Backend, exactly as an in-tree one:
-// core/backend.hpp) built out of tree and loaded into attn at run time. This
+// attnbench/backend.hpp) built out of tree and loaded into attn at run time. This
 // header implements the C ABI of attnbench/plugin.h for it; the plugin's one
 // source line is
 //
@@ -16,13 +16,14 @@
 #include <vector>
 
 #include "attnbench/plugin.h"
-#include "core/backend.hpp"
+#include "attnbench/backend.hpp"
 
 namespace attn::plugin_detail {
 
 struct Held {
   std::unique_ptr<Backend> backend;
   std::string name, description, capabilities;
+  bool lse = false;
   std::string reason;  // the last reason or error handed to attn
 };
 
@@ -85,7 +86,7 @@ inline const char* available(void* user) {
 inline const char* supports(void* user, const attn_problem* c) {
   auto* h = static_cast<Held*>(user);
   try {
-    Status s = h->backend->supports(problem_of(*c));
+    Status s = backend_accepts(*h->backend, problem_of(*c));  // its declared dtypes too: ABI 1 cannot carry them
     return s ? nullptr : keep(h, s.reason);
   } catch (const std::exception& e) {
     return keep(h, e.what());
@@ -133,7 +134,9 @@ inline const attn_plugin* make_plugin(std::vector<Factory> factories) {
     h.backend = f();
     h.name = std::string(h.backend->name());
     h.description = std::string(h.backend->description());
-    h.capabilities = std::string(h.backend->capabilities());
+    const Capabilities declared = h.backend->capabilities();
+    h.capabilities = describe_capabilities(declared);
+    h.lse = declared.lse;
     held.push_back(std::move(h));
   }
   for (Held& h : held) {
@@ -147,7 +150,7 @@ inline const attn_plugin* make_plugin(std::vector<Factory> factories) {
     b.prepare = &prepare;
     b.run = &run;
     b.destroy = &destroy;
-    b.has_lse = 0;
+    b.has_lse = h.lse ? 1 : 0;
     table.push_back(b);
   }
   plugin.abi_version = ATTN_PLUGIN_ABI_VERSION;

@@ -95,7 +95,7 @@ class Problem:
 
 
 def parse_problem(text):
-    """The canonical problem string of core/problem.hpp, e.g.
+    """The canonical problem string of attnbench/problem.hpp, e.g.
     'dtype=f16,b=2,hq=4,hkv=2,sq=17,sk=33,d=64,dv=64,scale=0.125,causal=bottom_right'."""
     fields = {}
     for token in text.split(","):

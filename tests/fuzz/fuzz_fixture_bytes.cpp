@@ -11,7 +11,7 @@
 #include <fstream>
 #include <string>
 
-#include "core/error.hpp"
+#include "attnbench/error.hpp"
 #include "fixtures/fixture.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

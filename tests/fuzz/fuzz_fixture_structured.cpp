@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "core/error.hpp"
+#include "attnbench/error.hpp"
 #include "fixtures/fixture.hpp"
 #include "fixtures/h5.hpp"
 

@@ -8,7 +8,7 @@
 #include <span>
 #include <string_view>
 
-#include "core/backend.hpp"
+#include "attnbench/backend.hpp"
 
 namespace attn::testing {
 

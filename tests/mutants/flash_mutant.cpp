@@ -169,10 +169,10 @@ class FlashMutant final : public Backend {
   FlashMutant(std::string name, const FlashFlaws& flaws) : name_(std::move(name)), flaws_(flaws) {}
   std::string_view name() const override { return name_; }
   std::string_view description() const override { return "test-only flash-style backend with a planted flaw"; }
-  std::string_view capabilities() const override { return "float32, float16, bfloat16; no lse"; }
-  Status supports(const Problem& p) const override {
-    return p.dtype == DType::f64 ? Status::no("float64 is not implemented") : Status::yes();
+  Capabilities capabilities() const override {
+    return {dtype_bit(DType::f32) | dtype_bit(DType::f16) | dtype_bit(DType::bf16), 0, false};
   }
+  Status supports(const Problem&) const override { return Status::yes(); }
   std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions&) const override {
     return std::make_unique<FlashMutantPlan>(p, io, flaws_);
   }

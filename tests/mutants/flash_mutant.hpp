@@ -10,7 +10,7 @@
 #include <memory>
 #include <string>
 
-#include "core/backend.hpp"
+#include "attnbench/backend.hpp"
 
 namespace attn::testing {
 

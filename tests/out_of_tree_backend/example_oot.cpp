@@ -1,6 +1,6 @@
 // The smallest out-of-tree backend: it runs nothing and says so, which makes
 // every case SKIP with its reason. Real backends follow impls/README.md.
-#include "core/backend.hpp"
+#include "attnbench/backend.hpp"
 
 namespace attn {
 
@@ -10,7 +10,7 @@ class ExampleBackend final : public Backend {
  public:
   std::string_view name() const override { return "example-oot"; }
   std::string_view description() const override { return "out-of-tree registration example (supports nothing)"; }
-  std::string_view capabilities() const override { return "nothing: it only shows how an external backend plugs in"; }
+  Capabilities capabilities() const override { return {}; }
   Status supports(const Problem&) const override { return Status::no("example backend: it implements no attention"); }
   std::unique_ptr<Plan> prepare(const Problem&, const AttentionIO&, const RunOptions&) const override { return nullptr; }
 };

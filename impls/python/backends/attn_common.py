@@ -2,7 +2,9 @@
 
 A Python backend is one file (see py_numpy.py for a complete one) defining
 
-    NAME, DESCRIPTION, CAPABILITIES      strings ("py-..." names by convention)
+    NAME, DESCRIPTION                    strings ("py-..." names by convention)
+    DTYPES = ("float32", ...)            optional: the dtypes it computes in (all four when absent);
+                                         attn reports any other as SKIP before supports() is asked
     available() -> None | str           None, or why it cannot run on this machine
     supports(problem) -> None | str     None, or why it does not handle this problem
     conventions(problem) -> list         optional: [(code, why)], the framework's known
@@ -26,8 +28,7 @@ bf16_to_f32() and store(), or view the bits in your framework.
 Format version 2 (docs/fixture-format-v2.md: windows, softcap, ALiBi, sinks, packed and
 paged KV) is not passed to Python backends: the bridge declares none of it, so attn
 reports every version 2 case as SKIP for them ("does not implement ... (format version
-2)") before supports() is asked. Each adapter's CAPABILITIES says what its framework
-itself offers.
+2)") before supports() is asked.
 
 The fixture format's rules hold: hidden keys are mask 0, bias -inf, j >= kv_len[b] and
 the causal rule; query head h reads kv head h // (heads_q // heads_kv); a row with no
@@ -61,7 +62,7 @@ def load_backend(path):
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
-    for attr in ("NAME", "DESCRIPTION", "CAPABILITIES", "available", "supports", "prepare"):
+    for attr in ("NAME", "DESCRIPTION", "available", "supports", "prepare"):
         if not hasattr(module, attr):
             raise AttributeError(f"{path} defines no {attr} (see attn_common.py for the contract)")
     _loaded[path] = module

@@ -21,9 +21,8 @@ import attn_common as ac
 
 NAME = "py-numpy"
 DESCRIPTION = "NumPy, the design document's textbook scaled_dot_product_attention (masked_fill -1e9, max-subtracted softmax)"
-CAPABILITIES = ("all dtypes (computed in float64), masks, causal, kv_len and GQA as a mask and repeated heads; "
-                "scale 1/sqrt(d) only; no bias; rows with every key hidden give mean(V)"
-                '; version 2: none (the textbook function has no window, cap, slope, sink or paging)')
+# Every dtype, computed in float64 as the document runs it; masks, causal, kv_len and GQA as a
+# mask and repeated heads; the scale is always 1/sqrt(d) and there is no bias (supports() says so).
 
 
 def available():

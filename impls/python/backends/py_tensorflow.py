@@ -24,9 +24,10 @@ import attn_common as ac
 
 NAME = "py-tensorflow"
 DESCRIPTION = "TensorFlow, the design document's tf.matmul + tf.nn.softmax function (mask * -1e9, 1 = hidden)"
-CAPABILITIES = ("float32 only (d_k is cast to float32), masks, causal and kv_len as the mask, GQA by repeated heads; "
-                "scale 1/sqrt(d) only; no bias; needs tensorflow (ATTN_PYTHON_VENV)"
-                "; version 2: none (the design document's function has no window, cap, slope, sink or paging)")
+# The function casts d_k to float32 and TensorFlow does not mix dtypes: other inputs raise
+# InvalidArgumentError. Masks, causal and kv_len go in as the mask, GQA as repeated heads;
+# the scale is always 1/sqrt(d_k) and there is no bias (supports() says so).
+DTYPES = ("float32",)
 
 _tf = None
 
@@ -47,9 +48,6 @@ def available():
 
 
 def supports(problem):
-    if problem.dtype != "float32":
-        return (f"the function casts d_k to float32 and TensorFlow does not mix dtypes: {problem.dtype} "
-                "inputs raise InvalidArgumentError")
     if problem.bias is not None:
         return "the function takes no bias"
     if not ac.default_scale(problem):

@@ -21,9 +21,9 @@ import attn_common as ac
 
 NAME = "py-torch"
 DESCRIPTION = "PyTorch, torch.nn.functional.scaled_dot_product_attention (CPU)"
-CAPABILITIES = ("all dtypes, masks, bias, kv_len (as attn_mask), both causal alignments, GQA (enable_gqa); "
-                "needs torch (ATTN_PYTHON_VENV)"
-                '; version 2: none here (SDPA has no window, softcap, sink, varlen or paged arguments; FlexAttention has them but compiles through triton)')
+# Every dtype; masks, bias and kv_len as attn_mask, both causal alignments, GQA (enable_gqa).
+# No version 2 addition here: SDPA has no window, softcap, sink, varlen or paged arguments
+# (FlexAttention has them but compiles through triton).
 
 _torch = None
 

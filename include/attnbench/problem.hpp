@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-#include "core/dtype.hpp"
+#include "attnbench/dtype.hpp"
 
 namespace attn {
 

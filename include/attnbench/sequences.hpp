@@ -10,7 +10,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "core/problem.hpp"
+#include "attnbench/problem.hpp"
 
 namespace attn {
 

@@ -6,7 +6,7 @@
 
 #include <memory>
 
-#include "core/backend.hpp"
+#include "attnbench/backend.hpp"
 
 namespace attn {
 

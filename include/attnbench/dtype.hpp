@@ -14,6 +14,12 @@ namespace attn {
 
 enum class DType : std::uint8_t { f64, f32, f16, bf16 };
 
+// Sets of dtypes as bits (Capabilities::dtypes).
+inline constexpr unsigned dtype_bit(DType dtype) { return 1u << static_cast<unsigned>(dtype); }
+inline constexpr unsigned kAllDTypes = 0xfu;
+// "float32, float16" for a set of bits, in the order float64, float32, float16, bfloat16.
+std::string dtype_names(unsigned dtypes);
+
 // Canonical names as in the fixture format: float64, float32, float16, bfloat16.
 std::string_view dtype_name(DType dtype);
 // Short names used in problem strings: f64, f32, f16, bf16.

@@ -13,13 +13,14 @@
 #include <string_view>
 #include <vector>
 
-#include "core/problem.hpp"
-#include "core/sequences.hpp"
-#include "core/tensor.hpp"
+#include "attnbench/dtype.hpp"
+#include "attnbench/problem.hpp"
+#include "attnbench/sequences.hpp"
+#include "attnbench/tensor.hpp"
 
 namespace attn {
 
-struct LayerData;  // core/layer_data.hpp
+class BackendExtensions;  // in-tree only: framework adapters and recorded results (core/extensions.hpp)
 
 // "Yes", or "no" with a reason a person can act on.
 struct Status {
@@ -64,21 +65,6 @@ struct AttentionIO {
   double* lse = nullptr;
 };
 
-// A documented convention of a backend's framework that differs from the
-// fixture format on rows with no visible key (where frameworks disagree most).
-// The verifier models it: such rows must follow it exactly, everything else is
-// judged as usual, and the verdict is DIFFERS (with `why`) instead of FAIL.
-enum class ConventionKind : std::uint8_t {
-  empty_rows_mean_v,    // the mean of V over all seq_k keys (a -1e9 fill: every score equal)
-  empty_rows_nan,       // NaN (softmax of a row of -inf)
-  empty_rows_unmasked,  // the attention of the row with nothing hidden (s - 1e9 exact in float64)
-};
-std::string_view convention_name(ConventionKind kind);
-struct Convention {
-  ConventionKind kind;
-  std::string why;  // what the framework does, e.g. "masked_fill(mask == 0, -1e9)"
-};
-
 struct RunOptions {
   int threads = 0;  // 0: the backend's default (OMP_NUM_THREADS or all cores)
 };
@@ -96,39 +82,40 @@ class Plan {
   virtual std::size_t workspace_bytes() const { return 0; }
 };
 
+// What a backend declares it implements. Every tool asks this before
+// supports(): a problem in another dtype, or using a format version 2 addition
+// it does not declare, is SKIP naming what is missing, and `attn list` and the
+// documentation's support matrix print this (describe_capabilities), so the
+// text a user reads cannot disagree with what runs.
+struct Capabilities {
+  unsigned dtypes = kAllDTypes;  // dtype_bit() of each dtype it computes in
+  unsigned features = 0;         // Feature bits: the format version 2 additions
+  bool lse = false;              // its plans write lse (Plan::has_lse)
+};
+// "float32, float16, bfloat16; window, softcap; lse"
+std::string describe_capabilities(const Capabilities& capabilities);
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;
   virtual std::string_view description() const = 0;
+  virtual Capabilities capabilities() const = 0;
   // Whether the backend can run on this machine at all (e.g. "no CUDA device").
   virtual Status available() const { return Status::yes(); }
-  // Whether it handles this problem; no side effects.
+  // Whether it handles this problem, which is within capabilities(); no side
+  // effects. The reason names what is missing, e.g. "head_dim above 256".
   virtual Status supports(const Problem& problem) const = 0;
-  // One line summarising what `supports` accepts, for `attn list`.
-  virtual std::string_view capabilities() const = 0;
-  // The format version 2 additions (Feature bits) this backend implements.
-  // A problem using any other is SKIP before supports() is asked, so a
-  // backend written before version 2 (a plugin of ABI 1 too) never sees one.
-  virtual unsigned features() const { return 0; }
-  // Conventions of this backend's framework that differ from the format on
-  // this problem (see Convention); none for a backend that follows the format.
-  virtual std::vector<Convention> conventions(const Problem& /*problem*/) const { return {}; }
   virtual std::unique_ptr<Plan> prepare(const Problem& problem, const AttentionIO& io,
                                         const RunOptions& options) const = 0;
-
-  // Whole layers (fixtures of kind mha). A backend whose framework has its own
-  // layer (torch.nn.MultiheadAttention, Keras MultiHeadAttention) answers true
-  // and implements the two below; otherwise the verifier computes the
-  // projections itself and calls the backend's attention (verify/layer.hpp).
-  virtual bool runs_layers() const { return false; }
-  virtual Status supports_layer(const Problem& problem, std::int64_t model_dim) const;
-  // y [batch, seq_q, model_dim], widened to float64. Not timed.
-  virtual std::vector<double> run_layer(const LayerData& layer, const RunOptions& options) const;
+  // (optional, in-tree only) What framework adapters and recorded results add:
+  // declared conventions, a layer of their own, results read from files. A
+  // backend written against this SDK leaves it null.
+  virtual const BackendExtensions* extensions() const { return nullptr; }
 };
 
-// features() first, then supports(): what every tool asks before it runs a
-// backend on a problem.
+// capabilities() first, then supports(): what every tool asks before it runs
+// a backend on a problem.
 Status backend_accepts(const Backend& backend, const Problem& problem);
 
 }  // namespace attn

@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <memory>
 
-#include "core/dtype.hpp"
-#include "core/problem.hpp"
+#include "attnbench/dtype.hpp"
+#include "attnbench/problem.hpp"
 
 namespace attn {
 

@@ -1,0 +1,79 @@
+#include "core/cpu.hpp"
+
+#include <cpuid.h>
+#include <fmt/format.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+
+#include "attnbench/error.hpp"
+
+namespace attn {
+
+namespace {
+
+bool cpu_has_amx_bf16() {
+  unsigned eax, ebx, ecx, edx;
+  if (__get_cpuid_max(0, nullptr) < 7) return false;
+  __cpuid_count(7, 0, eax, ebx, ecx, edx);
+  const bool tile = edx & (1u << 24), bf16 = edx & (1u << 22);
+  return tile && bf16;
+}
+
+// Linux hands out the 8 KiB of AMX tile state only on request (5.16 and
+// later): permission to use the XTILEDATA state component (18), per process.
+bool os_grants_tiles() {
+  constexpr long kReqXcompPerm = 0x1023;
+  constexpr long kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+
+}  // namespace
+
+const CpuFeatures& cpu_features() {
+  static const CpuFeatures features = [] {
+    __builtin_cpu_init();
+    CpuFeatures f;
+    f.avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    f.avx512_bf16 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                    __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("fma");
+    f.amx_bf16 = f.avx512_bf16 && cpu_has_amx_bf16() && os_grants_tiles();
+    return f;
+  }();
+  return features;
+}
+
+std::string cpu_model_name() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    const auto start = line.find_first_not_of(" \t", colon + 1);
+    return start == std::string::npos ? std::string() : line.substr(start);
+  }
+  return {};
+}
+
+std::string_view cpu_kernel_set() {
+  static const std::string_view chosen = []() -> std::string_view {
+    const CpuFeatures& f = cpu_features();
+    const char* env = std::getenv("ATTN_CPU_ISA");
+    const std::string forced = env ? env : "";
+    if (forced.empty()) return f.amx_bf16 ? "amx_bf16" : f.avx512_bf16 ? "avx512_bf16" : "portable";
+    if (forced == "portable") return "portable";
+    if (forced == "avx512" && f.avx512_bf16) return "avx512_bf16";
+    if (forced == "amx" && f.amx_bf16) return "amx_bf16";
+    if (forced == "avx512" || forced == "amx") {
+      throw Error(fmt::format("ATTN_CPU_ISA={}: this CPU (or the OS) does not allow it; leave it unset to pick the best", forced));
+    }
+    throw Error(fmt::format("ATTN_CPU_ISA={}: expected amx, avx512 or portable", forced));
+  }();
+  return chosen;
+}
+
+}  // namespace attn

@@ -1,0 +1,27 @@
+// What this CPU and its OS allow, asked once: the instruction sets the CPU
+// kernels and the peak measurements dispatch on, and which kernel set the CPU
+// backends use (ATTN_CPU_ISA forces one). The tools read it for host lines,
+// reproduce commands and peaks without reaching into a backend's folder.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace attn {
+
+struct CpuFeatures {
+  bool avx2_fma = false;     // AVX2 and FMA
+  bool avx512_bf16 = false;  // AVX-512 F, BW, VL, DQ and BF16, and FMA: the avx512_bf16 kernel set
+  bool amx_bf16 = false;     // AMX-TILE and AMX-BF16, and Linux granted the tile state
+};
+const CpuFeatures& cpu_features();
+
+// The CPU's model name from /proc/cpuinfo ("" when there is none).
+std::string cpu_model_name();
+
+// The kernel set the CPU backends use: "amx_bf16", "avx512_bf16" or
+// "portable", the best this CPU allows unless ATTN_CPU_ISA=amx|avx512|portable
+// forces one. Throws attn::Error for an unknown value or one this CPU refuses.
+std::string_view cpu_kernel_set();
+
+}  // namespace attn

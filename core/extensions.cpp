@@ -1,0 +1,39 @@
+#include "core/extensions.hpp"
+
+#include <stdexcept>
+
+namespace attn {
+
+std::string_view convention_name(ConventionKind kind) {
+  switch (kind) {
+    case ConventionKind::empty_rows_mean_v: return "empty_rows_mean_v";
+    case ConventionKind::empty_rows_nan: return "empty_rows_nan";
+    case ConventionKind::empty_rows_unmasked: return "empty_rows_unmasked";
+  }
+  return "unknown";
+}
+
+Status BackendExtensions::supports_layer(const Problem& /*problem*/, std::int64_t /*model_dim*/) const {
+  return Status::no("this backend does not run layers itself");
+}
+
+std::vector<double> BackendExtensions::run_layer(const LayerData& /*layer*/, const RunOptions& /*options*/) const {
+  throw std::logic_error("this backend does not run layers itself (runs_layers() is false)");
+}
+
+std::vector<Convention> conventions_of(const Backend& backend, const Problem& problem) {
+  const BackendExtensions* e = backend.extensions();
+  return e ? e->conventions(problem) : std::vector<Convention>{};
+}
+
+bool runs_own_layers(const Backend& backend) {
+  const BackendExtensions* e = backend.extensions();
+  return e && e->runs_layers();
+}
+
+const RecordedOutputs* recorded_outputs_of(const Backend& backend) {
+  const BackendExtensions* e = backend.extensions();
+  return e ? e->recorded() : nullptr;
+}
+
+}  // namespace attn
