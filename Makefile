@@ -1,9 +1,11 @@
 # Thin wrapper: dependencies, configure, build, then the real work in CMake/ctest.
-#   make verify   every backend against fixtures/golden (exit non-zero on any failure)
-#   make test     the full test suite through ctest
-#   make asan     the tests again under AddressSanitizer + UndefinedBehaviorSanitizer
-#   make coverage line and branch coverage of impls/ and reference/ by make verify's run (scripts/coverage)
-#   make fixtures regenerate fixtures/golden from the case list
+#   make verify    every backend against fixtures/golden (exit non-zero on any failure)
+#   make test      the full test suite through ctest, then the ten slowest tests
+#   make test-fast the tests labelled fast (ctest -L fast): the quick loop
+#   make docs      the documentation site (MkDocs, --strict) into build/site
+#   make asan      the tests again under AddressSanitizer + UndefinedBehaviorSanitizer
+#   make coverage  line and branch coverage of impls/ and reference/ by make verify's run (scripts/coverage)
+#   make fixtures  regenerate fixtures/golden from the case list
 BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
@@ -13,7 +15,7 @@ export OPENBLAS_CORETYPE ?= Haswell
 # mutant tests (tests/mutants) read this line.
 VERIFY_ARGS ?= --threads 1,8 --layout bhsd,bshd
 
-.PHONY: all deps configure build verify test asan coverage fuzz-targets fuzz-short fixtures clean
+.PHONY: all deps configure build verify test test-fast docs asan coverage fuzz-targets fuzz-short fixtures clean
 
 all: build
 
@@ -29,8 +31,20 @@ build: configure
 verify: build
 	$(BUILD)/bin/attn verify $(VERIFY_ARGS) --quiet --json $(BUILD)/verify.json --junit $(BUILD)/verify.xml
 
+# Every test carries a cost label (fast or slow); scripts/test-report prints
+# the ten slowest and fails when a test has none.
 test: build
-	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+	@ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) --output-junit ctest.xml; status=$$?; \
+	  scripts/test-report $(BUILD) || status=1; exit $$status
+
+test-fast: build
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) -L fast
+
+# The generated pages (command reference, support matrix) come from the built
+# attn; mkdocs --strict fails on a broken link or a page missing from the nav.
+docs: build
+	@scripts/gen-docs $(BUILD)/bin/attn docs
+	mkdocs build --strict --config-file mkdocs.yml --site-dir $(BUILD)/site
 
 asan: deps
 	@cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATTN_SANITIZE=ON $(CMAKE_FLAGS) > /dev/null

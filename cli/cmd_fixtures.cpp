@@ -138,7 +138,7 @@ int show(const FixturesArgs& args) {
              printable(fmt::format("{}", fmt::join(h.tags, ","))), p.to_string());
   fmt::print("dtype       {}\ncausal      {}\nscale       {}\n", dtype_name(p.dtype), causal_name(p.causal), p.scale);
   if (h.atol || h.rtol) fmt::print("tolerance   atol={} rtol={} (the fixture's own)\n", h.atol.value_or(0), h.rtol.value_or(0));
-  if (p.features()) {  // format version 2 (docs/fixture-format-v2.md)
+  if (p.features()) {  // format version 2 (docs/format/v2.md)
     fmt::print("version 2   {}\n", feature_names(p.features()));
     if (p.has_window() || (p.alibi && p.causal == Causal::none)) {
       fmt::print("window      left {}, right {}, from the {} diagonal\n", p.window_left >= 0 ? std::to_string(p.window_left) : "unbounded",

@@ -4,7 +4,9 @@
 #include <filesystem>
 
 #include "cli/commands.hpp"
+#include "core/cpu.hpp"
 #include "core/registry.hpp"
+#include "core/text.hpp"
 
 namespace attn::cli {
 
@@ -20,16 +22,102 @@ std::string data_path(const std::string& share_relative, const std::string& sour
 
 std::string default_fixtures() { return data_path("fixtures/golden", "fixtures/golden"); }
 
+namespace {
+
+// The questions of the support matrix: one small problem each, asked of
+// backend_accepts() (declared capabilities, then supports()).
+struct Probe {
+  const char* column;
+  const char* problem;
+};
+const Probe kProbes[] = {
+    {"float64", "dtype=f64,b=1,hq=2,hkv=2,sq=4,sk=8,d=8"},
+    {"float32", "dtype=f32,b=1,hq=2,hkv=2,sq=4,sk=8,d=8"},
+    {"float16", "dtype=f16,b=1,hq=2,hkv=2,sq=4,sk=8,d=8"},
+    {"bfloat16", "dtype=bf16,b=1,hq=2,hkv=2,sq=4,sk=8,d=8"},
+    {"mask", "dtype=f32,b=2,hq=2,hkv=2,sq=4,sk=8,d=8,mask=2x2x4"},
+    {"bias", "dtype=f32,b=2,hq=2,hkv=2,sq=4,sk=8,d=8,bias=2x1x4"},
+    {"causal", "dtype=f32,b=1,hq=2,hkv=2,sq=4,sk=8,d=8,causal=bottom_right"},
+    {"kv_len", "dtype=f32,b=2,hq=2,hkv=2,sq=4,sk=8,d=8,kv_len"},
+    {"GQA", "dtype=f32,b=1,hq=4,hkv=1,sq=4,sk=8,d=8"},
+    {"other scale", "dtype=f32,b=1,hq=2,hkv=2,sq=4,sk=8,d=8,scale=0.5"},
+    {"head_dim 256", "dtype=f32,b=1,hq=2,hkv=2,sq=4,sk=8,d=256,dv=64"},
+    {"seq_k 0", "dtype=f32,b=1,hq=2,hkv=2,sq=4,sk=0,d=8"},
+    {"window", "dtype=f32,b=1,hq=2,hkv=2,sq=4,sk=8,d=8,causal=bottom_right,wl=2"},
+    {"softcap", "dtype=f32,b=1,hq=2,hkv=2,sq=4,sk=8,d=8,softcap=30"},
+    {"ALiBi", "dtype=f32,b=1,hq=2,hkv=2,sq=4,sk=8,d=8,alibi"},
+    {"sinks", "dtype=f32,b=1,hq=2,hkv=2,sq=4,sk=8,d=8,sinks"},
+    {"packed", "dtype=f32,b=2,hq=2,hkv=2,sq=8,sk=16,d=8,ragged"},
+    {"paged", "dtype=f32,b=2,hq=2,hkv=2,sq=1,sk=32,d=8,paged=16x4"},
+};
+
+std::string cell(std::string text) {
+  for (char& c : text) {
+    if (c == '|' || c == '\n') c = ' ';
+  }
+  return text;
+}
+
+// The support matrix as Markdown (docs/generated/support.md): every backend of
+// this build against each question, from what it declares and what supports()
+// answers here.
+void print_matrix(const std::vector<std::unique_ptr<Backend>>& backends) {
+  fmt::print("| backend | available here | declares |");
+  for (const Probe& probe : kProbes) fmt::print(" {} |", probe.column);
+  fmt::print("\n|---|---|---|");
+  for (std::size_t i = 0; i < std::size(kProbes); ++i) fmt::print("---|");
+  fmt::print("\n");
+  std::vector<std::string> notes;
+  for (const auto& backend : backends) {
+    const Status available = backend->available();
+    fmt::print("| `{}` | {} | {} |", backend->name(), available ? "yes" : "no (below)",
+               cell(describe_capabilities(backend->capabilities())));
+    if (!available) notes.push_back(fmt::format("`{}` is not available here: {}", backend->name(), cell(printable(available.reason))));
+    for (const Probe& probe : kProbes) {
+      if (!available) {
+        // Without its framework or device a backend can only answer what it declares.
+        const Problem p = Problem::parse(probe.problem);
+        const Capabilities c = backend->capabilities();
+        const bool declared = (c.dtypes & dtype_bit(p.dtype)) && !(p.features() & ~c.features);
+        fmt::print(" {} |", declared ? "declared" : "no");
+        continue;
+      }
+      const Status s = backend_accepts(*backend, Problem::parse(probe.problem));
+      if (s) {
+        fmt::print(" yes |");
+      } else {
+        notes.push_back(fmt::format("`{}`, {}: {}", backend->name(), probe.column, cell(printable(s.reason))));
+        fmt::print(" no [{}] |", notes.size());
+      }
+    }
+    fmt::print("\n");
+  }
+  fmt::print("\n");
+  for (std::size_t i = 0; i < notes.size(); ++i) fmt::print("{}. {}\n", i + 1, notes[i]);
+}
+
+}  // namespace
+
 Runner add_list_command(CLI::App& app) {
-  app.add_subcommand("list", "List the backends of this build, their availability and what they support");
-  return [] {
+  CLI::App* cmd =
+      app.add_subcommand("list", "List the backends of this build, their availability and what they support");
+  auto markdown = std::make_shared<bool>(false);
+  cmd->add_flag("--markdown", *markdown,
+                "Print the support matrix as Markdown instead: each backend against each feature, with the reasons");
+  return [markdown] {
     auto backends = make_backends();
-    fmt::print("{:<14} {:<26} {}\n", "backend", "available", "description");
+    if (*markdown) {
+      print_matrix(backends);
+      return 0;
+    }
+    fmt::print("host: {}; CPU kernel set: {} (ATTN_CPU_ISA=amx|avx512|portable forces one)\n\n",
+               cpu_model_name().empty() ? "unknown CPU" : printable(cpu_model_name()), cpu_kernel_set());
+    fmt::print("{:<14} {:<9} {}\n", "backend", "available", "description");
     for (const auto& backend : backends) {
-      Status available = backend->available();
-      std::string state = available ? "yes" : fmt::format("no: {}", available.reason);
-      fmt::print("{:<14} {:<26} {}\n", backend->name(), state, backend->description());
-      fmt::print("{:<14} {:<26} supports: {}\n", "", "", describe_capabilities(backend->capabilities()));
+      const Status available = backend->available();
+      fmt::print("{:<14} {:<9} {}\n", backend->name(), available ? "yes" : "no", backend->description());
+      if (!available) fmt::print("{:<14} {:<9} {}\n", "", "why not:", available.reason);
+      fmt::print("{:<14} {:<9} {}\n", "", "supports:", describe_capabilities(backend->capabilities()));
     }
     return 0;
   };

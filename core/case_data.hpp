@@ -20,7 +20,7 @@ struct CaseData {
   std::vector<std::uint8_t> mask;   // [mb, mh, mq, seq_k] when problem.mask.present
   std::vector<double> bias;         // [bb, bh, bq, seq_k] when problem.bias.present
   std::vector<std::int64_t> kv_len; // [batch] when problem.kv_len
-  // Format version 2 (docs/fixture-format-v2.md), each present iff the problem says so.
+  // Format version 2 (docs/format/v2.md), each present iff the problem says so.
   std::vector<double> alibi_slopes;        // [heads_q], exact in float32
   std::vector<double> sinks;               // [heads_q], exact in float32
   std::vector<std::int64_t> cu_seqlens_q;  // [batch + 1] when ragged

@@ -1,6 +1,8 @@
 #include "core/detmath.hpp"
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
 namespace attn::detmath {
@@ -23,7 +25,12 @@ double exp(double x) {
   // |r| <= 0.35, 20 terms are far below half an ulp.
   double sum = 1.0;
   for (int n = 20; n >= 1; --n) sum = 1.0 + r * sum / n;
-  return std::ldexp(sum, static_cast<int>(k));
+  // sum * 2^k: one multiplication by an exact power of two rounds once, as
+  // ldexp does, so the two agree to the bit; ldexp only where 2^k itself is
+  // not a normal double.
+  const int e = static_cast<int>(k);
+  if (e < -1022 || e > 1023) return std::ldexp(sum, e);
+  return sum * std::bit_cast<double>(static_cast<std::uint64_t>(e + 1023) << 52);
 }
 
 double log(double x) {

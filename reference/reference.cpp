@@ -200,7 +200,7 @@ void compute_row(const CaseData& data, std::int64_t b, std::int64_t h, std::int6
     if (largest * static_cast<double>(visible_keys.size()) > 0x1p1000) {
       shift = std::ilogb(largest) + std::ilogb(static_cast<double>(visible_keys.size())) - 1000;
     }
-    auto column = [&](std::size_t n) { return std::ldexp(v_at(n, d), -shift); };
+    auto column = [&](std::size_t n) { return shift == 0 ? v_at(n, d) : std::ldexp(v_at(n, d), -shift); };
     CompensatedSum acc;
     for (std::size_t n = 0; n < visible_keys.size(); ++n) acc.add_product(scores[n], column(n));
     const double out = std::ldexp(acc.value() / total, shift);
@@ -235,6 +235,22 @@ std::int64_t reference_key_offset(const CaseData& data, std::int64_t b, std::int
   const RowPlace at = place(data, b, h, i);
   const std::vector<double>& tensor = width == data.problem.head_dim_v ? data.v : data.k;
   return key_row(data, tensor, at, j, width) - tensor.data();
+}
+
+void reference_row_view(const CaseData& data, std::int64_t b, std::int64_t h, std::int64_t i, ReferenceRowView& view) {
+  const Problem& p = data.problem;
+  const RowPlace at = place(data, b, h, i);
+  view.keys = at.entry < 0 ? 0 : at.k_len;
+  view.diag = at.diag;
+  view.visible.clear();
+  view.k_rows.clear();
+  view.v_rows.clear();
+  for (std::int64_t j = 0; j < view.keys; ++j) {
+    if (!visible(data, at, j)) continue;
+    view.visible.push_back(j);
+    view.k_rows.push_back(key_row(data, data.k, at, j, p.head_dim));
+    view.v_rows.push_back(key_row(data, data.v, at, j, p.head_dim_v));
+  }
 }
 
 double reference_score(const CaseData& data, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) {

@@ -38,6 +38,15 @@ ReferenceRowKeys reference_row_keys(const CaseData& data, std::int64_t b, std::i
 // for that query row: through the packed offsets or the page table.
 std::int64_t reference_key_offset(const CaseData& data, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j,
                                   std::int64_t width);
+// One query row's visible keys, found once (for code that visits them many
+// times): their positions j in ascending order and their rows in data.k
+// (width head_dim) and data.v (width head_dim_v).
+struct ReferenceRowView {
+  std::int64_t keys = 0, diag = 0;  // as ReferenceRowKeys
+  std::vector<std::int64_t> visible;
+  std::vector<const double*> k_rows, v_rows;
+};
+void reference_row_view(const CaseData& data, std::int64_t b, std::int64_t h, std::int64_t i, ReferenceRowView& view);
 // The score of that pair (scale, softcap, ALiBi and bias applied), exact to
 // about one rounding; meaningful where the key is visible.
 double reference_score(const CaseData& data, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j);

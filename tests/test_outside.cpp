@@ -84,15 +84,19 @@ class Outside : public ::testing::Test {
 
 // The textbook NumPy function over the whole standard suite: it passes, and
 // every case with a fully hidden row is DIFFERS (mean of V), never FAIL.
-TEST_F(Outside, PyNumpyPassesTheSuiteAndShowsItsConvention) {
+// py-numpy over the whole suite runs in verify.make_verify; here, the folders
+// whose rows with no visible key show its declared convention, and the tiers'
+// bias and scale it cannot express.
+TEST_F(Outside, PyNumpyPassesAndShowsItsConvention) {
   const fs::path json = dir_ / "numpy.json";
-  auto r = run_attn("verify -b py-numpy -q --json " + json.string());
+  auto r = run_attn("verify -b py-numpy -q --json " + json.string() + " " + kGolden + "/mask " + kGolden +
+                    "/causal_bottom_right " + kGolden + "/bias");
   ASSERT_EQ(r.code, 0) << r.output;
   const auto c = per_backend(json, "py-numpy");
   EXPECT_EQ(c.at("FAIL"), 0);
-  EXPECT_GE(c.at("PASS").get<int>(), 140);
-  EXPECT_GE(c.at("DIFFERS").get<int>(), 20);
-  EXPECT_GE(c.at("SKIP").get<int>(), 1);  // a bias or another scale: the textbook has neither
+  EXPECT_GE(c.at("PASS").get<int>(), 30);
+  EXPECT_GE(c.at("DIFFERS").get<int>(), 10);
+  EXPECT_GE(c.at("SKIP").get<int>(), 1);  // a bias: the textbook has none
   std::ifstream in(json);
   const auto doc = nlohmann::json::parse(in);
   for (const auto& result : doc.at("results")) {
@@ -229,16 +233,23 @@ TEST_F(Outside, PyTensorflowShowsItsConventionsAndFlushesSubnormals) {
 TEST_F(Outside, OutputsFromNumpyAreJudgedAndAWrongOneFails) {
   const std::string script = "/usr/bin/python3 " + kSource + "/examples/outputs/numpy_outputs.py ";
   const fs::path good = dir_ / "good", bad = dir_ / "bad";
-  ASSERT_EQ(std::system((script + kGolden + " " + good.string() + " --dtype-round > /dev/null").c_str()), 0);
+  // Folders of every kind: SDPA in every dtype, masks, layers (y), and version 2 cases the example leaves out.
+  std::string folders;
+  for (const char* folder : {"basic", "mask", "layer", "window"}) {
+    folders += " " + kGolden + "/" + folder;
+    const int code = std::system((script + kGolden + "/" + folder + " " + good.string() + " --dtype-round > /dev/null").c_str());
+    // The window folder holds only version 2 cases, which the example leaves out: it writes nothing and says so.
+    EXPECT_EQ(code, std::string(folder) == "window" ? 256 : 0) << folder;
+  }
   const fs::path json = dir_ / "outputs.json", junit = dir_ / "outputs.xml";
-  auto r = run_attn("verify --outputs " + good.string() + " --outputs-name numpy-f64 -q --json " + json.string() +
-                    " --junit " + junit.string());
+  auto r = run_attn("verify" + folders + " --outputs " + good.string() + " --outputs-name numpy-f64 -q --json " +
+                    json.string() + " --junit " + junit.string());
   ASSERT_EQ(r.code, 0) << r.output;
   const auto c = per_backend(json, "numpy-f64");
   // Every case: the version 1 ones PASS (or SKIP), the version 2 ones SKIP (the example implements version 1).
-  EXPECT_EQ(c.at("PASS").get<int>() + c.at("SKIP").get<int>(), static_cast<int>(attn::find_fixture_files({kGolden}).size())) << c.dump();
   EXPECT_EQ(c.at("FAIL"), 0);
-  EXPECT_GE(c.at("PASS").get<int>(), 180);
+  EXPECT_GE(c.at("PASS").get<int>(), 40) << c.dump();
+  EXPECT_GE(c.at("SKIP").get<int>(), 10) << c.dump();
   EXPECT_NE(read_text(junit).find("classname=\"numpy-f64\""), std::string::npos);
 
   ASSERT_EQ(std::system((script + kGolden + "/basic " + bad.string() + " --break-k > /dev/null").c_str()), 0);

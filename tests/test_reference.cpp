@@ -147,7 +147,7 @@ TEST(Reference, ResultDoesNotDependOnThreads) {
   EXPECT_EQ(one.lse, two.lse);
 }
 
-// Format version 2 (docs/fixture-format-v2.md), each addition on a case small
+// Format version 2 (docs/format/v2.md), each addition on a case small
 // enough to work out by hand. With q = k = 0 every score is 0 (plus ALiBi), so
 // out is the mean of the visible v, or the ALiBi/sink weighting written below.
 

@@ -31,28 +31,25 @@ struct RowSinks {
 
 template <typename A>
 void baseline_row(const CaseData& data, std::int64_t row, const RowSinks& sinks, std::vector<A>& weights,
-                  std::vector<A>& rounded, std::vector<std::int64_t>& keys, Formulation formulation) {
+                  std::vector<A>& rounded, Formulation formulation) {
   const bool folded = formulation == Formulation::log2_folded;
   const bool reversed = formulation == Formulation::reversed;
   const Problem& p = data.problem;
   const std::int64_t i = row % p.seq_q, bh = row / p.seq_q, b = bh / p.heads_q, h = bh % p.heads_q;
-  const ReferenceRowKeys place = reference_row_keys(data, b, h, i);
+  thread_local ReferenceRowView view;  // one per worker thread, reused across rows
+  reference_row_view(data, b, h, i, view);
   const double* q = &data.q[static_cast<std::size_t>(row * p.head_dim)];
   const A scale = static_cast<A>(p.scale);
   const A folded_scale = static_cast<A>(static_cast<double>(p.scale) * kLog2e);
   const A cap = static_cast<A>(p.softcap);
-  auto tensor_row = [&](const std::vector<double>& t, std::int64_t j, std::int64_t width) {
-    return &t[static_cast<std::size_t>(reference_key_offset(data, b, h, i, j, width))];
-  };
-  keys.clear();
   weights.clear();
   // The sink is one more logit in the denominator, carrying no value.
   const A sink_logit = p.sinks ? static_cast<A>(data.sinks[static_cast<std::size_t>(h)]) * (folded ? static_cast<A>(kLog2e) : A{1})
                          : -std::numeric_limits<A>::infinity();
   A max_score = sink_logit;
-  for (std::int64_t j = 0; j < place.keys; ++j) {
-    if (!reference_visible(data, b, h, i, j)) continue;
-    const double* k = tensor_row(data.k, j, p.head_dim);
+  for (std::size_t n = 0; n < view.visible.size(); ++n) {
+    const std::int64_t j = view.visible[n];
+    const double* k = view.k_rows[n];
     A dot = 0;
     if (folded) {
       for (std::int64_t d = 0; d < p.head_dim; ++d) dot = std::fma(folded_scale * static_cast<A>(q[d]), static_cast<A>(k[d]), dot);
@@ -67,7 +64,7 @@ void baseline_row(const CaseData& data, std::int64_t row, const RowSinks& sinks,
       s = folded ? cap * std::tanh(s / static_cast<A>(kLog2e) / cap) * static_cast<A>(kLog2e) : cap * std::tanh(s / cap);
     }
     if (p.alibi) {
-      const A term = -static_cast<A>(data.alibi_slopes[static_cast<std::size_t>(h)]) * static_cast<A>(std::llabs(place.diag - j));
+      const A term = -static_cast<A>(data.alibi_slopes[static_cast<std::size_t>(h)]) * static_cast<A>(std::llabs(view.diag - j));
       s += folded ? static_cast<A>(kLog2e) * term : term;
     }
     if (p.bias.present) {
@@ -77,12 +74,11 @@ void baseline_row(const CaseData& data, std::int64_t row, const RowSinks& sinks,
       const A bias = static_cast<A>(data.bias[static_cast<std::size_t>(at)]);
       s += folded ? static_cast<A>(kLog2e) * bias : bias;
     }
-    keys.push_back(j);
-    weights.push_back(s);
+    weights.push_back(s);  // of the n-th visible key
     max_score = std::max(max_score, s);
   }
   const auto first = static_cast<std::size_t>(row * p.head_dim_v), width = static_cast<std::size_t>(p.head_dim_v);
-  if (keys.empty()) {
+  if (weights.empty()) {
     for (std::vector<double>* sink : {sinks.out, sinks.probe, sinks.normalised_out, sinks.normalised_probe}) {
       if (sink) std::fill_n(sink->begin() + static_cast<std::ptrdiff_t>(first), width, 0.0);
     }
@@ -92,7 +88,7 @@ void baseline_row(const CaseData& data, std::int64_t row, const RowSinks& sinks,
     const double x = static_cast<double>(w - max_score);  // exact in double
     w = static_cast<A>(detmath::exp(folded ? x * kLn2 : x));
   }
-  const std::size_t count = keys.size();
+  const std::size_t count = weights.size();
   auto nth = [&](std::size_t n) { return reversed ? count - 1 - n : n; };  // the order of the sums over keys
   A sum = 0;
   for (std::size_t n = 0; n < count; ++n) sum += weights[nth(n)];
@@ -113,7 +109,7 @@ void baseline_row(const CaseData& data, std::int64_t row, const RowSinks& sinks,
       A acc = 0;
       for (std::size_t step = 0; step < count; ++step) {
         const std::size_t n = nth(step);
-        const double v = tensor_row(data.v, keys[n], p.head_dim_v)[d];
+        const double v = view.v_rows[n][d];
         acc = folded ? std::fma(rounded[n], static_cast<A>(v), acc) : acc + rounded[n] * static_cast<A>(v);
       }
       (*out)[first + static_cast<std::size_t>(d)] = result(acc);
@@ -136,8 +132,7 @@ template <typename Body> void rows_in_parallel(const Problem& p, int threads, Bo
     auto run = [&](auto zero) {
       using A = decltype(zero);
       std::vector<A> weights, rounded;
-      std::vector<std::int64_t> keys;
-      for (std::int64_t row = worker; row < rows; row += workers) body(row, weights, rounded, keys);
+      for (std::int64_t row = worker; row < rows; row += workers) body(row, weights, rounded);
     };
     if (p.dtype == DType::f64) run(0.0);
     else run(0.0f);
@@ -153,8 +148,8 @@ template <typename Body> void rows_in_parallel(const Problem& p, int threads, Bo
 std::vector<double> baseline_attention(const CaseData& data, int threads, Formulation formulation) {
   std::vector<double> out(static_cast<std::size_t>(data.problem.out_elements()), 0.0);
   const RowSinks sinks{&out};
-  rows_in_parallel(data.problem, threads, [&](std::int64_t row, auto& weights, auto& rounded, auto& keys) {
-    baseline_row(data, row, sinks, weights, rounded, keys, formulation);
+  rows_in_parallel(data.problem, threads, [&](std::int64_t row, auto& weights, auto& rounded) {
+    baseline_row(data, row, sinks, weights, rounded, formulation);
   });
   return out;
 }
@@ -174,8 +169,8 @@ BaselineFamily baseline_family(const CaseData& data, int threads) {
       sinks.normalised_out = &family.out[at(Formulation::normalised)];
       sinks.normalised_probe = &family.probe[at(Formulation::normalised)];
     }
-    rows_in_parallel(data.problem, threads, [&](std::int64_t row, auto& weights, auto& rounded, auto& keys) {
-      baseline_row(data, row, sinks, weights, rounded, keys, f);
+    rows_in_parallel(data.problem, threads, [&](std::int64_t row, auto& weights, auto& rounded) {
+      baseline_row(data, row, sinks, weights, rounded, f);
     });
   }
   return family;

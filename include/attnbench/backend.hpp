@@ -45,7 +45,7 @@ struct AttentionIO {
   TensorView bias;
   const std::int64_t* kv_len = nullptr;  // [batch], or nullptr
   MutableTensorView out;                 // [batch, heads_q, seq_q, head_dim_v]
-  // Format version 2 (docs/fixture-format-v2.md); nullptr when absent. With
+  // Format version 2 (docs/format/v2.md); nullptr when absent. With
   // problem.ragged, q and out are [1, heads_q, seq_q, .] and k, v [1,
   // heads_kv, seq_k, .] holding the packed sequences; when paged, k and v are
   // [num_pages, heads_kv, page_size, .]. sequences() says where everything is.

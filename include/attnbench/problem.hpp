@@ -27,7 +27,7 @@ inline std::string_view format_as(Causal causal) { return causal_name(causal); }
 enum class Align : std::uint8_t { top_left, bottom_right };
 std::string_view align_name(Align align);
 
-// The format version 2 additions (docs/fixture-format-v2.md), as bits: a
+// The format version 2 additions (docs/format/v2.md), as bits: a
 // backend declares which it implements (Backend::features); any other is SKIP.
 enum Feature : unsigned {
   kFeatureWindow = 1u << 0,   // sliding window
@@ -76,7 +76,7 @@ struct Problem {
   DType dtype = DType::f32;
   Layout layout = Layout::bhsd;
 
-  // Format version 2 (docs/fixture-format-v2.md). Defaults: absent.
+  // Format version 2 (docs/format/v2.md). Defaults: absent.
   Align align = Align::bottom_right;  // the diagonal when causal is none (window, ALiBi)
   std::int64_t window_left = -1;      // keys at most this far left of the diagonal; -1: unbounded
   std::int64_t window_right = -1;     // keys at most this far right of it; -1: unbounded

@@ -1,5 +1,5 @@
 // Where each batch entry's queries and keys are, for every arrangement of the
-// format (docs/fixture-format-v2.md): dense [batch, heads, seq, dim] tensors,
+// format (docs/format/v2.md): dense [batch, heads, seq, dim] tensors,
 // packed (ragged) sequences with cumulative offsets, and paged K and V with a
 // page table. The backends' shared helper (blocked, streaming, openblas,
 // onednn and the benchmarks use it); the reference writes the same rules out

@@ -17,7 +17,7 @@ class Problem:
     head_dim_v: int
     causal: str = "none"
     text: str = ""
-    # Format version 2 (docs/fixture-format-v2.md): what makes a case more than its sizes.
+    # Format version 2 (docs/format/v2.md): what makes a case more than its sizes.
     window_left: int = -1
     window_right: int = -1
     align: str = "bottom_right"

@@ -10,7 +10,7 @@ import numpy as np
 
 
 def attention(q, k, v, scale, mask=None, bias=None, kv_len=None, causal="none"):
-    """Float64 attention straight from shared/fixture-format.md."""
+    """Float64 attention straight from docs/format/v1.md."""
     b_, hq, sq, _ = q.shape
     hkv, sk = k.shape[1], k.shape[2]
     group = hq // hkv

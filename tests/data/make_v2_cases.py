@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes format version 2 fixtures (docs/fixture-format-v2.md) with h5py + NumPy,
+"""Writes format version 2 fixtures (docs/format/v2.md) with h5py + NumPy,
 from an implementation of their own, to prove that version 2 files other tools
 write load and verify unchanged: a sliding window, softcap, ALiBi and sinks on
 dense tensors; packed (ragged) sequences with empty ones; a paged KV cache.

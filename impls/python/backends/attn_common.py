@@ -25,7 +25,7 @@ attend, [batch, heads_q, seq_q, seq_k] with stride 0 on broadcast axes, or None)
 [batch * heads_q * seq_q] or None). bfloat16 arrives as raw uint16 bits: use
 bf16_to_f32() and store(), or view the bits in your framework.
 
-Format version 2 (docs/fixture-format-v2.md: windows, softcap, ALiBi, sinks, packed and
+Format version 2 (docs/format/v2.md: windows, softcap, ALiBi, sinks, packed and
 paged KV) is not passed to Python backends: the bridge declares none of it, so attn
 reports every version 2 case as SKIP for them ("does not implement ... (format version
 2)") before supports() is asked.

@@ -1,0 +1,51 @@
+#!/usr/bin/python3
+"""Proves that `make verify` catches the mutants whose witnesses are in one folder.
+
+make verify runs every fixture of fixtures/golden under VERIFY_ARGS (read from the
+Makefile), so a FAIL of a mutant on any of them under those options is a FAIL of make
+verify. One run over the folder (the truth of each case computed once for all its
+mutants) asserts, under make verify's options:
+  - exit 1 (FAIL, not an input error);
+  - each mutant's own fixture is among its FAILs;
+  - at least two different fixtures of the folder FAIL each mutant, so no catch hangs
+    on a single witness.
+
+    expect_caught.py CLI MAKEFILE FOLDER OUT MUTANT=WITNESS...
+"""
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+
+def main():
+    cli, makefile, folder, out = sys.argv[1:5]
+    pairs = [arg.split("=", 1) for arg in sys.argv[5:]]
+    with open(makefile) as f:
+        line = next((l for l in f if re.match(r"^VERIFY_ARGS \??= ", l)), None)
+    if line is None:
+        sys.exit(f"{makefile} has no VERIFY_ARGS line")
+    args = shlex.split(re.sub(r"^VERIFY_ARGS \??= ", "", line))
+    os.makedirs(out, exist_ok=True)
+    report = os.path.join(out, os.path.basename(folder) + ".json")
+    mutants = ",".join(name for name, _ in pairs)
+    run = subprocess.run([cli, "verify", folder, "--backend", mutants, *args, "--quiet", "--json", report],
+                         capture_output=True, text=True)
+    if run.returncode != 1:
+        sys.exit(f"{mutants} on {folder} with {args}: exit {run.returncode}, expected 1\n{run.stdout}\n{run.stderr}")
+    with open(report) as f:
+        results = json.load(f)["results"]
+    for name, witness in pairs:
+        failed = sorted({r["fixture"] for r in results if r["backend"] == name and r["verdict"] == "FAIL"})
+        if witness not in failed:
+            sys.exit(f"{name}: its own fixture {witness} does not FAIL it under make verify's options "
+                     f"(failing: {failed})")
+        if len(failed) < 2:
+            sys.exit(f"{name}: only {len(failed)} fixture of {folder} catches it ({failed}); add a second witness")
+        print(f"{name}: caught by {len(failed)} fixtures of {os.path.basename(folder)}/")
+
+
+if __name__ == "__main__":
+    main()
