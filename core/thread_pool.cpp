@@ -1,9 +1,12 @@
 #include "core/thread_pool.hpp"
 
+#include "core/float_state.hpp"
+
 #include <pthread.h>
 #include <sched.h>
 
 #include <atomic>
+#include <cfenv>
 #include <condition_variable>
 #include <cstdlib>
 #include <exception>
@@ -61,6 +64,9 @@ ThreadPool::ThreadPool(int threads) : state_(new State), threads_(std::max(1, th
   // Workers 1..n-1 are pool threads; worker 0 is whoever calls.
   for (int w = 1; w < threads_; ++w) {
     state_->workers.emplace_back([this, w] {
+      // A new thread inherits its creator's floating-point state, which a
+      // backend may have changed (flush-to-zero): start from the default.
+      std::fesetenv(FE_DFL_ENV);
       std::uint64_t seen = 0;
       for (;;) {
         const std::function<void(int)>* job;
@@ -72,6 +78,7 @@ ThreadPool::ThreadPool(int threads) : state_(new State), threads_(std::max(1, th
           job = state_->job;
         }
         try {
+          const FloatStateGuard floats;  // a job may set flush-to-zero: the next one must not inherit it
           (*job)(w);
         } catch (...) {
           std::lock_guard lock(state_->mutex);

@@ -84,6 +84,7 @@ const double* key_row(const CaseData& data, const std::vector<double>& tensor, c
 // times the exact dot, capped, plus ALiBi, plus the bias. `magnitude` gets
 // what the tolerance policy needs: |scale| sum |q k| (through the cap's
 // slope, plus the cap), plus |alibi| and |bias|.
+__attribute__((target_clones("fma", "default")))  // as compute_row, below
 double score(const CaseData& data, const RowPlace& at, std::int64_t j, double* magnitude) {
   const Problem& p = data.problem;
   const double* q = &data.q[static_cast<std::size_t>(at.row * p.head_dim)];
@@ -98,12 +99,14 @@ double score(const CaseData& data, const RowPlace& at, std::int64_t j, double* m
   s.add_product(p.scale, dot.value());
   m *= std::fabs(p.scale);
   if (p.softcap != 0) {
-    // An error e of the product moves cap tanh(s / cap) by about e (1 - tanh^2);
-    // evaluating tanh and the cap costs a few roundings of the cap itself.
+    // An error e of the product moves cap tanh(s / cap) by about e (1 - tanh^2).
     const double t = detmath::tanh(s.value() / p.softcap);
     s = CompensatedSum{};
     s.add(p.softcap * t);
-    m = m * (1.0 - t * t) + p.softcap;
+    // Each of s / cap, tanh and cap * t rounds relative to the capped score,
+    // whose size is |cap t| (at most the cap, and at most |s|): a cap of 1e30
+    // over scores of 10 costs roundings of 10, not of 1e30.
+    m = m * (1.0 - t * t) + std::fabs(p.softcap * t);
   }
   if (p.alibi) {
     // -slope |diag - j|: a float32 slope times an integer below 2^31, exact in a double.
@@ -124,8 +127,9 @@ bool visible(const CaseData& data, const RowPlace& at, std::int64_t j) {
   const Problem& p = data.problem;
   if (at.entry < 0 || j < 0 || j >= at.k_len || j >= at.limit) return false;
   if (p.causal != Causal::none && j > at.diag) return false;
-  if (p.window_left >= 0 && j < at.diag - p.window_left) return false;
-  if (p.window_right >= 0 && j > at.diag + p.window_right) return false;
+  // Distances from the diagonal: a window up to INT64_MAX cannot overflow.
+  if (p.window_left >= 0 && at.diag - j > p.window_left) return false;
+  if (p.window_right >= 0 && j - at.diag > p.window_right) return false;
   if (p.mask.present && data.mask[static_cast<std::size_t>(broadcast_index(p.mask, at.tb, at.h, at.s, j, p.seq_k))] == 0) {
     return false;
   }
@@ -140,6 +144,11 @@ double sink_of(const CaseData& data, std::int64_t h) {
   return data.problem.sinks ? data.sinks[static_cast<std::size_t>(h)] : -std::numeric_limits<double>::infinity();
 }
 
+// Built twice, with and without the FMA instruction, and the CPU's picks one
+// at load time: the exact products of CompensatedSum are std::fma, a library
+// call without it. Both give the same bits: fma is correctly rounded either
+// way, and -ffp-contract=off keeps the compiler from fusing anything else.
+__attribute__((target_clones("fma", "default")))
 void compute_row(const CaseData& data, std::int64_t b, std::int64_t h, std::int64_t i, ReferenceResult& result,
                  ReferenceStats* stats, std::vector<double>& scores, std::vector<double>& magnitudes,
                  std::vector<std::int64_t>& visible_keys) {
@@ -206,6 +215,13 @@ void compute_row(const CaseData& data, std::int64_t b, std::int64_t h, std::int6
     const double out = std::ldexp(acc.value() / total, shift);
     result.out[static_cast<std::size_t>(out_base + d)] = out;
     if (stats) {
+      double lo = p.sinks ? 0.0 : v_at(0, d), hi = lo;
+      for (std::size_t n = 0; n < visible_keys.size(); ++n) {
+        lo = std::min(lo, v_at(n, d));
+        hi = std::max(hi, v_at(n, d));
+      }
+      stats->hull_lo[static_cast<std::size_t>(out_base + d)] = lo;
+      stats->hull_hi[static_cast<std::size_t>(out_base + d)] = hi;
       CompensatedSum abs_v, dev_v;
       const double scaled_out = std::ldexp(out, -shift);
       for (std::size_t n = 0; n < visible_keys.size(); ++n) {
@@ -295,6 +311,8 @@ ReferenceResult reference_attention(const CaseData& data, ReferenceStats* stats,
     stats->score_magnitude.assign(result.lse.size(), 0.0);
     stats->visible.assign(result.lse.size(), 0);
     stats->weight_norm.assign(result.lse.size(), 0.0);
+    stats->hull_lo.assign(result.out.size(), 0.0);
+    stats->hull_hi.assign(result.out.size(), 0.0);
   }
   const std::int64_t rows = p.rows();
   int workers = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

@@ -8,11 +8,14 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 
+#include "core/registry.hpp"
 #include "fixtures/fixture.hpp"
 #include "fixtures/layer.hpp"
 #include "tests/mutants/flash_mutant.hpp"
+#include "reference/reference.hpp"
 #include "verify/verifier.hpp"
 
 using namespace attn;
@@ -197,4 +200,92 @@ TEST_F(GoldenCheck, ALooseToleranceOnACorrectGoldenIsWarnedAndOurPolicyStillAppl
   VerifySummary b = verify({dir_ / "loose.h5"}, broken, {});
   ASSERT_EQ(b.outcomes.size(), 2u);
   EXPECT_EQ(b.outcomes[1].comparison.verdict, Verdict::fail) << b.outcomes[1].comparison.reason;
+}
+
+namespace {
+
+// The fixture with its out and lse recomputed by the reference (after its
+// problem or inputs were changed); the header takes the data's problem.
+Fixture recomputed(Fixture f) {
+  f.header.problem = f.data.problem;
+  const ReferenceResult truth = reference_attention(f.data);
+  f.out = truth.out;
+  f.lse = truth.lse;
+  return f;
+}
+
+}  // namespace
+
+// A bound derived from an infinite truth is infinite, and every finite number
+// is within it: an lse on a row with no visible key must be -inf exactly
+// (JAX writes -2.38e38 there; 0, 3 and 7 have been seen too).
+TEST_F(GoldenCheck, AFiniteLseOnARowWithNoVisibleKeyIsAnInputError) {
+  const Fixture f = read_fixture(kGolden / "bias" / "neg_inf_2x2x17_f32.h5");
+  ASSERT_TRUE(f.lse.has_value());
+  std::size_t hidden = f.lse->size();
+  for (std::size_t r = 0; r < f.lse->size(); ++r) {
+    if (std::isinf((*f.lse)[r])) hidden = r;
+  }
+  ASSERT_LT(hidden, f.lse->size()) << "the case has a row with no visible key";
+  for (double wrong : {-2.38e38, 0.0, 3.0, 7.0}) {
+    Fixture bad = f;
+    (*bad.lse)[hidden] = wrong;
+    write_fixture(bad, dir_ / "lse_hidden.h5");
+    expect_refused(dir_ / "lse_hidden.h5", "`lse`");
+  }
+  Fixture plus = f;  // +inf is not a value the format allows there at all
+  (*plus.lse)[hidden] = std::numeric_limits<double>::infinity();
+  write_fixture(plus, dir_ / "lse_plus_inf.h5");
+  expect_refused(dir_ / "lse_plus_inf.h5", "'lse'");
+}
+
+// However large the scores make the bound (ALiBi slopes of 2^100, a cap of
+// 1e30), an output is a weighted mean of the visible values and never leaves
+// their range: a golden outside it is refused, and so is one wrong by far
+// less than the score-driven bound.
+TEST_F(GoldenCheck, ABoundFromHugeScoresStillRefusesAWrongGolden) {
+  Fixture alibi = read_fixture(kGolden / "alibi" / "q33_k17_tl_f32.h5");
+  for (double& slope : alibi.data.alibi_slopes) slope = 0x1p100;
+  alibi = recomputed(alibi);
+  alibi.out[7] = 1e6;
+  write_fixture(alibi, dir_ / "alibi_huge.h5");
+  expect_refused(dir_ / "alibi_huge.h5", "`out`");
+
+  Fixture capped = read_fixture(kGolden / "softcap" / "q17_k33_cap2_f32.h5");
+  capped.data.problem.softcap = 1e30;
+  capped = recomputed(capped);
+  write_fixture(capped, dir_ / "cap_huge_right.h5");
+  const VerifySummary right = run(dir_ / "cap_huge_right.h5");
+  EXPECT_TRUE(right.input_errors.empty()) << right.input_errors.front();
+  double largest = 0;
+  for (double x : capped.out) largest = std::max(largest, std::fabs(x));
+  capped.out[3] += 0.01 * largest;  // wrong by a hundredth of the output
+  write_fixture(capped, dir_ / "cap_huge_wrong.h5");
+  expect_refused(dir_ / "cap_huge_wrong.h5", "`out`");
+}
+
+// A window of INT64_MAX is valid and hides nothing: the reference, naive,
+// blocked and streaming give the attention without it, and nothing overflows
+// (UBSan in make asan) or hides every key.
+TEST_F(GoldenCheck, WindowsAtTheIntegerLimitsHideNothing) {
+  const Fixture plain = read_fixture(kGolden / "causal_bottom_right" / "q17_k65_f32.h5");
+  for (std::int64_t reach : {std::numeric_limits<std::int64_t>::max(), std::numeric_limits<std::int64_t>::max() - 1,
+                             std::int64_t{1} << 62}) {
+    Fixture wide = plain;
+    wide.data.problem.window_left = reach;
+    wide.data.problem.window_right = reach;
+    wide = recomputed(wide);
+    EXPECT_EQ(wide.out, plain.out) << reach;
+    write_fixture(wide, dir_ / "window_max.h5");
+    const Fixture back = read_fixture(dir_ / "window_max.h5");
+    EXPECT_EQ(back.problem().window_left, reach);
+    const VerifySummary s = verify({dir_ / "window_max.h5"},
+                                   make_backends(std::vector<std::string>{"naive", "blocked", "streaming"}), {});
+    EXPECT_TRUE(s.input_errors.empty());
+    ASSERT_EQ(s.outcomes.size(), 3u);
+    for (const auto& o : s.outcomes) {
+      EXPECT_EQ(o.comparison.verdict, Verdict::pass) << o.backend << " with windows of " << reach << ": "
+                                                     << o.comparison.reason;
+    }
+  }
 }

@@ -8,8 +8,12 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include <xmmintrin.h>
+
 #include "core/registry.hpp"
+#include "core/thread_pool.hpp"
 #include "fixtures/fixture.hpp"
+#include "fixtures/h5.hpp"
 #include "impls/naive/naive.hpp"
 #include "verify/baseline.hpp"
 #include "verify/bias.hpp"
@@ -17,6 +21,7 @@
 #include "verify/report.hpp"
 #include "verify/run_case.hpp"
 #include "verify/tolerance.hpp"
+#include "verify/recorded.hpp"
 #include "verify/verifier.hpp"
 
 using namespace attn;
@@ -41,7 +46,7 @@ struct CompareCase {
 // A backend wrapper that sabotages the output after the real naive run.
 class Saboteur final : public Backend {
  public:
-  enum class Mode { write_past_end, leave_unwritten, throw_error, unsupported, unavailable };
+  enum class Mode { write_past_end, leave_unwritten, throw_error, unsupported, unavailable, flush_to_zero };
   explicit Saboteur(Mode mode) : mode_(mode) {}
   std::string_view name() const override { return "saboteur"; }
   std::string_view description() const override { return "test double"; }
@@ -58,6 +63,13 @@ class Saboteur final : public Backend {
       Problem p;
       void run() override {
         if (mode == Mode::throw_error) throw std::runtime_error("kernel exploded");
+        if (mode == Mode::flush_to_zero) {
+          // Flush-to-zero and denormals-are-zero, on this thread and on every
+          // thread of the pool, as a kernel tuned for speed might leave them.
+          const auto set = [](int) { _mm_setcsr(_mm_getcsr() | 0x8040u); };
+          set(0);
+          ThreadPool::get(2).on_each_thread(set);
+        }
         inner->run();
         const std::size_t elem = dtype_size(p.dtype);
         auto* out = static_cast<unsigned char*>(io.out.data);
@@ -144,6 +156,30 @@ TEST(Compare, LseIsCheckedWhenReturned) {
   EXPECT_EQ(c.run(out, &inf).verdict, Verdict::pass);
 }
 
+// An output is a weighted mean of the visible values: however loose the bound
+// (huge scores), a result outside their range, widened by the rounding slack,
+// FAILs, and the bound never exceeds the range's width plus that slack.
+TEST(Compare, AnOutputOutsideTheVisibleValuesFailsWhateverTheBound) {
+  CompareCase c;
+  c.bounds.out = {1e6, 1e6, 1e6, 1e6};  // as huge scores make it
+  c.bounds.hull_lo = {0.0, -1.0, 0.5, 1.5};
+  c.bounds.hull_hi = {1.0, 0.0, 1.5, 2.5};
+  c.bounds.hull_slack = {1e-6, 1e-6, 1e-6, 1e-6};
+  std::vector<double> inside = c.golden, outside = c.golden;
+  inside[3] = 2.5;      // at the edge: passes the bound and the hull
+  outside[3] = 2.6;     // within the bound, outside the hull
+  EXPECT_NE(c.run(inside).verdict, Verdict::fail);  // MISTRUSTED: with such a bound it proves little
+  const Comparison r = c.run(outside);
+  EXPECT_EQ(r.verdict, Verdict::fail);
+  EXPECT_NE(r.reason.find("outside the visible values' range"), std::string::npos) << r.reason;
+
+  Problem problem = Problem::parse("dtype=f32,b=1,hq=1,hkv=1,sq=1,sk=2,d=64,dv=1");
+  ReferenceStats stats{{1.0}, {1.0}, {1e30}, {2}, {0.7}, {-1.0}, {1.0}};
+  const Bounds capped = derive_bounds(problem, {0.0}, {1.0}, stats);
+  EXPECT_LE(capped.out[0], 2.0 + capped.hull_slack[0]);
+  EXPECT_GT(capped.out[0], 1.0);
+}
+
 TEST(Tolerance, BoundsFollowPrecisionAndRowLength) {
   Problem problem = Problem::parse("dtype=f32,b=1,hq=1,hkv=1,sq=2,sk=3,d=64,dv=1");
   ReferenceStats stats{{1.0, 1.0}, {0.5, 0.5}, {4.0, 4.0}, {10, 1000}, {0.5, 0.1}};
@@ -176,6 +212,62 @@ TEST(Verifier, CatchesWritesOutsideTheOutput) {
 TEST(Verifier, CatchesUnwrittenElements) {
   auto r = verify_with(std::make_unique<Saboteur>(Saboteur::Mode::leave_unwritten), {kGolden / "basic"});
   for (const auto& o : r.outcomes) EXPECT_EQ(o.comparison.verdict, Verdict::fail) << o.fixture;
+}
+
+// A backend that leaves flush-to-zero set must fail on its own subnormal
+// results, and must not change how the verifier computes the truth of the
+// next case or how the next backend runs: no golden is blamed, naive passes.
+TEST(Verifier, ABackendsFloatingPointStateNeverReachesTheVerifier) {
+  const unsigned before = _mm_getcsr();
+  std::vector<std::unique_ptr<Backend>> backends;
+  backends.push_back(std::make_unique<Saboteur>(Saboteur::Mode::flush_to_zero));
+  backends.push_back(make_naive_backend());
+  VerifyOptions options;
+  options.run.threads = 2;
+  const auto files = find_fixture_files({kGolden / "subnormal"});
+  ASSERT_GE(files.size(), 4u);
+  const VerifySummary s = verify(files, backends, options);
+  EXPECT_TRUE(s.input_errors.empty()) << s.input_errors.front();
+  int flushed_fails = 0;
+  for (const auto& o : s.outcomes) {
+    if (o.backend == "naive") EXPECT_EQ(o.comparison.verdict, Verdict::pass) << o.fixture << ": " << o.comparison.reason;
+    else flushed_fails += o.comparison.verdict == Verdict::fail;
+  }
+  EXPECT_GE(flushed_fails, 2);  // the float32 and float16 cases, whose subnormals must not flush
+  EXPECT_EQ(_mm_getcsr() & 0xffc0u, before & 0xffc0u);  // the control bits; the sticky flags may differ
+  unsigned on_pool = 0;
+  ThreadPool::get(2).on_each_thread([&](int worker) {
+    if (worker == 1) on_pool = _mm_getcsr();
+  });
+  EXPECT_EQ(on_pool & 0x8040u, 0u) << "a pool thread kept flush-to-zero";
+}
+
+// Results from another tool are judged on every case, format version 2
+// included: they implement whatever they claim, and a wrong one FAILs.
+TEST(Verifier, RecordedOutputsAreJudgedOnVersion2Cases) {
+  const fs::path dir = fs::temp_directory_path() / ("attn_recorded_" + std::to_string(::getpid()));
+  for (const char* name : {"softcap/q17_k33_cap2_f32", "paged/decode_ps16_f32", "ragged/b5_zero_lengths_f32"}) {
+    SCOPED_TRACE(name);
+    const fs::path file = kGolden / (std::string(name) + ".h5");
+    const Fixture f = read_fixture(file);
+    const Problem& p = f.problem();
+    const std::vector<std::int64_t> dims{p.q_batch(), p.heads_q, p.seq_q, p.head_dim_v};
+    std::vector<std::unique_ptr<Backend>> tool;
+    tool.push_back(std::make_unique<RecordedOutputs>(dir, "tool"));
+    for (double shift : {0.0, 0.25}) {
+      fs::create_directories((dir / name).parent_path());
+      std::vector<double> out = f.out;
+      out[out.size() / 2] += shift;
+      {
+        h5::File results = h5::File::create(dir / (std::string(name) + ".h5"));
+        results.write_dataset("out", dims, out.data(), h5::File::Stored::float64);
+      }
+      const VerifySummary s = verify({file}, tool, {});
+      ASSERT_EQ(s.outcomes.size(), 1u);
+      EXPECT_EQ(s.outcomes[0].comparison.verdict, shift == 0 ? Verdict::pass : Verdict::fail) << s.outcomes[0].comparison.reason;
+    }
+  }
+  fs::remove_all(dir);
 }
 
 TEST(Verifier, ABackendThatThrowsFails) {

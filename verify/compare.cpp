@@ -86,6 +86,14 @@ void check_a_priori(const CompareInputs& in, Comparison& r) {
       // A row with no visible key must be exactly zero, whatever the bound.
       ratio = std::numeric_limits<double>::infinity();
       if (first_failure.empty()) note(e, fmt::format("row with no visible key is {}, not exactly 0", got));
+    } else if (!in.bounds.in_hull(static_cast<std::size_t>(e), got)) {
+      // A weighted mean of the visible values never leaves their hull.
+      ratio = std::numeric_limits<double>::infinity();
+      if (first_failure.empty()) {
+        note(e, fmt::format("got {:.6g}, outside the visible values' range [{:.6g}, {:.6g}] (the truth is {:.6g})", got,
+                            in.bounds.hull_lo[static_cast<std::size_t>(e)], in.bounds.hull_hi[static_cast<std::size_t>(e)],
+                            truth));
+      }
     } else {
       ratio = bound > 0 ? error / bound : (error > 0 ? std::numeric_limits<double>::infinity() : 0.0);
       if (ratio > 1.0 && first_failure.empty()) {

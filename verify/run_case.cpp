@@ -6,6 +6,8 @@
 #include <cstring>
 #include <limits>
 
+#include "core/float_state.hpp"
+
 namespace attn {
 
 namespace {
@@ -33,10 +35,17 @@ BackendRun run_backend(const Backend& backend, const CaseData& data, const RunOp
   inputs.io.lse = lse.data();
 
   auto start = std::chrono::steady_clock::now();
-  auto plan = backend.prepare(p, inputs.io, options);
-  plan->run();
-  plan->read_output();
   BackendRun result;
+  bool has_lse = false;
+  {
+    // Whatever floating-point state the backend sets on this thread is undone
+    // before the verifier computes again (the pool restores its own threads).
+    const FloatStateGuard floats;
+    auto plan = backend.prepare(p, inputs.io, options);
+    plan->run();
+    plan->read_output();
+    has_lse = plan->has_lse();
+  }
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   for (std::size_t i = 0; i < kGuardBytes; ++i) {
@@ -57,7 +66,7 @@ BackendRun run_backend(const Backend& backend, const CaseData& data, const RunOp
       for (std::int64_t i = 0; i < p.seq_q; ++i)
         for (std::int64_t d = 0; d < p.head_dim_v; ++d)
           result.out[e++] = load_as_double(out, b * out_strides[0] + h * out_strides[1] + i * out_strides[2] + d * out_strides[3], p.dtype);
-  if (plan->has_lse()) result.lse = std::move(lse);
+  if (has_lse) result.lse = std::move(lse);
   return result;
 }
 

@@ -42,6 +42,12 @@ Bounds derive_bounds(const Problem& p, const std::vector<double>& golden_out,
   Bounds bounds;
   bounds.out.resize(golden_out.size());
   bounds.lse.resize(golden_lse.size());
+  const bool hull = stats.hull_lo.size() == golden_out.size() && stats.hull_hi.size() == golden_out.size();
+  if (hull) {
+    bounds.hull_lo = stats.hull_lo;
+    bounds.hull_hi = stats.hull_hi;
+    bounds.hull_slack.resize(golden_out.size());
+  }
   for (std::int64_t row = 0; row < p.rows(); ++row) {
     const auto r = static_cast<std::size_t>(row);
     const double n = static_cast<double>(stats.visible[r]);
@@ -55,11 +61,16 @@ Bounds derive_bounds(const Problem& p, const std::vector<double>& golden_out,
       const double out = std::fabs(golden_out[e]);
       const double weighted_v = stats.weighted_abs_v[e];   // sum_j p_j |v_j|
       const double spread_v = stats.weighted_dev_v[e];     // sum_j p_j |v_j - out|
-      bounds.out[e] = c * (u * out                          // rounding out to dtype
-                           + u * weighted_v                 // P rounded to dtype before P V
-                           + sum_error * weighted_v         // accumulating P V and the denominator
-                           + score_error * spread_v)        // score errors move weight between keys
-                      + underflow_floor(p.dtype) + subnormal_allowance(p.dtype, n);
+      const double rounding = c * (u * out                  // rounding out to dtype
+                                   + u * weighted_v         // P rounded to dtype before P V
+                                   + sum_error * weighted_v)  // accumulating P V and the denominator
+                              + underflow_floor(p.dtype) + subnormal_allowance(p.dtype, n);
+      bounds.out[e] = rounding + c * score_error * spread_v;  // score errors move weight between keys
+      if (!hull) continue;
+      bounds.hull_slack[e] = rounding;
+      // Inside the hull, no result is farther from the truth than its width.
+      const double width = stats.hull_hi[e] - stats.hull_lo[e];
+      if (width + rounding < bounds.out[e]) bounds.out[e] = width + rounding;
     }
   }
   return bounds;

@@ -69,6 +69,17 @@ struct ToleranceConstants {
 struct Bounds {
   std::vector<double> out;  // per element of out: |got - truth| must not exceed this
   std::vector<double> lse;  // per row: |got_lse - truth_lse| must not exceed this
+  // Per element of out (SDPA cases; empty for layers): an output must lie in
+  // [hull_lo - hull_slack, hull_hi + hull_slack], the convex hull of the
+  // visible values widened by the rounding of a plain implementation (every
+  // term of the bound but the scores'). No score error can move a weighted
+  // mean of the values out of their hull, so `out` never exceeds the hull's
+  // width plus the slack, however large the scores make the bound.
+  std::vector<double> hull_lo, hull_hi, hull_slack;
+  // Whether x, at out element e, lies in the widened hull (true without one).
+  bool in_hull(std::size_t e, double x) const {
+    return hull_lo.empty() || (x >= hull_lo[e] - hull_slack[e] && x <= hull_hi[e] + hull_slack[e]);
+  }
 };
 
 // The measured bound of one case: the baseline's errors and the floor.

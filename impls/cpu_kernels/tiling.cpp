@@ -209,15 +209,21 @@ void pack_queries(const Problem& p, const Geometry& g, const AttentionIO& io, co
   }
 }
 
-// Both ends of a row's key range grow with the query, so the tile's first
-// query has the smallest and its last the largest.
+// Both ends of a row's key range grow with the query: the tile's last query
+// has the largest end. The smallest begin is that of the first row that sees
+// a key: rows before it may see none (bottom_right with seq_q > seq_k, a
+// window past kv_len), and an empty range says nothing about where the next
+// row's keys begin.
 std::int64_t visible_key_end(const Problem& p, const AttentionIO& io, const QueryTile& t) {
   return row_keys(p, io, t.b, t.first_query + t.queries - 1).hi;
 }
 
 std::int64_t visible_key_begin(const Problem& p, const AttentionIO& io, const QueryTile& t) {
-  const Problem::KeyRange first = row_keys(p, io, t.b, t.first_query);
-  return first.empty() ? visible_key_end(p, io, t) : first.lo;
+  for (std::int64_t i = t.first_query; i < t.first_query + t.queries; ++i) {
+    const Problem::KeyRange keys = row_keys(p, io, t.b, i);
+    if (!keys.empty()) return keys.lo;
+  }
+  return visible_key_end(p, io, t);  // no row sees a key: nothing to visit
 }
 
 bool block_fully_visible(const Problem& p, const AttentionIO& io, const QueryTile& t, std::int64_t j0) {

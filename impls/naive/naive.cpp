@@ -32,8 +32,9 @@ std::int64_t diagonal(const Problem& p, std::int64_t i, std::int64_t q_len, std:
 }
 
 bool window_rule(const Problem& p, std::int64_t j, std::int64_t diag) {
-  if (p.window_left >= 0 && j < diag - p.window_left) return false;
-  if (p.window_right >= 0 && j > diag + p.window_right) return false;
+  // Distances from the diagonal: a window up to INT64_MAX cannot overflow.
+  if (p.window_left >= 0 && diag - j > p.window_left) return false;
+  if (p.window_right >= 0 && j - diag > p.window_right) return false;
   return true;
 }
 

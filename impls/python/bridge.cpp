@@ -19,6 +19,7 @@
 
 #include "attnbench/error.hpp"
 #include "core/extensions.hpp"
+#include "core/float_state.hpp"
 #include "core/layer_data.hpp"
 #include "core/text.hpp"
 
@@ -223,31 +224,9 @@ py::object problem_object(const Problem& p) {
 }
 
 // Frameworks change the calling thread's floating-point state (TensorFlow
-// sets flush-to-zero and denormals-are-zero): it is restored after every call
-// into Python, so no other backend of the same run computes under it.
-class FloatStateGuard {
- public:
-  FloatStateGuard() {
-    std::fegetenv(&env_);
-#if defined(__SSE__)
-    csr_ = _mm_getcsr();
-#endif
-  }
-  ~FloatStateGuard() {
-    std::fesetenv(&env_);
-#if defined(__SSE__)
-    _mm_setcsr(csr_);
-#endif
-  }
-  FloatStateGuard(const FloatStateGuard&) = delete;
-  FloatStateGuard& operator=(const FloatStateGuard&) = delete;
-
- private:
-  std::fenv_t env_{};
-#if defined(__SSE__)
-  unsigned int csr_ = 0;
-#endif
-};
+// sets flush-to-zero and denormals-are-zero): every call into Python runs
+// inside a FloatStateGuard (core/float_state.hpp), so no other backend of the
+// same run computes under it.
 
 // A new numpy array holding a copy of `values` in `shape` (the layer's inputs are small).
 template <typename T>

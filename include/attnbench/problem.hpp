@@ -144,8 +144,10 @@ struct Problem {
     const std::int64_t diag = diagonal(i, q_len, k_len);
     std::int64_t lo = 0, hi = key_limit < k_len ? key_limit : k_len;
     if (causal != Causal::none && diag + 1 < hi) hi = diag + 1;
-    if (window_right >= 0 && diag + window_right + 1 < hi) hi = diag + window_right + 1;
-    if (window_left >= 0 && diag - window_left > lo) lo = diag - window_left;
+    // Compared as distances from the diagonal, so that any window up to
+    // INT64_MAX (valid: it hides nothing) cannot overflow.
+    if (window_right >= 0 && window_right < hi - 1 - diag) hi = diag + window_right + 1;
+    if (window_left >= 0 && window_left < diag - lo) lo = diag - window_left;
     if (hi < 0) hi = 0;
     if (lo > hi) lo = hi;  // empty; both within [0, k_len]
     return {lo, hi};
