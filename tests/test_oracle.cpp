@@ -289,3 +289,44 @@ TEST_F(GoldenCheck, WindowsAtTheIntegerLimitsHideNothing) {
     }
   }
 }
+
+// Valid values at float32's edges (a cap of 3e38 or 1e300, a cap below
+// float32's normal range, ALiBi slopes of 3e38): every backend computes them
+// right or refuses them with the reason (SKIP), never a FAIL or a silent
+// wrong answer; naive in float64 computes them.
+TEST_F(GoldenCheck, ExtremeValuesAreComputedRightOrRefused) {
+  const auto backends = make_backends(std::vector<std::string>{"naive", "blocked", "streaming", "openblas", "onednn"});
+  struct Extreme {
+    const char* name;
+    const char* source;
+    void (*change)(Fixture&);
+  };
+  const Extreme extremes[] = {
+      {"cap_3e38", "softcap/q17_k33_cap2_f32", [](Fixture& f) { f.data.problem.softcap = 3e38; }},
+      {"cap_1e300", "softcap/q17_k33_cap2_f32", [](Fixture& f) { f.data.problem.softcap = 1e300; }},
+      {"cap_1e300_f64", "softcap/q17_k33_cap2_f64", [](Fixture& f) { f.data.problem.softcap = 1e300; }},
+      {"cap_tiny", "softcap/q17_k33_cap2_f32", [](Fixture& f) { f.data.problem.softcap = 5e-324; }},
+      {"alibi_3e38", "alibi/q33_k17_tl_f32",
+       [](Fixture& f) {
+         for (double& slope : f.data.alibi_slopes) slope = static_cast<double>(static_cast<float>(3e38));
+       }},
+  };
+  for (const Extreme& x : extremes) {
+    Fixture f = read_fixture(kGolden / (std::string(x.source) + ".h5"));
+    x.change(f);
+    f = recomputed(f);
+    const fs::path file = dir_ / (std::string(x.name) + ".h5");
+    write_fixture(f, file);
+    const VerifySummary s = verify({file}, backends, {});
+    EXPECT_TRUE(s.input_errors.empty()) << x.name << ": " << s.input_errors.front();
+    for (const auto& o : s.outcomes) {
+      EXPECT_NE(o.comparison.verdict, Verdict::fail) << x.name << " " << o.backend << ": " << o.comparison.reason;
+      if (o.comparison.verdict == Verdict::skip) {
+        EXPECT_FALSE(o.comparison.reason.empty());
+      }
+    }
+    if (std::string(x.name) == "cap_1e300_f64") {
+      EXPECT_EQ(s.outcomes.front().comparison.verdict, Verdict::pass) << s.outcomes.front().comparison.reason;
+    }
+  }
+}

@@ -203,6 +203,10 @@ Comparison run_one(const Backend& backend, const Fixture& fixture, const Judgeme
                 j.probe_want);
     if (!probe.guard_damage.empty()) c.fail("normalisation probe: " + probe.guard_damage);
     c.conclude(followed);
+  } catch (const Unsupported& e) {  // values the backend refuses, found only once it saw them
+    c = Comparison{};
+    c.verdict = Verdict::skip;
+    c.reason = e.what();
   } catch (const std::exception& e) {
     c.fail(fmt::format("backend threw: {}", e.what()));
   }
@@ -296,6 +300,10 @@ void verify_layer(const std::filesystem::path& file, const BackendRefs& backends
                                                tolerance.empty() ? nullptr : &tolerance});
           if (!run.guard_damage.empty()) outcome.comparison.fail(run.guard_damage);
           outcome.comparison.conclude(run.conventions);
+        } catch (const Unsupported& e) {
+          outcome.comparison = Comparison{};
+          outcome.comparison.verdict = Verdict::skip;
+          outcome.comparison.reason = e.what();
         } catch (const std::exception& e) {
           outcome.comparison.fail(fmt::format("backend threw: {}", e.what()));
         }

@@ -1,5 +1,7 @@
 #include "impls/naive/naive.hpp"
 
+#include "attnbench/value_range.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -167,6 +169,7 @@ class NaiveBackend final : public Backend {
   Capabilities capabilities() const override { return {kAllDTypes, kAllFeatures, true}; }
   Status supports(const Problem&) const override { return Status::yes(); }
   std::unique_ptr<Plan> prepare(const Problem& problem, const AttentionIO& io, const RunOptions&) const override {
+    if (problem.dtype != DType::f64) require_float32_scores(problem, io);  // its scores are float32 then
     return std::make_unique<NaivePlan>(problem, io);
   }
 };

@@ -12,6 +12,7 @@
 
 #include "attnbench/backend.hpp"
 #include "attnbench/per_entry.hpp"
+#include "attnbench/value_range.hpp"
 #include "core/thread_pool.hpp"
 #include "impls/cpu_kernels/kernels.hpp"
 
@@ -180,6 +181,7 @@ class OpenBlasBackend final : public Backend {
   }
   Status supports(const Problem&) const override { return Status::yes(); }
   std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& options) const override {
+    require_float32_scores(p, io);  // scores in float32: values beyond its range are refused, not computed wrong
     if (p.ragged) return plan_per_entry(p, io, options, *this);
     return std::make_unique<OpenBlasPlan>(p, io, options);
   }

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "attnbench/per_entry.hpp"
+#include "attnbench/value_range.hpp"
 #include "core/thread_pool.hpp"
 #include "impls/cpu_kernels/tiling.hpp"
 
@@ -223,6 +224,7 @@ class StreamingBackend final : public Backend {
   Capabilities capabilities() const override { return {dtype_bit(DType::f32) | dtype_bit(DType::f16) | dtype_bit(DType::bf16), kAllFeatures, true}; }
   Status supports(const Problem&) const override { return Status::yes(); }
   std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& options) const override {
+    require_float32_scores(p, io);  // scores in float32: values beyond its range are refused, not computed wrong
     if (p.ragged) return plan_per_entry(p, io, options, *this);  // each entry a dense problem, in place
     return std::make_unique<StreamingPlan>(p, io, options);
   }

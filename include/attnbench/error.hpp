@@ -19,4 +19,13 @@ class InputError : public Error {
   using Error::Error;
 };
 
+// Thrown by a backend's prepare() when the case's values (not its shape,
+// which supports() judges) are beyond what the backend computes right, e.g.
+// ALiBi slopes whose scores leave float32's range. The tools report SKIP with
+// the message: a refusal, never a silent wrong answer, and not a FAIL.
+class Unsupported : public Error {
+ public:
+  using Error::Error;
+};
+
 }  // namespace attn

@@ -1,0 +1,22 @@
+// Whether a case's values fit computation in float32 scores, for backends
+// that compute scores in float32 (in the log2 domain, times log2(e)): the
+// softcap, the ALiBi penalties over the case's distances, the sinks and the
+// bias must stay far enough inside float32's range that no score, and no sum
+// of its terms, overflows; a softcap must be a normal float32. The format
+// allows any such value (they are exact in float32 or in the dtype), so a
+// backend that cannot take them says so (attn::Unsupported from prepare(),
+// which the tools report as SKIP with this reason) rather than compute them
+// wrong.
+#pragma once
+
+#include "attnbench/backend.hpp"
+
+namespace attn {
+
+// yes, or no with what is out of range and by how much.
+Status float32_scores_fit(const Problem& problem, const AttentionIO& io);
+
+// Throws attn::Unsupported with the reason when they do not fit.
+void require_float32_scores(const Problem& problem, const AttentionIO& io);
+
+}  // namespace attn
