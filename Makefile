@@ -57,7 +57,7 @@ coverage: deps
 # libFuzzer targets (tests/fuzz), built with clang, ASan and UBSan in build-fuzz/.
 fuzz-targets:
 	@ATTN_EXTRA_PACKAGES="clang libclang-rt-14-dev" scripts/install-deps  # libFuzzer and the sanitizer runtimes
-	@CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATTN_FUZZ=ON \
+	@CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -gline-tables-only" -DATTN_FUZZ=ON \
 	  -DATTN_BUILD_TESTS=OFF -DATTN_WITH_CUDA=OFF > /dev/null
 	@cmake --build build-fuzz -j $(JOBS) --target fuzz_problem_parse fuzz_fixture_structured fuzz_fixture_bytes
 

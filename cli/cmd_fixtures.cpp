@@ -193,7 +193,8 @@ int list(const FixturesArgs& args) {
   int shown = 0;
   for (const auto& file : find_fixture_files(roots)) {
     FixtureHeader h = read_fixture_header(file);
-    known.insert(h.tags.begin(), h.tags.end());
+    const std::vector<std::string> tags = h.all_tags();
+    known.insert(tags.begin(), tags.end());
     if (!args.tags.empty() &&
         std::none_of(args.tags.begin(), args.tags.end(), [&](const std::string& t) { return h.has_tag(t); })) {
       continue;

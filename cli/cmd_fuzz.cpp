@@ -6,6 +6,7 @@
 #include "cli/commands.hpp"
 #include "attnbench/error.hpp"
 #include "core/registry.hpp"
+#include "core/text.hpp"
 #include "verify/fuzz.hpp"
 
 namespace attn::cli {
@@ -76,10 +77,12 @@ Runner add_fuzz_command(CLI::App& app) {
     fmt::print("\nTo reproduce a failure:\n");
     for (const auto& f : summary.failures) {
       const FuzzCase& c = f.shrunk.smallest;
-      fmt::print("  {} verify {} --backend {} --threads {} --layout {}\n", self,
-                 std::filesystem::absolute(f.file).string(), f.backend, c.threads, layout_name(c.layout));
-      fmt::print("  {} fuzz --seed {} --cases {} --backend {}   (draws it again)\n", self, args->seed, f.index + 1,
-                 f.backend);
+      const std::string plugin = plugin_arguments(f.backend);  // a plugin's backend needs its --plugin again
+      fmt::print("  {} verify {} --backend {} --threads {} --layout {}{}\n", self,
+                 shell_quote(std::filesystem::absolute(f.file).string()), shell_quote(f.backend), c.threads,
+                 layout_name(c.layout), plugin);
+      fmt::print("  {} fuzz --seed {} --cases {} --backend {}{}   (draws it again)\n", self, args->seed, f.index + 1,
+                 shell_quote(f.backend), plugin);
     }
     return 1;
   };

@@ -4,6 +4,7 @@
 // command draws the attention-weights figure and hands over.
 #include <fmt/format.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -91,6 +92,10 @@ class ReportFolder {
   void commit() {
     namespace fs = std::filesystem;
     std::error_code ec;
+    // mkdtemp made it 0700; the finished report gets what the umask gives a new folder.
+    const mode_t mask = ::umask(0);
+    ::umask(mask);
+    fs::permissions(temp_, static_cast<fs::perms>(0777 & ~mask), ec);
     fs::path old;
     if (fs::exists(out_)) {
       old = temp_.string() + ".old";

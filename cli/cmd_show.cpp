@@ -116,9 +116,11 @@ Runner add_show_command(CLI::App& app) {
       if (!args->weights) return 0;
     }
     const std::int64_t head = std::max<std::int64_t>(args->head, 0);
+    // The weights first: a batch or head out of range is an error before anything is printed.
+    const std::string table = format_weights_table(view_of(*args, data, head), args->all ? 0 : 24, args->all ? 0 : 16);
     fmt::print("{}: attention weights, batch {}, head {}, from {} (queries down, keys across; '-' = hidden)\n",
                header.name, args->batch, head, from_backend ? args->backend : "the float64 reference");
-    fmt::print("{}", format_weights_table(view_of(*args, data, head), args->all ? 0 : 24, args->all ? 0 : 16));
+    fmt::print("{}", table);
     return 0;
   };
 }

@@ -86,7 +86,11 @@ Runner add_verify_command(CLI::App& app) {
     }
     RunInfo run = this_run(ATTN_VERSION, ATTN_GIT_COMMIT);
     auto files = find_fixture_files(roots);
-    if (files.empty()) throw Error("no fixture files (*.h5) found");
+    if (files.empty()) {
+      std::vector<std::string> where;
+      for (const auto& root : roots) where.push_back(printable(root.string()));
+      throw Error(fmt::format("no fixture files (*.h5, *.hdf5) in {}", fmt::join(where, ", ")));
+    }
     std::vector<std::unique_ptr<Backend>> backends;
     if (args->outputs.empty()) {
       backends = make_backends(args->backends);

@@ -21,12 +21,12 @@ namespace {
 void load_plugin(const std::string& path) {
   const bool python = path.size() > 3 && path.compare(path.size() - 3, 3, ".py") == 0;
   if (!python) {
-    for (auto& b : attn::load_plugin_library(path)) attn::add_runtime_backend(b.name, std::move(b.make), b.origin);
+    for (auto& b : attn::load_plugin_library(path)) attn::add_runtime_backend(b.name, std::move(b.make), b.origin, path);
     return;
   }
 #ifdef ATTN_HAVE_PYTHON
   attn::LoadedBackend b = attn::python::load_python_backend_file(path);
-  attn::add_runtime_backend(b.name, std::move(b.make), b.origin);
+  attn::add_runtime_backend(b.name, std::move(b.make), b.origin, path);
 #else
   throw attn::Error(fmt::format("Python backend {}: this attn was built without Python (ATTN_WITH_PYTHON=OFF)",
                                 attn::printable(path)));
@@ -89,8 +89,27 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    int code = app.exit(e);
-    return code == 0 ? 0 : 2;
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    // The command that was being parsed, and a near option for a misspelt one.
+    CLI::App* command = &app;
+    std::string path = "attn";
+    for (std::vector<CLI::App*> parsed = app.get_subcommands(); !parsed.empty(); parsed = command->get_subcommands()) {
+      command = parsed.front();
+      path += " " + command->get_name();
+    }
+    std::vector<std::string> names;
+    for (const CLI::Option* option : command->get_options()) {
+      for (const auto& name : option->get_lnames()) names.push_back("--" + name);
+      for (const auto& name : option->get_snames()) names.push_back("-" + name);
+    }
+    for (const CLI::App* sub : command->get_subcommands({})) names.push_back(sub->get_name());
+    std::string hint;
+    for (const auto& word : command->remaining()) {
+      const std::string flag = word.substr(0, word.find('='));
+      if (hint.empty()) hint = attn::did_you_mean(flag, names);
+    }
+    fmt::print(stderr, "attn: error: {}{}\nattn: '{} --help' lists the options\n", attn::printable(e.what()), hint, path);
+    return 2;
   }
   try {
     // A kernel set forced by ATTN_CPU_ISA is checked now, not when a kernel first runs.

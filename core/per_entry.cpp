@@ -1,5 +1,7 @@
 #include "attnbench/per_entry.hpp"
 
+#include "attnbench/value_range.hpp"
+
 #include <limits>
 #include <vector>
 
@@ -27,24 +29,21 @@ template <typename Ptr> BasicTensorView<Ptr> rows_of(const BasicTensorView<Ptr>&
 class PerEntryPlan final : public Plan {
  public:
   PerEntryPlan(const Problem& p, const AttentionIO& io, const RunOptions& options, const Backend& dense)
-      : p_(p), io_(io) {
-    has_lse_ = true;
+      : p_(p), io_(io), options_(options), dense_(dense) {
+    has_lse_ = dense.capabilities().lse;
+    // Entries are prepared here (not timed) until their plans hold a quarter
+    // of what a case may use; the rest, if any, are prepared one at a time as
+    // they run, so a batch of millions of entries takes the memory of one.
+    const double budget = case_memory_limit_bytes() / 4;
+    double held = 0;
     for (std::int64_t e = 0; e < p.batch; ++e) {
-      const std::int64_t q0 = io.cu_seqlens_q[e], q_len = io.cu_seqlens_q[e + 1] - q0;
-      const std::int64_t k0 = io.cu_seqlens_k[e], k_len = io.cu_seqlens_k[e + 1] - k0;
-      if (q_len == 0) continue;  // nothing to compute; its keys are nobody's
-      Entry entry;
-      entry.problem = entry_problem(p, q_len, k_len);
-      entry.q0 = q0;
-      entry.lse.assign(static_cast<std::size_t>(p.heads_q * q_len), 0.0);
-      AttentionIO sub = io;
-      sub.q = rows_of(io.q, q0, q_len);
-      sub.k = rows_of(io.k, k0, k_len);
-      sub.v = rows_of(io.v, k0, k_len);
-      sub.out = rows_of(io.out, q0, q_len);
-      sub.cu_seqlens_q = sub.cu_seqlens_k = nullptr;
-      sub.lse = io.lse ? entry.lse.data() : nullptr;
-      entry.plan = dense.prepare(entry.problem, sub, options);
+      if (io.cu_seqlens_q[e + 1] == io.cu_seqlens_q[e]) continue;  // nothing to compute; its keys are nobody's
+      if (held > budget) {
+        lazy_from_ = e;
+        break;
+      }
+      Entry entry = make_entry(e);
+      held += static_cast<double>(entry.plan->workspace_bytes() + entry.lse.size() * sizeof(double)) + 1024.0;
       has_lse_ = has_lse_ && entry.plan->has_lse();
       entries_.push_back(std::move(entry));
     }
@@ -52,6 +51,13 @@ class PerEntryPlan final : public Plan {
 
   void run() override {
     for (Entry& e : entries_) e.plan->run();
+    for (std::int64_t e = lazy_from_; e < p_.batch; ++e) {
+      if (io_.cu_seqlens_q[e + 1] == io_.cu_seqlens_q[e]) continue;
+      Entry entry = make_entry(e);
+      entry.plan->run();
+      entry.plan->read_output();
+      copy_lse(entry);
+    }
     finish(false);
   }
 
@@ -65,16 +71,45 @@ class PerEntryPlan final : public Plan {
   }
 
  private:
-  // The entries' lse into the packed rows, and the rows past the last
-  // sequence; after the sub-plans' read_output when `read` is set.
+  struct Entry {
+    Problem problem;
+    std::int64_t q0 = 0;
+    std::vector<double> lse;
+    std::unique_ptr<Plan> plan;
+  };
+
+  Entry make_entry(std::int64_t e) const {
+    const std::int64_t q0 = io_.cu_seqlens_q[e], q_len = io_.cu_seqlens_q[e + 1] - q0;
+    const std::int64_t k0 = io_.cu_seqlens_k[e], k_len = io_.cu_seqlens_k[e + 1] - k0;
+    Entry entry;
+    entry.problem = entry_problem(p_, q_len, k_len);
+    entry.q0 = q0;
+    entry.lse.assign(static_cast<std::size_t>(p_.heads_q * q_len), 0.0);
+    AttentionIO sub = io_;
+    sub.q = rows_of(io_.q, q0, q_len);
+    sub.k = rows_of(io_.k, k0, k_len);
+    sub.v = rows_of(io_.v, k0, k_len);
+    sub.out = rows_of(io_.out, q0, q_len);
+    sub.cu_seqlens_q = sub.cu_seqlens_k = nullptr;
+    sub.lse = io_.lse ? entry.lse.data() : nullptr;
+    entry.plan = dense_.prepare(entry.problem, sub, options_);
+    return entry;
+  }
+
+  void copy_lse(const Entry& e) {
+    if (!io_.lse) return;
+    for (std::int64_t h = 0; h < p_.heads_q; ++h)
+      for (std::int64_t i = 0; i < e.problem.seq_q; ++i) {
+        io_.lse[h * p_.seq_q + e.q0 + i] = e.lse[static_cast<std::size_t>(h * e.problem.seq_q + i)];
+      }
+  }
+
+  // The prepared entries' lse into the packed rows, and the rows past the
+  // last sequence; after the sub-plans' read_output when `read` is set.
   void finish(bool read) {
     for (Entry& e : entries_) {
       if (read) e.plan->read_output();
-      if (!io_.lse) continue;
-      for (std::int64_t h = 0; h < p_.heads_q; ++h)
-        for (std::int64_t i = 0; i < e.problem.seq_q; ++i) {
-          io_.lse[h * p_.seq_q + e.q0 + i] = e.lse[static_cast<std::size_t>(h * e.problem.seq_q + i)];
-        }
+      copy_lse(e);
     }
     // Rows past the last sequence belong to none: no key, out 0.
     const std::int64_t used = io_.cu_seqlens_q[p_.batch];
@@ -85,15 +120,12 @@ class PerEntryPlan final : public Plan {
       }
   }
 
-  struct Entry {
-    Problem problem;
-    std::int64_t q0 = 0;
-    std::vector<double> lse;
-    std::unique_ptr<Plan> plan;
-  };
   Problem p_;
   AttentionIO io_;
+  RunOptions options_;
+  const Backend& dense_;
   std::vector<Entry> entries_;
+  std::int64_t lazy_from_ = std::numeric_limits<std::int64_t>::max();  // entries from here run unprepared
   bool has_lse_ = true;
 };
 

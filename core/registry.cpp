@@ -1,5 +1,7 @@
 #include "core/registry.hpp"
 
+#include <filesystem>
+
 #include <fmt/format.h>
 
 #include <mutex>
@@ -14,7 +16,8 @@ namespace {
 struct RuntimeEntry {
   std::string name;
   BackendFactory make;
-  std::string origin;  // the file it came from
+  std::string origin;  // where it came from, for messages
+  std::string file;    // the plugin or Python file, absolute, or ""
 };
 
 struct RuntimeList {
@@ -39,7 +42,8 @@ bool valid_backend_name(const std::string& name) {
 
 }  // namespace
 
-void add_runtime_backend(const std::string& name, BackendFactory make, const std::string& origin) {
+void add_runtime_backend(const std::string& name, BackendFactory make, const std::string& origin,
+                         const std::string& file) {
   if (!valid_backend_name(name)) {
     throw Error(fmt::format("{}: backend name '{}' is not 1 to 64 of [A-Za-z0-9._+-]", origin, printable(name)));
   }
@@ -55,7 +59,19 @@ void add_runtime_backend(const std::string& name, BackendFactory make, const std
       throw Error(fmt::format("{}: backend name '{}' is taken by {}", origin, name, entry.origin));
     }
   }
-  list.entries.push_back({name, std::move(make), origin});
+  std::error_code ec;
+  std::string absolute = file.empty() ? std::string() : std::filesystem::absolute(file, ec).string();
+  if (ec) absolute = file;
+  list.entries.push_back({name, std::move(make), origin, std::move(absolute)});
+}
+
+std::string plugin_arguments(std::string_view backend_name) {
+  RuntimeList& list = runtime_list();
+  std::lock_guard lock(list.mutex);
+  for (const auto& entry : list.entries) {
+    if (entry.name == backend_name && !entry.file.empty()) return " --plugin " + shell_quote(entry.file);
+  }
+  return {};
 }
 
 std::vector<std::unique_ptr<Backend>> make_backends(std::span<const std::string> names) {
@@ -85,7 +101,8 @@ std::vector<std::unique_ptr<Backend>> make_backends(std::span<const std::string>
       std::vector<std::string> known;
       for (const auto& entry : backend_entries()) known.emplace_back(entry.name);
       for (const auto& entry : list.entries) known.push_back(entry.name);
-      throw Error(fmt::format("unknown backend '{}' (known: {})", printable(name), fmt::join(known, ", ")));
+      throw Error(fmt::format("unknown backend '{}'{} (known: {})", printable(name), did_you_mean(name, known),
+                              fmt::join(known, ", ")));
     }
   }
   return backends;

@@ -28,7 +28,14 @@ using BackendFactory = std::function<std::unique_ptr<Backend>()>;
 
 // Adds a backend after the compiled ones. Throws Error when the name is empty,
 // not made of [A-Za-z0-9._+-], or already taken (by a compiled or runtime one).
-void add_runtime_backend(const std::string& name, BackendFactory make, const std::string& origin);
+// `file`: the plugin or Python file it came from, when there is one.
+void add_runtime_backend(const std::string& name, BackendFactory make, const std::string& origin,
+                         const std::string& file = {});
+
+// The options that load a backend again in another attn run: `--plugin FILE`
+// (an absolute path, shell-quoted) for a backend a plugin provided, "" for a
+// compiled one. Reproduce commands carry it, so they run as printed.
+std::string plugin_arguments(std::string_view backend_name);
 
 // Instances of every backend (compiled, then runtime), or of the named ones
 // (throws Error naming an unknown one and listing the known ones).

@@ -1,5 +1,8 @@
 #include "core/text.hpp"
 
+#include <algorithm>
+#include <vector>
+
 #include <fmt/format.h>
 
 namespace attn {
@@ -47,6 +50,40 @@ std::string shell_quote(std::string_view raw) {
     else out += ch;
   }
   return out + "'";
+}
+
+namespace {
+
+// Levenshtein distance: the fewest single-letter insertions, deletions and substitutions.
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+std::string did_you_mean(std::string_view word, const std::vector<std::string>& candidates) {
+  const std::size_t allowed = std::max<std::size_t>(2, word.size() / 3);
+  std::size_t best = allowed + 1;
+  std::string nearest;
+  for (const auto& candidate : candidates) {
+    const std::size_t d = edit_distance(word, candidate);
+    if (d < best) {
+      best = d;
+      nearest = candidate;
+    }
+  }
+  return nearest.empty() ? std::string() : " (did you mean '" + printable(nearest) + "'?)";
 }
 
 }  // namespace attn

@@ -4,6 +4,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace attn {
 
@@ -17,5 +18,9 @@ std::string printable(std::string_view text);
 // One shell word: unchanged when it holds only safe characters, otherwise in
 // single quotes (printable first, so the command can be pasted).
 std::string shell_quote(std::string_view text);
+
+// " (did you mean 'X'?)" for the candidate nearest to a misspelt word (at most
+// a third of its letters edited, and two at least), or "" when none is close.
+std::string did_you_mean(std::string_view word, const std::vector<std::string>& candidates);
 
 }  // namespace attn

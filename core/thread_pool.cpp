@@ -148,4 +148,22 @@ void ThreadPool::parallel_for(std::int64_t tasks, const std::function<void(std::
   });
 }
 
+void run_on_new_threads(int workers, const std::function<void(int)>& work) {
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(std::max(workers, 1)));
+  auto guarded = [&](int worker) {
+    try {
+      work(worker);
+    } catch (...) {
+      errors[static_cast<std::size_t>(worker)] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int w = 1; w < workers; ++w) threads.emplace_back(guarded, w);
+  guarded(0);
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
 }  // namespace attn

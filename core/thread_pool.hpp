@@ -36,4 +36,10 @@ class ThreadPool {
   int threads_;
 };
 
+// Runs work(0) on the calling thread and work(1..workers-1) on new threads,
+// joins them, and rethrows the first exception any of them threw (an
+// exception escaping a std::thread would end the process: an allocation that
+// fails in the verifier's reference must be an error, not an abort).
+void run_on_new_threads(int workers, const std::function<void(int)>& work);
+
 }  // namespace attn

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 
 #include "attnbench/error.hpp"
@@ -62,6 +63,26 @@ Status float32_scores_fit(const Problem& p, const AttentionIO& io) {
           }
   }
   return Status::yes();
+}
+
+double case_memory_limit_bytes() {
+  const char* text = std::getenv("ATTN_MAX_CASE_GIB");
+  double gib = 2.0;
+  if (text != nullptr) {
+    char* end = nullptr;
+    const double value = std::strtod(text, &end);
+    if (end != text && *end == '\0' && value > 0 && std::isfinite(value)) gib = value;
+  }
+  return gib * 1024.0 * 1024.0 * 1024.0;
+}
+
+void require_workspace(double bytes, const char* what) {
+  const double limit = case_memory_limit_bytes();
+  if (bytes > limit) {
+    throw Unsupported(fmt::format("{} would take {:.2f} GiB, more than a case may use ({:.2f} GiB; ATTN_MAX_CASE_GIB "
+                                  "raises it)",
+                                  what, bytes / (1 << 30), limit / (1 << 30)));
+  }
 }
 
 void require_float32_scores(const Problem& p, const AttentionIO& io) {

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "core/detmath.hpp"
+#include "core/thread_pool.hpp"
 #include "reference/compensated_sum.hpp"
 
 namespace attn {
@@ -222,15 +223,18 @@ void compute_row(const CaseData& data, std::int64_t b, std::int64_t h, std::int6
       }
       stats->hull_lo[static_cast<std::size_t>(out_base + d)] = lo;
       stats->hull_hi[static_cast<std::size_t>(out_base + d)] = hi;
-      CompensatedSum abs_v, dev_v;
+      CompensatedSum abs_v, dev_v, tiny_v;
       const double scaled_out = std::ldexp(out, -shift);
+      const double tiny = 0x1p-14 * total;  // an unnormalised weight below it is p_ij < 2^-14
       for (std::size_t n = 0; n < visible_keys.size(); ++n) {
         const double v = column(n);
         abs_v.add(scores[n] * std::fabs(v));
         dev_v.add(scores[n] * std::fabs(v - scaled_out));
+        if (scores[n] < tiny) tiny_v.add(scores[n] * std::fabs(v));
       }
       stats->weighted_abs_v[static_cast<std::size_t>(out_base + d)] = std::ldexp(abs_v.value() / total, shift);
       stats->weighted_dev_v[static_cast<std::size_t>(out_base + d)] = std::ldexp(dev_v.value() / total, shift);
+      stats->tiny_weighted_v[static_cast<std::size_t>(out_base + d)] = std::ldexp(tiny_v.value() / total, shift);
     }
   }
 }
@@ -308,6 +312,7 @@ ReferenceResult reference_attention(const CaseData& data, ReferenceStats* stats,
   if (stats) {
     stats->weighted_abs_v.assign(result.out.size(), 0.0);
     stats->weighted_dev_v.assign(result.out.size(), 0.0);
+    stats->tiny_weighted_v.assign(result.out.size(), 0.0);
     stats->score_magnitude.assign(result.lse.size(), 0.0);
     stats->visible.assign(result.lse.size(), 0);
     stats->weight_norm.assign(result.lse.size(), 0.0);
@@ -326,10 +331,7 @@ ReferenceResult reference_attention(const CaseData& data, ReferenceStats* stats,
       compute_row(data, bh / p.heads_q, bh % p.heads_q, i, result, stats, scores, magnitudes, visible);
     }
   };
-  std::vector<std::thread> pool;
-  for (int w = 1; w < workers; ++w) pool.emplace_back(work, w);
-  work(0);
-  for (auto& t : pool) t.join();
+  run_on_new_threads(workers, work);
   return result;
 }
 

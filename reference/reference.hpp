@@ -27,6 +27,9 @@ struct ReferenceStats {
   // value): no correct output leaves it, whatever its scores. [0, 0] for a
   // row with no visible key.
   std::vector<double> hull_lo, hull_hi;
+  // Per out element: sum_j p_ij |v_jd| over the weights below 2^-14 (float16's
+  // smallest normal, the largest of any dtype): those a dtype can underflow.
+  std::vector<double> tiny_weighted_v;
 };
 
 // Whether key j is visible to query row (b, h, i) under the format's rules.

@@ -33,17 +33,25 @@ def run_report(args):
         with open(args.weights, "rb") as f:
             weights = f.read()
     drawn = report_html.write_report(bench_files, measurements, verify, weights, args.out)
-    print(f"wrote {os.path.join(args.out, 'report.html')} and summary.md ({len(drawn)} plots: {', '.join(drawn)})")
+    # No folder in the message: attn draws into a temporary one and names the final one itself.
+    print(f"wrote report.html and summary.md ({len(drawn)} plots: {', '.join(drawn)})")
     return 0
 
 
 def run_compare(args):
-    base = results.load_bench(args.base).measurements
-    new = results.load_bench(args.new).measurements
+    base_file, new_file = results.load_bench(args.base), results.load_bench(args.new)
+    base, new = base_file.measurements, new_file.measurements
     changes = cmp.compare(base, new)
     if not changes:
         sys.exit("compare: the two files share no benchmark")
+    for line in cmp.machine_warnings(base_file, new_file):
+        print(line)
     print(cmp.format_table(changes))
+    only_base, only_new = cmp.one_sided(base, new)
+    for names, side in ((only_base, "only in the base run"), (only_new, "only in the new run")):
+        if names:
+            print(f"\n{len(names)} benchmark(s) {side}, not compared:")
+            print("\n".join(f"  {name}" for name in names))
     if args.fail_on_regression is not None:
         code, lines = cmp.gate(changes, args.fail_on_regression)
         print()
@@ -68,7 +76,7 @@ def main(argv=None):
     try:
         return run_report(args) if args.command == "report" else run_compare(args)
     except (ValueError, OSError) as error:
-        print(f"report: error: {error}", file=sys.stderr)
+        print(f"attn: error: {error}", file=sys.stderr)
         return 2
 
 

@@ -4,6 +4,9 @@
 // `attn verify --outputs`. The broken variants are patched here, on the test
 // side, from the shipped adapters and the NumPy example.
 #include <gtest/gtest.h>
+#include <vector>
+#include <cstring>
+#include <array>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -293,4 +296,77 @@ TEST_F(Outside, HostileOutputsAreInputErrors) {
   r = run_attn("verify " + evil.string() + " --outputs " + out.string());
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("cannot name an output file inside"), std::string::npos) << r.output;
+}
+
+namespace {
+
+// Runs a printed command line as a user pastes it, from another folder.
+attn::test::CliRun run_pasted(const std::string& line, const std::string& folder) {
+  const std::string command = "cd " + folder + " && " + line + " > /dev/null 2>&1";
+  const int status = std::system(("bash -c '" + command + "'").c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, ""};
+}
+
+// The lines of `text` that start, after spaces, with `prefix`.
+std::vector<std::string> lines_with(const std::string& text, const std::string& needle) {
+  std::vector<std::string> found;
+  std::size_t start = 0;
+  while (start < text.size()) {
+    std::size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string line = text.substr(start, end - start);
+    if (line.find(needle) != std::string::npos) found.push_back(line.substr(line.find_first_not_of(' ')));
+    start = end + 1;
+  }
+  return found;
+}
+
+}  // namespace
+
+// Every reproduce command attn prints runs as printed, from any folder: the
+// terminal's and the JUnit's for a backend loaded by --plugin, both of attn
+// fuzz's, and one for results judged with --outputs from a relative folder.
+TEST_F(Outside, EveryReproduceCommandRunsAsPrintedFromAnyFolder) {
+  const std::string source = read_text(kAdapters + "/py_numpy.py");
+  std::string broken = patched(source, "NAME = \"py-numpy\"", "NAME = \"py-reversed-k\"");
+  broken = patched(broken, "scores = Q @ K.transpose(0, 1, 3, 2)", "scores = Q @ K[:, :, ::-1, :].transpose(0, 1, 3, 2)");
+  const fs::path plugin = write("reversed_k.py", broken);
+  const fs::path junit = dir_ / "v.xml";
+  auto r = run_attn("verify --plugin " + plugin.string() + " -b py-reversed-k " + kGolden + "/basic/b1_h2_q4_k4_d8_f32.h5 " +
+                    "--junit " + junit.string());
+  ASSERT_EQ(r.code, 1) << r.output;
+  const auto printed = lines_with(r.output, " verify ");
+  ASSERT_FALSE(printed.empty()) << r.output;
+  EXPECT_NE(printed.back().find("--plugin"), std::string::npos) << printed.back();
+  EXPECT_EQ(run_pasted(printed.back(), "/").code, 1) << printed.back();
+  const std::string xml = read_text(junit.string());
+  const std::size_t at = xml.find("reproduce: ");
+  ASSERT_NE(at, std::string::npos) << xml;
+  std::string from_junit = xml.substr(at + 11, xml.find("</failure>", at) - at - 11);
+  for (auto [entity, text] : {std::pair{"&apos;", "'"}, std::pair{"&quot;", "\""}, std::pair{"&amp;", "&"}}) {
+    for (std::size_t p; (p = from_junit.find(entity)) != std::string::npos;) from_junit.replace(p, std::strlen(entity), text);
+  }
+  EXPECT_EQ(run_pasted(from_junit, "/").code, 1) << from_junit;
+
+  r = run_attn("fuzz --plugin " + plugin.string() + " -b py-reversed-k --seed 1 --cases 20 --out " + (dir_ / "fz").string());
+  ASSERT_EQ(r.code, 1) << r.output;
+  const auto verify_line = lines_with(r.output, " verify ");
+  const auto fuzz_line = lines_with(r.output, "(draws it again)");
+  ASSERT_EQ(verify_line.size(), 1u) << r.output;
+  ASSERT_EQ(fuzz_line.size(), 1u) << r.output;
+  EXPECT_EQ(run_pasted(verify_line[0], "/").code, 1) << verify_line[0];
+  EXPECT_EQ(run_pasted(fuzz_line[0].substr(0, fuzz_line[0].find("   (draws")), "/").code, 1) << fuzz_line[0];
+
+  // --outputs from a folder named relative to where attn ran.
+  const std::string script = "/usr/bin/python3 " + kSource + "/examples/outputs/numpy_outputs.py ";
+  ASSERT_EQ(std::system((script + kGolden + "/basic " + (dir_ / "bad").string() + " --break-k > /dev/null").c_str()), 0);
+  FILE* pipe = popen(("cd " + dir_.string() + " && " + std::string(ATTN_CLI) + " verify " + kGolden +
+                      "/basic/b1_h2_q4_k4_d8_f32.h5 --outputs bad 2>&1").c_str(), "r");
+  std::string output;
+  std::array<char, 4096> buffer;
+  while (std::size_t n = std::fread(buffer.data(), 1, buffer.size(), pipe)) output.append(buffer.data(), n);
+  EXPECT_EQ(WEXITSTATUS(pclose(pipe)), 1) << output;
+  const auto outputs_line = lines_with(output, "--outputs ");
+  ASSERT_FALSE(outputs_line.empty()) << output;
+  EXPECT_EQ(run_pasted(outputs_line.back(), "/").code, 1) << outputs_line.back();
 }

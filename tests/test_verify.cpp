@@ -180,6 +180,30 @@ TEST(Compare, AnOutputOutsideTheVisibleValuesFailsWhateverTheBound) {
   EXPECT_GT(capped.out[0], 1.0);
 }
 
+// A sink (or one score) far above the rest leaves the other weights below
+// float32's smallest subnormal: a correct float32 backend returns 0 for them,
+// however large |v|. The bound allows what those weights carry, and no more.
+TEST(Tolerance, UnderflowedWeightsAreAllowedWhatTheyCarry) {
+  CaseData data;
+  data.problem = Problem::parse("dtype=f32,b=1,hq=1,hkv=1,sq=1,sk=1,d=1,dv=1,scale=1,sinks");
+  data.q = {0};
+  data.k = {0};
+  data.v = {-4e36};
+  data.sinks = {108.0};  // p = e^-108 = 1.2e-47, below 2^-149
+  ReferenceStats stats;
+  const ReferenceResult r = reference_attention(data, &stats);
+  ASSERT_LT(std::fabs(r.out[0]), 1e-9);
+  ASSERT_GT(std::fabs(r.out[0]), 1e-12);
+  EXPECT_DOUBLE_EQ(stats.tiny_weighted_v[0], std::fabs(r.out[0]));
+  const Bounds f32 = derive_bounds(data.problem, r.out, r.lse, stats);
+  EXPECT_GE(f32.out[0], std::fabs(r.out[0]));  // 0, what float32 gives, passes
+  EXPECT_LT(f32.out[0], 3 * std::fabs(r.out[0]));  // twice the truth does not
+  // The same row with |v| = 1: the weight's share is far below any rounding.
+  data.v = {1.0};
+  const ReferenceResult small = reference_attention(data, &stats);
+  EXPECT_LT(derive_bounds(data.problem, small.out, small.lse, stats).out[0], 1e-40);
+}
+
 TEST(Tolerance, BoundsFollowPrecisionAndRowLength) {
   Problem problem = Problem::parse("dtype=f32,b=1,hq=1,hkv=1,sq=2,sk=3,d=64,dv=1");
   ReferenceStats stats{{1.0, 1.0}, {0.5, 0.5}, {4.0, 4.0}, {10, 1000}, {0.5, 0.1}};

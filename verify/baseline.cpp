@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "core/detmath.hpp"
+#include "core/thread_pool.hpp"
 #include "reference/reference.hpp"
 #include "verify/layer.hpp"
 
@@ -137,10 +138,7 @@ template <typename Body> void rows_in_parallel(const Problem& p, int threads, Bo
     if (p.dtype == DType::f64) run(0.0);
     else run(0.0f);
   };
-  std::vector<std::thread> pool;
-  for (int w = 1; w < workers; ++w) pool.emplace_back(work, w);
-  work(0);
-  for (auto& t : pool) t.join();
+  run_on_new_threads(workers, work);
 }
 
 }  // namespace

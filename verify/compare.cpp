@@ -62,6 +62,7 @@ std::vector<char> rows_with_keys(const std::vector<std::int64_t>& visible) {
 // result could be told from zero at all (for MISTRUSTED).
 void check_a_priori(const CompareInputs& in, Comparison& r) {
   const Problem& p = in.problem;
+  r.compared = true;
   std::int64_t informative = 0;
   std::string first_failure;
   auto note = [&](std::int64_t e, std::string what) {
@@ -79,6 +80,7 @@ void check_a_priori(const CompareInputs& in, Comparison& r) {
     double error = std::fabs(got - truth);
     double ratio;
     if (!std::isfinite(got)) {
+      ++(std::isnan(got) ? r.nan_elements : r.infinite_elements);
       error = std::numeric_limits<double>::infinity();
       ratio = error;
       if (first_failure.empty()) note(e, fmt::format("non-finite output {} where the truth is {}", got, truth));

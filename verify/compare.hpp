@@ -25,6 +25,8 @@ inline std::string_view format_as(Verdict verdict) { return verdict_name(verdict
 struct Comparison {
   Verdict verdict = Verdict::pass;
   std::string reason;             // why FAIL, SKIP, MISTRUSTED or DIFFERS (every failed check, "; " between)
+  bool compared = false;          // an output was compared (false when the backend threw, or it was skipped)
+  std::int64_t nan_elements = 0, infinite_elements = 0;  // of the output
   // The a-priori bound, element by element, against the float64 truth.
   double max_abs_error = 0;       // over out
   double max_rel_error = 0;       // over out elements whose truth is non-zero

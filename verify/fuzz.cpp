@@ -144,8 +144,9 @@ std::int64_t follow(std::int64_t axis, std::int64_t old_full, std::int64_t new_f
 // The format version 2 additions, from a stream of their own so that the
 // version 1 part of every case is drawn as before: windows (0, 1, around seq
 // and unbounded sides), softcap, ALiBi, sinks, and packed or paged layouts of
-// the keys (which replace the case's mask, bias and kv_len).
-void draw_version2(const std::string& name, Problem& p, InputRecipe& r) {
+// the keys (which replace the case's mask, bias and kv_len). `decode`: the case
+// is of the decode family.
+void draw_version2(const std::string& name, bool decode, Problem& p, InputRecipe& r) {
   Rng rng = Rng::from_name(name);
   auto side = [&] {
     const double u = rng.uniform();
@@ -163,7 +164,9 @@ void draw_version2(const std::string& name, Problem& p, InputRecipe& r) {
   if (rng.uniform() < 0.15) p.alibi = true;
   if (rng.uniform() < 0.15) {
     p.sinks = true;
-    r.sink_mean = rng.uniform(-2.0, 6.0);
+    // Now and then far above every score: exp(sink - m) overflows float32
+    // unless the sink joins the running maximum.
+    r.sink_mean = rng.uniform() < 0.25 ? rng.uniform(90.0, 120.0) : rng.uniform(-2.0, 6.0);
   }
   const double layout = rng.uniform();
   auto clear_masking = [&] {
@@ -186,10 +189,14 @@ void draw_version2(const std::string& name, Problem& p, InputRecipe& r) {
     p.batch = entries;
     p.seq_q = std::max<std::int64_t>(std::accumulate(r.q_lens.begin(), r.q_lens.end(), std::int64_t{0}) + rng.uniform_int(0, 3), 1);
     p.seq_k = std::accumulate(r.k_lens.begin(), r.k_lens.end(), std::int64_t{0}) + rng.uniform_int(0, 3);
-  } else if (layout < 0.2) {  // paged: pages of 1 to 128 keys, a partly filled last page, empty entries
+  } else if (layout < (decode ? 0.6 : 0.2)) {  // paged: pages of 1 to 256 keys, a partly filled last page, empty entries
     clear_masking();
-    const std::int64_t sizes[] = {1, 3, 16, 16, 64, 128};
-    p.page_size = pick(rng, sizes);
+    // Decoding is where paged caches live, with the page sizes servers use; 64
+    // and more: the float32 decode path reads such pages in place, a key block
+    // at a time.
+    const std::int64_t sizes[] = {1, 3, 16, 16, 64, 128, 256};
+    const std::int64_t served[] = {16, 64, 128, 256};
+    p.page_size = decode ? pick(rng, served) : pick(rng, sizes);
     const std::int64_t pages = std::max<std::int64_t>((p.seq_k + p.page_size - 1) / p.page_size, 1);
     p.seq_k = pages * p.page_size;
     for (std::int64_t b = 0; b < p.batch; ++b) r.seq_lens.push_back(rng.uniform() < 0.15 ? 0 : rng.uniform_int(1, p.seq_k));
@@ -322,7 +329,7 @@ FuzzCase draw_fuzz_case(std::uint64_t seed, std::int64_t index) {
   const int threads[] = {1, 2, 3, 8, 8};
   c.threads = pick(rng, threads);
   c.layout = rng.uniform() < 0.5 ? Layout::bhsd : Layout::bshd;
-  draw_version2(fmt::format("attn fuzz v2 {} {}", seed, index), p, r);
+  draw_version2(fmt::format("attn fuzz v2 {} {}", seed, index), decode, p, r);
   if (!store(c, p)) throw Error(fmt::format("attn fuzz: drew an invalid case {}: {}", c.spec.name, p.to_string()));
   return c;
 }

@@ -57,7 +57,10 @@ std::unique_ptr<Plan> RecordedOutputs::prepare(const Problem&, const AttentionIO
 }
 
 std::string RecordedOutputs::arguments() const {
-  return fmt::format(" --outputs {} --outputs-name {}", shell_quote(dir_.string()), shell_quote(name_));
+  // Absolute, like the fixture's path: the command runs from any folder.
+  std::error_code ec;
+  const std::filesystem::path dir = std::filesystem::absolute(dir_, ec);
+  return fmt::format(" --outputs {} --outputs-name {}", shell_quote((ec ? dir_ : dir).string()), shell_quote(name_));
 }
 
 std::filesystem::path RecordedOutputs::file_for(const std::string& fixture_name) const {

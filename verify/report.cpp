@@ -16,6 +16,7 @@
 
 #include "attnbench/error.hpp"
 #include "core/output_file.hpp"
+#include "core/registry.hpp"
 #include "core/text.hpp"
 
 namespace attn {
@@ -85,8 +86,9 @@ std::string reproduce_command(const CaseOutcome& o, const std::string& attn_comm
   }
   std::error_code ec;
   const std::filesystem::path file = std::filesystem::absolute(o.file, ec);
-  return fmt::format("{}{} verify {} --backend {}{}{}", environment, attn_command,
-                     shell_quote((ec ? o.file : file).string()), shell_quote(o.backend), o.config.arguments(), o.arguments);
+  return fmt::format("{}{} verify {} --backend {}{}{}{}", environment, attn_command,
+                     shell_quote((ec ? o.file : file).string()), shell_quote(o.backend), o.config.arguments(),
+                     o.arguments, plugin_arguments(o.backend));
 }
 
 std::vector<BudgetUse> budget_use(const VerifySummary& summary) {
@@ -117,13 +119,21 @@ void print_outcome(std::FILE* out, const CaseOutcome& o) {
                printable(fixture_label(o)), "-", "-", "-", "-", "-", "-", printable(c.reason));
     return;
   }
-  std::string worst = c.worst_index >= 0 ? fmt::format("[{}]", fmt::join(c.worst_coords, ",")) : "-";
   std::string verdict(verdict_name(c.verdict));
   if (!c.reason.empty()) verdict += fmt::format(" ({})", c.reason);
   if (!o.warning.empty()) verdict += fmt::format(" [{}]", o.warning);
+  if (!c.compared) {  // the backend threw: nothing was measured, and no column may read as a result
+    fmt::print(out, "{:<14} {:<44} {:>10} {:>10} {:>10} {:>9} {:>8} {:<16} {}\n", printable(o.backend),
+               printable(fixture_label(o)), "-", "-", "-", "-", "-", "-", printable(verdict));
+    return;
+  }
+  std::string worst = c.worst_index >= 0 ? fmt::format("[{}]", fmt::join(c.worst_coords, ",")) : "-";
   const std::string base = c.baseline_ratio ? fmt::format("{:.2f}", *c.baseline_ratio) : "-";
-  fmt::print(out, "{:<14} {:<44} {:>10.3g} {:>10.3g} {:>10.3g} {:>9} {:>8} {:<16} {}\n", printable(o.backend),
-             printable(fixture_label(o)), c.max_abs_error, c.max_rel_error, c.bound_at_worst, ratio_text(c), base, worst,
+  // A NaN or infinite output has no error to print: say which it holds.
+  const std::string max_abs = c.nan_elements > 0 ? "NaN" : c.infinite_elements > 0 ? "inf" : fmt::format("{:.3g}", c.max_abs_error);
+  const std::string max_rel = c.nan_elements + c.infinite_elements > 0 ? "-" : fmt::format("{:.3g}", c.max_rel_error);
+  fmt::print(out, "{:<14} {:<44} {:>10} {:>10} {:>10.3g} {:>9} {:>8} {:<16} {}\n", printable(o.backend),
+             printable(fixture_label(o)), max_abs, max_rel, c.bound_at_worst, ratio_text(c), base, worst,
              printable(verdict));
 }
 
@@ -230,12 +240,15 @@ void write_json(const VerifySummary& summary, const std::filesystem::path& path,
                         {"threads", o.config.threads},
                         {"layout", o.config.layout ? layout_name(*o.config.layout) : "bhsd"}};
     if (c.verdict != Verdict::skip) {
-      auto finite_or_null = [](double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr); };
+      // Nothing was measured when the backend threw: every figure is null.
+      auto finite_or_null = [&c](double x) {
+        return c.compared && std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr);
+      };
       r["max_abs_error"] = finite_or_null(c.max_abs_error);
       r["max_rel_error"] = finite_or_null(c.max_rel_error);
-      r["bound_at_worst"] = c.bound_at_worst;
+      r["bound_at_worst"] = finite_or_null(c.bound_at_worst);
       r["error_over_bound"] = finite_or_null(c.worst_ratio);
-      r["worst_index"] = c.worst_coords;
+      r["worst_index"] = c.compared ? nlohmann::json(c.worst_coords) : nlohmann::json::array();
       r["informative_fraction"] = c.informative_fraction;
       if (c.lse_worst_ratio) r["lse_error_over_bound"] = finite_or_null(*c.lse_worst_ratio);
       r["rms_error"] = finite_or_null(c.rms_error);
@@ -380,9 +393,20 @@ void write_junit(const VerifySummary& summary, const std::filesystem::path& path
                         id, summary.input_errors.size(), stamp, host);
     file << properties("fixtures that could not be judged");
     for (std::size_t n = 0; n < summary.input_errors.size(); ++n) {
-      file << fmt::format("    <testcase classname=\"inputs\" name=\"input {}\" time=\"0\"><error message=\"{}\" "
+      // Named after its file, which the message starts with ("FILE: ..."), so
+      // a dashboard shows which fixture it was; otherwise by its number.
+      const std::string& error = summary.input_errors[n];
+      std::string name = fmt::format("input {}", n + 1);
+      for (const char* suffix : {".h5: ", ".hdf5: "}) {
+        const std::size_t at = error.find(suffix);
+        if (at != std::string::npos) {
+          name = error.substr(0, at + std::string_view(suffix).size() - 2);
+          break;
+        }
+      }
+      file << fmt::format("    <testcase classname=\"inputs\" name=\"{}\" time=\"0\"><error message=\"{}\" "
                           "type=\"input error\"/></testcase>\n",
-                          n + 1, xml_escape(summary.input_errors[n]));
+                          xml_escape(name), xml_escape(error));
     }
     file << "  </testsuite>\n";
   }

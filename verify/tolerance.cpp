@@ -1,5 +1,6 @@
 #include "verify/tolerance.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 namespace attn {
@@ -18,6 +19,22 @@ double underflow_floor(DType dtype) {
     case DType::f32: return std::ldexp(1.0, -149);
     case DType::f16: return std::ldexp(1.0, -24);
     case DType::bf16: return std::ldexp(1.0, -133);
+  }
+  return 0;
+}
+
+// The absolute error of one attention weight that underflows: computed in the
+// accumulation type and rounded to the dtype before P V, a weight below the
+// dtype's smallest normal keeps only the subnormal spacing (bfloat16 hardware
+// flushes it to zero). No relative term covers it: a sink or a score far above
+// the rest puts every other weight there, and |v| can be as large as the dtype
+// allows.
+double weight_underflow(DType dtype) {
+  switch (dtype) {
+    case DType::f64: return std::ldexp(1.0, -1074);
+    case DType::f32: return std::ldexp(1.0, -149);
+    case DType::f16: return std::ldexp(1.0, -24);
+    case DType::bf16: return std::ldexp(1.0, -126);
   }
   return 0;
 }
@@ -61,10 +78,18 @@ Bounds derive_bounds(const Problem& p, const std::vector<double>& golden_out,
       const double out = std::fabs(golden_out[e]);
       const double weighted_v = stats.weighted_abs_v[e];   // sum_j p_j |v_j|
       const double spread_v = stats.weighted_dev_v[e];     // sum_j p_j |v_j - out|
+      // Underflowed weights: each loses at most its spacing and at most itself,
+      // so all together at most sum_j min(p_j, spacing) |v_j|.
+      double underflowed = 0;
+      if (hull && e < stats.tiny_weighted_v.size()) {
+        const double v_max = std::max(std::fabs(stats.hull_lo[e]), std::fabs(stats.hull_hi[e]));
+        underflowed = std::min(stats.tiny_weighted_v[e], n * weight_underflow(p.dtype) * v_max);
+      }
       const double rounding = c * (u * out                  // rounding out to dtype
                                    + u * weighted_v         // P rounded to dtype before P V
                                    + sum_error * weighted_v)  // accumulating P V and the denominator
-                              + underflow_floor(p.dtype) + subnormal_allowance(p.dtype, n);
+                              + underflow_floor(p.dtype) + subnormal_allowance(p.dtype, n)
+                              + underflowed;
       bounds.out[e] = rounding + c * score_error * spread_v;  // score errors move weight between keys
       if (!hull) continue;
       bounds.hull_slack[e] = rounding;

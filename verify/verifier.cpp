@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <set>
 
 #include "attnbench/error.hpp"
 #include "core/extensions.hpp"
@@ -392,6 +393,16 @@ VerifySummary verify_fixture(const Fixture& fixture, const std::vector<const Bac
 
 namespace {
 
+// Tags that select nothing are an input error recorded like any other (so the
+// JSON and JUnit of the run say why nothing ran), naming the tags there are.
+void note_unmatched_tags(const VerifyOptions& options, const std::set<std::string>& seen, bool matched,
+                         VerifySummary& summary) {
+  if (options.tags.empty() || matched) return;
+  summary.input_errors.push_back(fmt::format("no fixture has any of the tags {}; the tags there are: {}",
+                                             fmt::join(options.tags, ","),
+                                             seen.empty() ? std::string("none") : fmt::format("{}", fmt::join(seen, ","))));
+}
+
 // A damaged file can crash or hang libhdf5 itself: it is read first in a
 // child process with limits, and only then for real (the same library on the
 // same bytes does the same thing twice). The message when it failed.
@@ -445,6 +456,8 @@ VerifySummary verify_shard(const std::vector<std::filesystem::path>& files, cons
   };
   std::vector<Readable> readable;
   std::vector<ShardUnit> units;
+  std::set<std::string> seen_tags;
+  bool matched = false;
   for (const auto& file : files) {
     try {
       const std::string trouble = sandboxed_read(file, options, limits);
@@ -453,7 +466,9 @@ VerifySummary verify_shard(const std::vector<std::filesystem::path>& files, cons
         continue;
       }
       FixtureHeader header = read_fixture_header(file);
+      for (auto& t : header.all_tags()) seen_tags.insert(std::move(t));
       if (!wanted(header, options.tags)) continue;
+      matched = true;
       for (const Backend* b : backends) {
         units.push_back({fmt::format("{}|{}|{}", b->name(), header.name, header.problem.to_string()),
                          unit_cost(header, configs)});
@@ -463,6 +478,7 @@ VerifySummary verify_shard(const std::vector<std::filesystem::path>& files, cons
       if (shard.index == 1) summary.input_errors.push_back(e.what());
     }
   }
+  if (shard.index == 1) note_unmatched_tags(options, seen_tags, matched, summary);
   std::vector<std::string> keys;
   for (const auto& u : units) keys.push_back(u.key);
   summary.suite = suite_fingerprint(keys);
@@ -493,6 +509,8 @@ VerifySummary verify(const std::vector<std::filesystem::path>& files,
   VerifySummary summary;
   const SandboxLimits limits = SandboxLimits::from_environment();
   const BackendRefs all = refs_of(backends);
+  std::set<std::string> seen_tags;
+  bool matched = false;
   for (const auto& file : files) {
     try {
       const std::string trouble = sandboxed_read(file, options, limits);
@@ -501,12 +519,15 @@ VerifySummary verify(const std::vector<std::filesystem::path>& files,
         continue;
       }
       FixtureHeader header = read_fixture_header(file);
+      for (auto& t : header.all_tags()) seen_tags.insert(std::move(t));
       if (!wanted(header, options.tags)) continue;
+      matched = true;
       verify_file(file, header, all, options, on_outcome, summary);
     } catch (const Error& e) {  // InputError included
       summary.input_errors.push_back(e.what());
     }
   }
+  note_unmatched_tags(options, seen_tags, matched, summary);
   return summary;
 }
 

@@ -9,23 +9,62 @@
 namespace attn {
 
 namespace {
+
+// Where key j of query row i's entry sits among the columns of the view: the
+// packed position for packed (ragged) sequences, whose columns are the packed
+// keys; j itself otherwise. -1 for a row past the last sequence.
+std::int64_t key_column_offset(const CaseData& data, std::int64_t i) {
+  const Problem& p = data.problem;
+  if (!p.ragged) return 0;
+  for (std::int64_t e = 0; e < p.batch; ++e) {
+    const auto at = static_cast<std::size_t>(e);
+    if (i >= data.cu_seqlens_q[at] && i < data.cu_seqlens_q[at + 1]) return data.cu_seqlens_k[at];
+  }
+  return -1;
+}
+
 std::vector<char> hidden_of(const CaseData& data, std::int64_t b, std::int64_t h) {
   const Problem& p = data.problem;
-  std::vector<char> hidden(static_cast<std::size_t>(p.seq_q * p.seq_k));
-  for (std::int64_t i = 0; i < p.seq_q; ++i)
-    for (std::int64_t j = 0; j < p.seq_k; ++j) hidden[static_cast<std::size_t>(i * p.seq_k + j)] = !reference_visible(data, b, h, i, j);
+  std::vector<char> hidden(static_cast<std::size_t>(p.seq_q * p.seq_k), 1);
+  for (std::int64_t i = 0; i < p.seq_q; ++i) {
+    const std::int64_t offset = key_column_offset(data, i);
+    if (offset < 0) continue;
+    for (std::int64_t j = 0; j + offset < p.seq_k; ++j) {
+      hidden[static_cast<std::size_t>(i * p.seq_k + offset + j)] = !reference_visible(data, b, h, i, j);
+    }
+  }
   return hidden;
 }
 
+// The reference's weights (entry-local keys) moved to the view's columns.
+std::vector<double> weights_in_columns(const CaseData& data, std::int64_t b, std::int64_t h) {
+  const Problem& p = data.problem;
+  std::vector<double> local = reference_weights(data, b, h);
+  if (!p.ragged) return local;
+  std::vector<double> placed(local.size(), 0.0);
+  for (std::int64_t i = 0; i < p.seq_q; ++i) {
+    const std::int64_t offset = key_column_offset(data, i);
+    if (offset < 0) continue;
+    for (std::int64_t j = 0; j + offset < p.seq_k; ++j) {
+      placed[static_cast<std::size_t>(i * p.seq_k + offset + j)] = local[static_cast<std::size_t>(i * p.seq_k + j)];
+    }
+  }
+  return placed;
+}
+
 void check_indices(const Problem& p, std::int64_t b, std::int64_t h) {
-  if (b < 0 || b >= p.batch) throw InputError(fmt::format("--batch {} is outside [0, {})", b, p.batch));
+  // Packed sequences are one batch of packed rows: every entry is in batch 0.
+  if (b < 0 || b >= p.q_batch()) {
+    throw InputError(fmt::format("--batch {} is outside [0, {}){}", b, p.q_batch(),
+                                 p.ragged ? " (packed sequences: every entry is in batch 0)" : ""));
+  }
   if (h < 0 || h >= p.heads_q) throw InputError(fmt::format("--head {} is outside [0, {})", h, p.heads_q));
 }
 }  // namespace
 
 WeightsView reference_weights_view(const CaseData& data, std::int64_t b, std::int64_t h) {
   check_indices(data.problem, b, h);
-  return {data.problem.seq_q, data.problem.seq_k, reference_weights(data, b, h), hidden_of(data, b, h)};
+  return {data.problem.seq_q, data.problem.seq_k, weights_in_columns(data, b, h), hidden_of(data, b, h)};
 }
 
 WeightsView backend_weights_view(const Backend& backend, const CaseData& data, std::int64_t b, std::int64_t h,

@@ -174,6 +174,15 @@ void TileScratch::reserve(const Problem& p, const Geometry& g, bool pack_kv, std
   block_max.assign(rows, 0.0f);
 }
 
+double TileScratch::bytes_for(const Problem& p, const Geometry& g, bool pack_kv, std::int64_t score_blocks) {
+  auto d = [](std::int64_t x) { return static_cast<double>(x); };
+  const double keys = d(g.key_blocks) * d(kKeyBlock), rows = d(g.scratch_rows);
+  // The packed K and V (float32 is the larger), Q, the scores and the rest of a tile.
+  const double pack = pack_kv ? 4.0 * keys * d(std::max(p.head_dim, g.head_dim_pairs * 2) + g.dv_pad) : 0.0;
+  return pack + 4.0 * rows * (d(p.head_dim) + d(kKeyBlock) * d(std::max<std::int64_t>(score_blocks, 1)) + d(g.dv_pad) + 3.0 +
+                              d(kKeyBlock));
+}
+
 std::size_t TileScratch::bytes() const {
   return pack.bytes() + (q.size() + scores.size() + o.size() + m.size() + l.size() + block_max.size()) * sizeof(float) +
          (q_bf16.size() + p_bf16.size()) * sizeof(bf16);

@@ -82,6 +82,8 @@ struct TileScratch {
   LineVector<bf16> q_bf16, p_bf16;
   void reserve(const Problem& p, const Geometry& g, bool pack_kv, std::int64_t score_blocks);
   std::size_t bytes() const;
+  // What reserve() would allocate, at most, worked out before it does.
+  static double bytes_for(const Problem& p, const Geometry& g, bool pack_kv, std::int64_t score_blocks);
 };
 
 // The query rows of one tile: rows r = position * group + head-in-group.

@@ -52,7 +52,9 @@ void naive_attention(const Problem& p, const AttentionIO& io) {
   const A cap = static_cast<A>(p.softcap);
   std::vector<A> weights(static_cast<std::size_t>(p.seq_k));
   std::vector<char> visible(static_cast<std::size_t>(p.seq_k));
-  std::vector<A> acc(static_cast<std::size_t>(p.head_dim_v));
+  // The sums (the denominator and P V) in float64: a float32 sum of 2^25 equal
+  // weights stops at 2^24, and one of a long row's tiny P V terms stops adding.
+  std::vector<double> acc(static_cast<std::size_t>(p.head_dim_v));
   // Where key j of entry e lives in k and v: (tensor batch, seq).
   auto key_batch = [&](std::int64_t e, std::int64_t j) {
     if (p.paged()) return io.page_table[e * p.pages_per_entry() + j / p.page_size];
@@ -120,27 +122,29 @@ void naive_attention(const Problem& p, const AttentionIO& io) {
         }
         // A sink is one more logit in the denominator, with no value.
         max_score = std::max(max_score, sink);
-        A sum = 0;
+        double sum = 0;
         for (std::int64_t j = 0; j < keys; ++j) {
           if (!visible[static_cast<std::size_t>(j)]) continue;
           A& w = weights[static_cast<std::size_t>(j)];
           w = std::exp(w - max_score);
-          sum += w;
+          sum += static_cast<double>(w);
         }
         // The sink last: added first, a sink far above the scores would round
         // every small weight after it at its own magnitude (found by attn fuzz).
-        if (io.sinks) sum += std::exp(sink - max_score);
-        std::fill(acc.begin(), acc.end(), A{0});
+        if (io.sinks) sum += static_cast<double>(std::exp(sink - max_score));
+        std::fill(acc.begin(), acc.end(), 0.0);
         for (std::int64_t j = 0; j < keys; ++j) {
           if (!visible[static_cast<std::size_t>(j)]) continue;
-          const A w = weights[static_cast<std::size_t>(j)] / sum;
+          const A w = static_cast<A>(static_cast<double>(weights[static_cast<std::size_t>(j)]) / sum);
           const std::int64_t kb = key_batch(e, j), kj = key_seq(e, j);
           for (std::int64_t d = 0; d < p.head_dim_v; ++d) {
-            A& a = acc[static_cast<std::size_t>(d)];
-            a += w * widen(v[io.v.offset(kb, g, kj, d)]);
+            double& a = acc[static_cast<std::size_t>(d)];
+            a += static_cast<double>(w * widen(v[io.v.offset(kb, g, kj, d)]));
           }
         }
-        for (std::int64_t d = 0; d < p.head_dim_v; ++d) out[io.out.offset(b, h, i, d)] = narrow<T>(acc[static_cast<std::size_t>(d)]);
+        for (std::int64_t d = 0; d < p.head_dim_v; ++d) {
+          out[io.out.offset(b, h, i, d)] = narrow<T>(static_cast<A>(acc[static_cast<std::size_t>(d)]));
+        }
         if (io.lse) io.lse[row] = static_cast<double>(max_score) + std::log(static_cast<double>(sum));
       }
     }
@@ -164,7 +168,7 @@ class NaiveBackend final : public Backend {
  public:
   std::string_view name() const override { return "naive"; }
   std::string_view description() const override {
-    return "textbook attention: materialised scores, max-subtracted softmax, P V; float32 accumulation";
+    return "textbook attention: materialised scores, max-subtracted softmax, P V; float32 scores, float64 sums";
   }
   Capabilities capabilities() const override { return {kAllDTypes, kAllFeatures, true}; }
   Status supports(const Problem&) const override { return Status::yes(); }

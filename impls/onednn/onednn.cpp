@@ -58,6 +58,9 @@ class OneDnnPlan final : public Plan {
       v32_.resize(static_cast<std::size_t>(p.v_elements()));
     }
     const std::int64_t rows = std::min(kRowBlock, p.seq_q);
+    require_workspace(6.0 * static_cast<double>(rows) * static_cast<double>(p.seq_k) +
+                          (p.dtype == DType::f16 ? 4.0 * static_cast<double>(p.q_elements() + p.k_elements() + p.v_elements()) : 0.0),
+                      "onednn's scores of a row block (and float16 widened)");
     s_.assign(static_cast<std::size_t>(rows * p.seq_k), 0.0f);
     if (compute_type_ == memory::data_type::bf16) p16_.assign(static_cast<std::size_t>(rows * p.seq_k), bf16{});
     o_.assign(static_cast<std::size_t>(rows * p.head_dim_v), 0.0f);

@@ -37,6 +37,10 @@ class OpenBlasPlan final : public Plan {
       : p_(p), io_(io), kernels_(cpu::best_kernels()) {
     threads_ = resolve_threads(options.threads);
     const std::int64_t rows = std::min(kRowBlock, p.seq_q);
+    auto d = [](std::int64_t x) { return static_cast<double>(x); };
+    require_workspace(4.0 * (d(p.seq_q) * d(p.head_dim) + d(p.seq_k) * d(p.head_dim + p.head_dim_v) +
+                             d(rows) * (d(std::max<std::int64_t>(p.seq_k, 1)) + d(p.head_dim_v))),
+                      "openblas's float32 copies of a head and a row block's scores");
     q_.assign(static_cast<std::size_t>(p.seq_q * p.head_dim), 0.0f);
     k_.assign(static_cast<std::size_t>(p.seq_k * p.head_dim), 0.0f);
     v_.assign(static_cast<std::size_t>(p.seq_k * p.head_dim_v), 0.0f);

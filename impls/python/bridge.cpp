@@ -45,11 +45,20 @@ fs::path backends_folder() {
 // The last line of a Python error (its type and message), for a verdict.
 std::string python_error(const py::error_already_set& e) {
   std::string text = e.what();
-  // pybind11 appends the traceback after "\n\nAt:"; a verdict keeps the message.
-  if (auto at = text.find("\n\nAt:"); at != std::string::npos) text.resize(at);
+  // pybind11 appends the traceback after "\n\nAt:", innermost frame first
+  // ("  /path/file.py(123): function"): a verdict keeps the message and where
+  // it was raised.
+  std::string where;
+  if (auto at = text.find("\n\nAt:"); at != std::string::npos) {
+    std::string frames = text.substr(at + 5);
+    text.resize(at);
+    std::size_t start = frames.find_first_not_of(" \n");
+    if (start != std::string::npos) where = frames.substr(start, frames.find('\n', start) - start);
+  }
   for (char& c : text) {
     if (c == '\n') c = ' ';
   }
+  if (!where.empty()) text += " (at " + where + ")";
   return printable(text);
 }
 

@@ -37,13 +37,20 @@ class StreamingPlan final : public Plan {
     // Paged K and V qualify when every 64-key block lies in one page.
     direct_ = g_.tile_rows <= kDirectRows && p.dtype == DType::f32 && io.k.strides[3] == 1 && io.v.strides[3] == 1 &&
               p.head_dim_v == g_.dv_pad && (!p.paged() || p.page_size % kKeyBlock == 0);
+    require_workspace(threads_ * Scratch::bytes_for(p, g_, !direct_, 1) +
+                          (chunks_ > 1 ? 4.0 * static_cast<double>(tiles_ * chunks_ * g_.tile_rows) * static_cast<double>(g_.dv_pad + 2) : 0.0),
+                      "streaming's tile scratch and split-K partials");
     scratch_.resize(static_cast<std::size_t>(threads_));
     for (Scratch& s : scratch_) s.reserve(p, g_, !direct_, 1);
     if (chunks_ > 1) {
+      // NaN until a chunk writes them: a chunk that left its partials unwritten
+      // (one with no visible key, say) would poison its rows, not pass by the
+      // luck of zeros. prepare() is not timed.
       const auto n = static_cast<std::size_t>(tiles_ * chunks_ * g_.tile_rows);
-      partial_o_.assign(n * static_cast<std::size_t>(g_.dv_pad), 0.0f);
-      partial_m_.assign(n, 0.0f);
-      partial_l_.assign(n, 0.0f);
+      const float unwritten = std::numeric_limits<float>::quiet_NaN();
+      partial_o_.assign(n * static_cast<std::size_t>(g_.dv_pad), unwritten);
+      partial_m_.assign(n, unwritten);
+      partial_l_.assign(n, unwritten);
     }
   }
 

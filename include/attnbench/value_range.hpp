@@ -19,4 +19,12 @@ Status float32_scores_fit(const Problem& problem, const AttentionIO& io);
 // Throws attn::Unsupported with the reason when they do not fit.
 void require_float32_scores(const Problem& problem, const AttentionIO& io);
 
+// The memory one case may take, as every tool bounds it before work starts:
+// ATTN_MAX_CASE_GIB GiB (default 2). A plan that would hold more scratch than
+// this (a page of 2^25 keys makes a row block's scores gigabytes) refuses the
+// case: require_workspace throws attn::Unsupported, naming what needs it, so
+// the run goes on instead of failing an allocation half way.
+double case_memory_limit_bytes();
+void require_workspace(double bytes, const char* what);
+
 }  // namespace attn

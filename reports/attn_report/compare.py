@@ -83,6 +83,38 @@ def compare(base, new):
     return changes
 
 
+def one_sided(base, new):
+    """(names only in base, names only in new): benchmarks the comparison cannot judge."""
+    old = {m.name for m in base if m.seconds}
+    now = {m.name for m in new if m.seconds}
+    return sorted(old - now), sorted(now - old)
+
+
+# Two runs whose recorded peaks differ by more than this factor ran on machines
+# (or under loads) too different for a time to mean the same thing; the same
+# host's peaks moved by up to a third between runs minutes apart.
+MACHINE_FACTOR = 1.5
+PEAKS = (("fp32_gflops", "float32 FMA peak", "GFLOP/s"), ("bf16_gflops", "bfloat16 dot peak", "GFLOP/s"),
+         ("amx_bf16_gflops", "AMX peak", "GFLOP/s"), ("bandwidth_gbs", "read bandwidth", "GB/s"))
+
+
+def machine_warnings(base_file, new_file):
+    """Lines warning that the two runs' recorded peaks or bandwidths differ beyond the noise."""
+    lines = []
+    for key, what, unit in PEAKS:
+        a, b = base_file.peak(key), new_file.peak(key)
+        if not a or not b:
+            continue
+        ratio = max(a, b) / min(a, b)
+        if ratio > MACHINE_FACTOR:
+            lines.append(f"warning: the two runs' {what} differ {ratio:.1f}x ({a:g} and {b:g} {unit}): they ran on "
+                         f"different machines or under different loads, and their times do not compare")
+    models = [f.context.get("attn_cpu_model", "") for f in (base_file, new_file)]
+    if all(models) and models[0] != models[1]:
+        lines.append(f"warning: the two runs come from different CPUs ({models[0]} and {models[1]})")
+    return lines
+
+
 def regressions(changes, threshold_pct):
     """Changes slower by more than threshold_pct and significant."""
     return [c for c in changes if c.testable and c.significant and c.change_pct > threshold_pct]

@@ -118,6 +118,25 @@ class Results(unittest.TestCase):
 
 
 class Compare(unittest.TestCase):
+    def test_one_sided_benchmarks_and_different_machines_are_said(self):
+        with open(data("gate_same_commit_a.json")) as f:
+            raw = json.load(f)
+        base = results.load_bench(data("gate_same_commit_a.json"), raw)
+        moved = json.loads(json.dumps(raw))
+        moved["context"]["attn_peak_fp32_gflops"] = float(raw["context"]["attn_peak_fp32_gflops"]) / 4
+        moved["benchmarks"] = [b for b in raw["benchmarks"] if "sq=1024" not in b["name"]]
+        first = raw["benchmarks"][0]
+        renamed = "newcomer/" + first.get("run_name", first["name"]).split("/", 1)[1]
+        moved["benchmarks"].append(dict(first, name=renamed, run_name=renamed))
+        new = results.load_bench(data("gate_same_commit_a.json"), moved)
+        warnings = compare.machine_warnings(base, new)
+        self.assertEqual(len(warnings), 1, warnings)
+        self.assertIn("float32 FMA peak differ 4.0x", warnings[0])
+        self.assertEqual(compare.machine_warnings(base, base), [])
+        only_base, only_new = compare.one_sided(base.measurements, new.measurements)
+        self.assertTrue(only_base and all("sq=1024" in name for name in only_base), only_base)
+        self.assertEqual(only_new, [renamed])
+
     def test_significant_slowdown_is_a_regression(self):
         base = results.load_bench(data("compare_base.json")).measurements
         new = results.load_bench(data("compare_new.json")).measurements
