@@ -1,6 +1,11 @@
 // attn list: every backend in this build, whether it can run here, and what it supports.
 #include <fmt/format.h>
 
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 
 #include "cli/commands.hpp"
@@ -23,6 +28,19 @@ std::string data_path(const std::string& share_relative, const std::string& sour
 std::string default_fixtures() { return data_path("fixtures/golden", "fixtures/golden"); }
 
 namespace {
+
+// The terminal's width: COLUMNS, else the terminal's own; 0 when stdout is
+// not a terminal (a pipe or a file gets one line per row, for grep).
+std::size_t terminal_columns() {
+  if (const char* env = std::getenv("COLUMNS")) {
+    char* end = nullptr;
+    const long n = std::strtol(env, &end, 10);
+    if (end != env && *end == '\0' && n >= 40 && n <= 1000) return static_cast<std::size_t>(n);
+  }
+  winsize size{};
+  if (isatty(STDOUT_FILENO) && ioctl(STDOUT_FILENO, TIOCGWINSZ, &size) == 0 && size.ws_col >= 40) return size.ws_col;
+  return 0;
+}
 
 // The questions of the support matrix: one small problem each, asked of
 // backend_accepts() (declared capabilities, then supports()).
@@ -112,12 +130,23 @@ Runner add_list_command(CLI::App& app) {
     }
     fmt::print("host: {}; CPU kernel set: {} (ATTN_CPU_ISA=amx|avx512|portable forces one)\n\n",
                cpu_model_name().empty() ? "unknown CPU" : printable(cpu_model_name()), cpu_kernel_set());
-    fmt::print("{:<14} {:<9} {}\n", "backend", "available", "description");
+    // The name column fits the longest name; on a terminal the text column
+    // wraps at its width, under itself.
+    std::size_t name_width = 14;
+    for (const auto& backend : backends) name_width = std::max(name_width, printable(backend->name()).size());
+    const std::size_t columns = terminal_columns();
+    const std::size_t text_width = columns == 0 ? std::string::npos : columns > name_width + 30 ? columns - name_width - 11 : 20;
+    auto row = [&](std::string_view name, std::string_view label, std::string_view text) {
+      const std::vector<std::string> lines = wrap_words(printable(text), text_width);
+      fmt::print("{:<{}} {:<9} {}\n", printable(name), name_width, label, lines[0]);
+      for (std::size_t l = 1; l < lines.size(); ++l) fmt::print("{:<{}} {:<9} {}\n", "", name_width, "", lines[l]);
+    };
+    row("backend", "available", "description");
     for (const auto& backend : backends) {
       const Status available = backend->available();
-      fmt::print("{:<14} {:<9} {}\n", backend->name(), available ? "yes" : "no", backend->description());
-      if (!available) fmt::print("{:<14} {:<9} {}\n", "", "why not:", available.reason);
-      fmt::print("{:<14} {:<9} {}\n", "", "supports:", describe_capabilities(backend->capabilities()));
+      row(backend->name(), available ? "yes" : "no", backend->description());
+      if (!available) row("", "why not:", available.reason);
+      row("", "supports:", describe_capabilities(backend->capabilities()));
     }
     return 0;
   };

@@ -56,6 +56,7 @@ Runner add_merge_command(CLI::App& app) {
     if (!args->junit.empty()) write_junit(merged.summary, args->junit, self, merged.run);
     fmt::print("merged {} files: {} results\n", inputs.size(), merged.summary.outcomes.size());
     const ExitDecision exit = verification_exit(merged.summary, {args->allow_all_skipped, args->fail_on_mistrusted});
+    std::fflush(stdout);  // the summary first, then why it exits
     if (exit.code != 0 && !exit.why.empty()) fmt::print(stderr, "attn merge: {} (exit {})\n", exit.why, exit.code);
     return exit.code;
   };

@@ -135,6 +135,7 @@ Runner add_verify_command(CLI::App& app) {
     }
     const ExitDecision exit = verification_exit(summary, {args->allow_all_skipped, args->fail_on_mistrusted,
                                                           summary.shard.has_value()});
+    std::fflush(stdout);  // the summary first, then why it exits
     if (exit.code != 0 && !exit.why.empty()) fmt::print(stderr, "attn verify: {} (exit {})\n", exit.why, exit.code);
     return exit.code;
   };

@@ -3,7 +3,9 @@
 #include <dlfcn.h>
 #include <fmt/format.h>
 
+#include <cstddef>
 #include <cstring>
+#include <deque>
 #include <memory>
 
 #include "attnbench/plugin.h"
@@ -45,7 +47,54 @@ attn_problem to_c(const Problem& p, const std::string& text) {
   c.mask = {p.mask.present ? 1 : 0, p.mask.batch, p.mask.heads, p.mask.rows};
   c.bias = {p.bias.present ? 1 : 0, p.bias.batch, p.bias.heads, p.bias.rows};
   c.text = text.c_str();
+  c.align = p.align == Align::top_left ? ATTN_ALIGN_TOP_LEFT : ATTN_ALIGN_BOTTOM_RIGHT;
+  c.window_left = p.window_left;
+  c.window_right = p.window_right;
+  c.softcap = p.softcap;
+  c.alibi = p.alibi ? 1 : 0;
+  c.sinks = p.sinks ? 1 : 0;
+  c.ragged = p.ragged ? 1 : 0;
+  c.page_size = p.page_size;
+  c.num_pages = p.num_pages;
   return c;
+}
+
+// attn_backend as ABI version 1 laid it out (its prefix is version 2's): the
+// stride of a version 1 plugin's backends[].
+struct BackendV1 {
+  const char* name;
+  const char* description;
+  const char* capabilities;
+  void* user;
+  const char* (*available)(void*);
+  const char* (*supports)(void*, const attn_problem*);
+  void* (*prepare)(void*, const attn_problem*, const attn_io*, int32_t, const char**);
+  int32_t (*run)(void*, const char**);
+  void (*destroy)(void*);
+  int32_t has_lse;
+};
+static_assert(offsetof(BackendV1, has_lse) == offsetof(attn_backend, has_lse));
+static_assert(sizeof(BackendV1) < sizeof(attn_backend));
+
+// The plugin's dtype bits (ATTN_DTYPE_BIT) as attn's; unknown bits are dropped.
+unsigned dtypes_of(std::uint32_t bits) {
+  unsigned out = 0;
+  if (bits & ATTN_DTYPE_BIT(ATTN_F64)) out |= dtype_bit(DType::f64);
+  if (bits & ATTN_DTYPE_BIT(ATTN_F32)) out |= dtype_bit(DType::f32);
+  if (bits & ATTN_DTYPE_BIT(ATTN_F16)) out |= dtype_bit(DType::f16);
+  if (bits & ATTN_DTYPE_BIT(ATTN_BF16)) out |= dtype_bit(DType::bf16);
+  return out;
+}
+
+unsigned features_of(std::uint32_t bits) {
+  unsigned out = 0;
+  if (bits & ATTN_FEATURE_WINDOW) out |= kFeatureWindow;
+  if (bits & ATTN_FEATURE_SOFTCAP) out |= kFeatureSoftcap;
+  if (bits & ATTN_FEATURE_ALIBI) out |= kFeatureAlibi;
+  if (bits & ATTN_FEATURE_SINKS) out |= kFeatureSinks;
+  if (bits & ATTN_FEATURE_RAGGED) out |= kFeatureRagged;
+  if (bits & ATTN_FEATURE_PAGED) out |= kFeaturePaged;
+  return out;
 }
 
 void copy_strides(std::int64_t* to, const Dims4& from) {
@@ -64,7 +113,9 @@ class PluginPlan final : public Plan {
       throw Error(fmt::format("plugin backend {}: run failed: {}", name_, error ? plugin_text(error) : "(no reason given)"));
     }
   }
-  bool has_lse() const override { return b_->has_lse != 0; }
+  bool has_lse() const override {
+    return b_->plan_has_lse != nullptr ? b_->plan_has_lse(plan_) != 0 : b_->has_lse != 0;
+  }
 
  private:
   const attn_backend* b_;
@@ -84,8 +135,10 @@ class PluginBackend final : public Backend {
   }
   std::string_view name() const override { return name_; }
   std::string_view description() const override { return description_; }
-  // ABI version 1 declares lse per backend and no dtypes or version 2 additions.
-  Capabilities capabilities() const override { return {kAllDTypes, 0, b_->has_lse != 0}; }
+  // Read from the declaration (version 1: every dtype, no version 2 addition).
+  Capabilities capabilities() const override {
+    return {dtypes_of(b_->dtypes), features_of(b_->features), b_->has_lse != 0};
+  }
   Status available() const override {
     if (b_->available == nullptr) return Status::yes();
     const char* why = b_->available(b_->user);
@@ -115,6 +168,12 @@ class PluginBackend final : public Backend {
     cio.out = io.out.data;
     copy_strides(cio.out_strides, io.out.strides);
     cio.lse = io.lse;
+    cio.alibi_slopes = io.alibi_slopes;
+    cio.sinks = io.sinks;
+    cio.cu_seqlens_q = io.cu_seqlens_q;
+    cio.cu_seqlens_k = io.cu_seqlens_k;
+    cio.page_table = io.page_table;
+    cio.seq_lens = io.seq_lens;
     const char* error = nullptr;
     void* plan = b_->prepare(b_->user, &c, &cio, options.threads, &error);
     if (plan == nullptr) {
@@ -148,31 +207,49 @@ std::vector<LoadedBackend> load_plugin_library(const std::string& path) {
                             "attn_plugin_get; see include/attnbench/plugin.h)",
                             shown));
   }
-  std::uint32_t version = version_fn();
-  if (version != ATTN_PLUGIN_ABI_VERSION) {
-    throw Error(fmt::format("plugin {}: built for plugin ABI version {}, but this attn speaks version {}; rebuild it "
-                            "against this attnbench's attnbench/plugin.h",
+  // Version 2 appended to version 1's structures: attn speaks both.
+  const std::uint32_t version = version_fn();
+  if (version != 1 && version != ATTN_PLUGIN_ABI_VERSION) {
+    throw Error(fmt::format("plugin {}: built for plugin ABI version {}, but this attn speaks versions 1 and {}; "
+                            "rebuild it against this attnbench's attnbench/plugin.h",
                             shown, version, ATTN_PLUGIN_ABI_VERSION));
   }
   const attn_plugin* plugin = get_fn();
   if (plugin == nullptr) throw Error(fmt::format("plugin {}: attn_plugin_get() returned nothing", shown));
-  if (plugin->abi_version != ATTN_PLUGIN_ABI_VERSION || plugin->backend_size != sizeof(attn_backend)) {
-    throw Error(fmt::format("plugin {}: its declaration says ABI version {} with backends of {} bytes; this attn "
-                            "expects version {} and {} bytes",
-                            shown, plugin->abi_version, plugin->backend_size, ATTN_PLUGIN_ABI_VERSION,
-                            sizeof(attn_backend)));
+  const std::size_t known = version == 1 ? sizeof(BackendV1) : sizeof(attn_backend);
+  if (plugin->abi_version != version || plugin->backend_size != known) {
+    throw Error(fmt::format("plugin {}: its declaration says ABI version {} with backends of {} bytes; its "
+                            "attn_plugin_abi_version() says {}, whose backends take {} bytes",
+                            shown, plugin->abi_version, plugin->backend_size, version, known));
   }
   if (plugin->count <= 0 || plugin->count > 256 || plugin->backends == nullptr) {
     throw Error(fmt::format("plugin {}: declares {} backends (1 to 256 expected)", shown, plugin->count));
   }
+  // Each declaration, copied into this version's layout (plugins stay loaded,
+  // so the copies may point into them): version 1 declares every dtype, no
+  // version 2 feature and lse per backend.
+  static std::deque<attn_backend> declared;
   std::vector<LoadedBackend> loaded;
   for (std::int32_t i = 0; i < plugin->count; ++i) {
-    const attn_backend* b = &plugin->backends[i];
-    if (b->name == nullptr || b->supports == nullptr || b->prepare == nullptr || b->run == nullptr) {
+    const auto* at = reinterpret_cast<const unsigned char*>(plugin->backends) + static_cast<std::size_t>(i) * plugin->backend_size;
+    attn_backend b{};
+    std::memcpy(&b, at, known);
+    if (version == 1) {
+      b.dtypes = ATTN_DTYPE_BIT(ATTN_F64) | ATTN_DTYPE_BIT(ATTN_F32) | ATTN_DTYPE_BIT(ATTN_F16) | ATTN_DTYPE_BIT(ATTN_BF16);
+      b.features = 0;
+      b.plan_has_lse = nullptr;
+    }
+    if (b.name == nullptr || b.supports == nullptr || b.prepare == nullptr || b.run == nullptr) {
       throw Error(fmt::format("plugin {}: backend {} lacks a name, supports, prepare or run", shown, i));
     }
-    std::string name(b->name, strnlen(b->name, 65));
-    loaded.push_back({name, [b, shown] { return std::make_unique<PluginBackend>(b, shown); },
+    if (dtypes_of(b.dtypes) == 0) {
+      throw Error(fmt::format("plugin {}: backend {} declares no dtype it computes in (attn_backend.dtypes holds "
+                              "ATTN_DTYPE_BIT of each)",
+                              shown, plugin_text(b.name, 64)));
+    }
+    const attn_backend* kept = &declared.emplace_back(b);
+    std::string name(kept->name, strnlen(kept->name, 65));
+    loaded.push_back({name, [kept, shown] { return std::make_unique<PluginBackend>(kept, shown); },
                       fmt::format("plugin {}", shown)});
   }
   return loaded;

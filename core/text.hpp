@@ -23,4 +23,8 @@ std::string shell_quote(std::string_view text);
 // a third of its letters edited, and two at least), or "" when none is close.
 std::string did_you_mean(std::string_view word, const std::vector<std::string>& candidates);
 
+// Splits text into lines of at most `width` characters at spaces (a word
+// longer than the width gets a line of its own); at least one line.
+std::vector<std::string> wrap_words(std::string_view text, std::size_t width);
+
 }  // namespace attn

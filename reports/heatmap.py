@@ -3,7 +3,9 @@
 labels and a colour bar. Input: a JSON file written by `attn show --heatmap`:
 {"title": str, "heads": [{"label": str, "weights": [[...]], "hidden": [[bool]]}]}.
 Panels wrap after four heads; the image is exactly
-(3.2 * columns + 1.2) x (3.2 * rows + 0.6) inches at 100 dpi."""
+(3.2 * columns + 2.0) x (3.2 * rows + 1.0) inches at 100 dpi, with margins
+in inches wide enough for every label (tests/test_reports.py checks that
+nothing is drawn outside it)."""
 import json
 import sys
 
@@ -22,7 +24,7 @@ def layout(heads):
 
 def figure_size(heads):
     columns, rows = layout(heads)
-    return 3.2 * columns + 1.2, 3.2 * rows + 0.6
+    return 3.2 * columns + 2.0, 3.2 * rows + 1.0
 
 
 def draw(spec, out_path, image_format="png"):
@@ -44,8 +46,8 @@ def draw(spec, out_path, image_format="png"):
     else:
         norm = matplotlib.colors.Normalize(vmin=0.0, vmax=1.0)
     grid = fig.add_gridspec(rows, columns + 1, width_ratios=[3.2] * columns + [0.2], wspace=0.35, hspace=0.45,
-                            left=0.07, right=0.86 if logarithmic else 0.93, top=1 - 0.5 / height,
-                            bottom=0.45 / height)
+                            left=0.75 / width, right=1 - 1.25 / width, top=1 - 0.5 / height,
+                            bottom=0.85 / height)
     image = None
     for n, head in enumerate(heads):
         ax = fig.add_subplot(grid[n // columns, n % columns])

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "fixtures/fixture.hpp"
@@ -41,6 +42,28 @@ TEST_F(Cli, ListShowsEveryBackendAndItsAvailability) {
   EXPECT_EQ(r.code, 0);
   EXPECT_NE(r.output.find("naive"), std::string::npos);
   EXPECT_NE(r.output.find("supports:"), std::string::npos);
+}
+
+// Long descriptions and reasons wrap under their own column: no line runs past
+// the width, and continuation lines start at the text column.
+TEST_F(Cli, ListWrapsLongTextUnderItsColumn) {
+  CliRun r = run_attn_env("COLUMNS=72", "list");
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::istringstream lines(r.output);
+  std::string line;
+  int continued = 0;
+  std::size_t column = 0;
+  while (std::getline(lines, line)) {
+    if (line.rfind("backend ", 0) == 0) column = line.find("description");
+    if (column == 0 || line.empty()) continue;  // the host line above the table
+    // Only a word longer than the column may pass the width, on a line of its own.
+    if (line.size() > 72u) {
+      EXPECT_EQ(line.find(' ', line.find_first_not_of(' ', column)), std::string::npos) << line;
+    }
+    if (line.find_first_not_of(' ') == column) ++continued;
+  }
+  ASSERT_GT(column, 0u) << r.output;
+  EXPECT_GT(continued, 3) << r.output;
 }
 
 TEST_F(Cli, VerifyPassesAndWritesJsonAndJunit) {

@@ -178,7 +178,7 @@ TEST(WeightsView, TableOfAHandMadeCaseMatchesHandValues) {
 TEST(WeightsView, HeatmapIsARealPngOfTheExpectedSize) {
   fs::path dir = scratch_dir();
   int code = 0;
-  // 8 heads: 4 columns x 2 rows of panels -> (3.2 * 4 + 1.2) x (3.2 * 2 + 0.6) inches at 100 dpi.
+  // 8 heads: 4 columns x 2 rows of panels -> (3.2 * 4 + 2.0) x (3.2 * 2 + 1.0) inches at 100 dpi.
   std::string output = run_cli("show " + (kGolden / "layer/self_b2_s10_f32.h5").string() + " --heatmap " +
                                    (dir / "w.png").string(), &code);
   ASSERT_EQ(code, 0) << output;
@@ -188,15 +188,15 @@ TEST(WeightsView, HeatmapIsARealPngOfTheExpectedSize) {
   const unsigned char signature[] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
   EXPECT_TRUE(std::equal(signature, signature + 8, head.begin()));
   auto be32 = [&](int at) { return (head[at] << 24) | (head[at + 1] << 16) | (head[at + 2] << 8) | head[at + 3]; };
-  EXPECT_EQ(be32(16), 1400);  // IHDR width
-  EXPECT_EQ(be32(20), 700);   // IHDR height
+  EXPECT_EQ(be32(16), 1480);  // IHDR width
+  EXPECT_EQ(be32(20), 740);   // IHDR height
   EXPECT_GT(fs::file_size(dir / "w.png"), 20000u);  // drawn, not blank
-  // One head only: 1 panel -> 440 x 380.
+  // One head only: 1 panel -> 520 x 420.
   run_cli("show " + (kGolden / "layer/self_b2_s10_f32.h5").string() + " --head 3 --heatmap " + (dir / "one.png").string(), &code);
   ASSERT_EQ(code, 0);
   std::ifstream one(dir / "one.png", std::ios::binary);
   one.read(reinterpret_cast<char*>(head.data()), head.size());
-  EXPECT_EQ(be32(16), 440);
-  EXPECT_EQ(be32(20), 380);
+  EXPECT_EQ(be32(16), 520);
+  EXPECT_EQ(be32(20), 420);
   fs::remove_all(dir);
 }

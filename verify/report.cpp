@@ -156,16 +156,19 @@ void print_summary(std::FILE* out, const VerifySummary& summary, const std::stri
       c.worst = std::max(c.worst, o.comparison.worst_ratio);
     }
   }
-  fmt::print(out, "\n{:<14} {:>6} {:>6} {:>6} {:>11} {:>8} {:>16}\n", "backend", "PASS", "FAIL", "SKIP", "MISTRUSTED",
+  // The backend column fits the longest name, so that the columns stay aligned.
+  std::size_t w = 14;
+  for (const auto& entry : per_backend) w = std::max(w, printable(entry.first).size());
+  fmt::print(out, "\n{:<{}} {:>6} {:>6} {:>6} {:>11} {:>8} {:>16}\n", "backend", w, "PASS", "FAIL", "SKIP", "MISTRUSTED",
              "DIFFERS", "worst err/bound");
   for (const auto& [name, c] : per_backend) {
-    fmt::print(out, "{:<14} {:>6} {:>6} {:>6} {:>11} {:>8} {:>16.3f}\n", printable(name), c.pass, c.fail, c.skip,
+    fmt::print(out, "{:<{}} {:>6} {:>6} {:>6} {:>11} {:>8} {:>16.3f}\n", printable(name), w, c.pass, c.fail, c.skip,
                c.mistrusted, c.differs, c.worst);
   }
   const std::vector<BudgetUse> budget = budget_use(summary);
   if (!budget.empty()) {
     fmt::print(out, "\nBudget use per backend and dtype (min / median / p99 / max over the cases that ran):\n");
-    fmt::print(out, "{:<14} {:<5} {:>6}  {:<29}  {:<29}\n", "backend", "dtype", "cases", "err/bound (limit 1)",
+    fmt::print(out, "{:<{}} {:<5} {:>6}  {:<29}  {:<29}\n", "backend", w, "dtype", "cases", "err/bound (limit 1)",
                fmt::format("err/baseline (limit {}/{})", ToleranceConstants::baseline_factor_16bit,
                                                               ToleranceConstants::baseline_factor_wide));
     auto text = [](const Distribution& d) {
@@ -173,7 +176,7 @@ void print_summary(std::FILE* out, const VerifySummary& summary, const std::stri
                           : fmt::format("{:.3f} {:.3f} {:.3f} {:.3f}", d.min, d.median, d.p99, d.max);
     };
     for (const auto& b : budget) {
-      fmt::print(out, "{:<14} {:<5} {:>6}  {:<29}  {:<29}\n", b.backend, b.dtype, b.over_bound.count, text(b.over_bound),
+      fmt::print(out, "{:<{}} {:<5} {:>6}  {:<29}  {:<29}\n", printable(b.backend), w, b.dtype, b.over_bound.count, text(b.over_bound),
                  text(b.over_baseline));
     }
   }

@@ -1,8 +1,10 @@
 /* example-c: an attention backend in plain C, loaded by `attn --plugin`.
  *
- * It implements the whole format (every dtype, masks, bias, kv_len, both causal
- * alignments, GQA, any strides, lse) the simplest way: per row, scores in
- * double, max-subtracted softmax, weights times V, the result rounded once.
+ * It implements format version 1 (every dtype, masks, bias, kv_len, both
+ * causal alignments, GQA, any strides, lse) and the version 2 additions that
+ * keep one batch entry per tensor row (sliding windows, softcap, ALiBi, sinks;
+ * not ragged or paged layouts) the simplest way: per row, scores in double,
+ * max-subtracted softmax, weights times V, the result rounded once.
  * Build it against an installed attnbench (see CMakeLists.txt here). */
 #include <attnbench/plugin.h>
 #include <math.h>
@@ -112,11 +114,18 @@ static int32_t run(void* opaque, const char** error) {
     for (int64_t h = 0; h < p->heads_q; ++h) {
       const int64_t g = h / group;
       for (int64_t i = 0; i < p->seq_q; ++i) {
-        double top = -INFINITY;
+        /* The diagonal that causal, windows and ALiBi are measured from. */
+        const int top_left = p->causal == ATTN_CAUSAL_TOP_LEFT || (p->causal == ATTN_CAUSAL_NONE && p->align == ATTN_ALIGN_TOP_LEFT);
+        const int64_t diag = top_left ? i : i + p->seq_k - p->seq_q;
+        /* A sink is one more logit in the denominator that carries no value. */
+        const double sink = p->sinks ? io->sinks[h] : -INFINITY;
+        double top = sink;
         for (int64_t j = 0; j < p->seq_k; ++j) {
           int visible = j < kv_len;
-          if (p->causal == ATTN_CAUSAL_TOP_LEFT) visible = visible && j <= i;
-          if (p->causal == ATTN_CAUSAL_BOTTOM_RIGHT) visible = visible && j <= i + p->seq_k - p->seq_q;
+          if (p->causal != ATTN_CAUSAL_NONE) visible = visible && j <= diag;
+          /* Distances from the diagonal: a window up to INT64_MAX cannot overflow. */
+          if (p->window_left >= 0) visible = visible && diag - j <= p->window_left;
+          if (p->window_right >= 0) visible = visible && j - diag <= p->window_right;
           if (visible && io->mask) {
             const int64_t* s = io->mask_strides;
             visible = io->mask[b * s[0] + h * s[1] + i * s[2] + j * s[3]] != 0;
@@ -131,6 +140,8 @@ static int32_t run(void* opaque, const char** error) {
                      load(p->dtype, io->k.data, b * ks[0] + g * ks[1] + j * ks[2] + d * ks[3]);
             }
             score = p->scale * dot;
+            if (p->softcap > 0) score = p->softcap * tanh(score / p->softcap);
+            if (p->alibi) score -= io->alibi_slopes[h] * fabs((double)(diag - j));
             if (io->bias.data) {
               const int64_t* s = io->bias.strides;
               score += load(p->dtype, io->bias.data, b * s[0] + h * s[1] + i * s[2] + j * s[3]);
@@ -145,6 +156,7 @@ static int32_t run(void* opaque, const char** error) {
             pl->scores[j] = exp(pl->scores[j] - top);
             total += pl->scores[j];
           }
+          total += exp(sink - top); /* 0 without a sink */
         }
         const int64_t* os = io->out_strides;
         for (int64_t d = 0; d < p->head_dim_v; ++d) {
@@ -158,6 +170,7 @@ static int32_t run(void* opaque, const char** error) {
           }
           store(p->dtype, io->out, b * os[0] + h * os[1] + i * os[2] + d * os[3], acc);
         }
+        /* A row with no visible key: out 0, lse the sink (-inf without one). */
         if (io->lse) io->lse[(b * p->heads_q + h) * p->seq_q + i] = total > 0 ? top + log(total) : -INFINITY;
       }
     }
@@ -174,7 +187,7 @@ static void destroy(void* opaque) {
 static const attn_backend backends[] = {{
     .name = "example-c",
     .description = "a plain C plugin: scores in double, max-subtracted softmax, one rounding",
-    .capabilities = "every dtype, mask, bias, kv_len, causal alignment and GQA; lse",
+    .capabilities = "every dtype, mask, bias, kv_len, causal alignment and GQA; window, softcap, ALiBi, sinks; lse",
     .user = NULL,
     .available = available,
     .supports = supports,
@@ -182,6 +195,9 @@ static const attn_backend backends[] = {{
     .run = run,
     .destroy = destroy,
     .has_lse = 1,
+    .dtypes = ATTN_DTYPE_BIT(ATTN_F64) | ATTN_DTYPE_BIT(ATTN_F32) | ATTN_DTYPE_BIT(ATTN_F16) | ATTN_DTYPE_BIT(ATTN_BF16),
+    .features = ATTN_FEATURE_WINDOW | ATTN_FEATURE_SOFTCAP | ATTN_FEATURE_ALIBI | ATTN_FEATURE_SINKS,
+    .plan_has_lse = NULL, /* every plan writes lse */
 }};
 
 static const attn_plugin plugin = {ATTN_PLUGIN_ABI_VERSION, sizeof(attn_backend), 1, backends};

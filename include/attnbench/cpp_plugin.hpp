@@ -23,7 +23,7 @@ namespace attn::plugin_detail {
 struct Held {
   std::unique_ptr<Backend> backend;
   std::string name, description, capabilities;
-  bool lse = false;
+  Capabilities declared;
   std::string reason;  // the last reason or error handed to attn
 };
 
@@ -50,6 +50,15 @@ inline Problem problem_of(const attn_problem& c) {
   p.kv_len = c.has_kv_len != 0;
   p.mask = {c.mask.present != 0, c.mask.batch, c.mask.heads, c.mask.rows};
   p.bias = {c.bias.present != 0, c.bias.batch, c.bias.heads, c.bias.rows};
+  p.align = c.align == ATTN_ALIGN_TOP_LEFT ? Align::top_left : Align::bottom_right;
+  p.window_left = c.window_left;
+  p.window_right = c.window_right;
+  p.softcap = c.softcap;
+  p.alibi = c.alibi != 0;
+  p.sinks = c.sinks != 0;
+  p.ragged = c.ragged != 0;
+  p.page_size = c.page_size;
+  p.num_pages = c.num_pages;
   return p;
 }
 
@@ -57,14 +66,21 @@ inline Dims4 dims_of(const std::int64_t* s) { return {s[0], s[1], s[2], s[3]}; }
 
 inline AttentionIO io_of(const Problem& p, const attn_io& c) {
   AttentionIO io;
-  io.q = {c.q.data, p.dtype, {p.batch, p.heads_q, p.seq_q, p.head_dim}, dims_of(c.q.strides)};
-  io.k = {c.k.data, p.dtype, {p.batch, p.heads_kv, p.seq_k, p.head_dim}, dims_of(c.k.strides)};
-  io.v = {c.v.data, p.dtype, {p.batch, p.heads_kv, p.seq_k, p.head_dim_v}, dims_of(c.v.strides)};
+  // Packed sequences are one batch row; paged K and V are [pages, heads, page_size, .].
+  io.q = {c.q.data, p.dtype, {p.q_batch(), p.heads_q, p.seq_q, p.head_dim}, dims_of(c.q.strides)};
+  io.k = {c.k.data, p.dtype, {p.kv_batch(), p.heads_kv, p.kv_seq(), p.head_dim}, dims_of(c.k.strides)};
+  io.v = {c.v.data, p.dtype, {p.kv_batch(), p.heads_kv, p.kv_seq(), p.head_dim_v}, dims_of(c.v.strides)};
   io.mask = {c.mask, dims_of(c.mask_strides)};
   if (c.bias.data != nullptr) io.bias = {c.bias.data, p.dtype, {p.batch, p.heads_q, p.seq_q, p.seq_k}, dims_of(c.bias.strides)};
   io.kv_len = c.kv_len;
-  io.out = {c.out, p.dtype, {p.batch, p.heads_q, p.seq_q, p.head_dim_v}, dims_of(c.out_strides)};
+  io.out = {c.out, p.dtype, {p.q_batch(), p.heads_q, p.seq_q, p.head_dim_v}, dims_of(c.out_strides)};
   io.lse = c.lse;
+  io.alibi_slopes = c.alibi_slopes;
+  io.sinks = c.sinks;
+  io.cu_seqlens_q = c.cu_seqlens_q;
+  io.cu_seqlens_k = c.cu_seqlens_k;
+  io.page_table = c.page_table;
+  io.seq_lens = c.seq_lens;
   return io;
 }
 
@@ -86,7 +102,7 @@ inline const char* available(void* user) {
 inline const char* supports(void* user, const attn_problem* c) {
   auto* h = static_cast<Held*>(user);
   try {
-    Status s = backend_accepts(*h->backend, problem_of(*c));  // its declared dtypes too: ABI 1 cannot carry them
+    Status s = backend_accepts(*h->backend, problem_of(*c));
     return s ? nullptr : keep(h, s.reason);
   } catch (const std::exception& e) {
     return keep(h, e.what());
@@ -121,6 +137,28 @@ inline std::int32_t run(void* plan, const char** error) {
 
 inline void destroy(void* plan) { delete static_cast<HeldPlan*>(plan); }
 
+inline std::int32_t plan_has_lse(void* plan) { return static_cast<HeldPlan*>(plan)->plan->has_lse() ? 1 : 0; }
+
+inline std::uint32_t c_dtypes(unsigned dtypes) {
+  std::uint32_t out = 0;
+  if (dtypes & dtype_bit(DType::f64)) out |= ATTN_DTYPE_BIT(ATTN_F64);
+  if (dtypes & dtype_bit(DType::f32)) out |= ATTN_DTYPE_BIT(ATTN_F32);
+  if (dtypes & dtype_bit(DType::f16)) out |= ATTN_DTYPE_BIT(ATTN_F16);
+  if (dtypes & dtype_bit(DType::bf16)) out |= ATTN_DTYPE_BIT(ATTN_BF16);
+  return out;
+}
+
+inline std::uint32_t c_features(unsigned features) {
+  std::uint32_t out = 0;
+  if (features & kFeatureWindow) out |= ATTN_FEATURE_WINDOW;
+  if (features & kFeatureSoftcap) out |= ATTN_FEATURE_SOFTCAP;
+  if (features & kFeatureAlibi) out |= ATTN_FEATURE_ALIBI;
+  if (features & kFeatureSinks) out |= ATTN_FEATURE_SINKS;
+  if (features & kFeatureRagged) out |= ATTN_FEATURE_RAGGED;
+  if (features & kFeaturePaged) out |= ATTN_FEATURE_PAGED;
+  return out;
+}
+
 using Factory = std::unique_ptr<Backend> (*)();
 
 inline const attn_plugin* make_plugin(std::vector<Factory> factories) {
@@ -134,9 +172,8 @@ inline const attn_plugin* make_plugin(std::vector<Factory> factories) {
     h.backend = f();
     h.name = std::string(h.backend->name());
     h.description = std::string(h.backend->description());
-    const Capabilities declared = h.backend->capabilities();
-    h.capabilities = describe_capabilities(declared);
-    h.lse = declared.lse;
+    h.declared = h.backend->capabilities();
+    h.capabilities = describe_capabilities(h.declared);
     held.push_back(std::move(h));
   }
   for (Held& h : held) {
@@ -150,7 +187,10 @@ inline const attn_plugin* make_plugin(std::vector<Factory> factories) {
     b.prepare = &prepare;
     b.run = &run;
     b.destroy = &destroy;
-    b.has_lse = h.lse ? 1 : 0;
+    b.has_lse = h.declared.lse ? 1 : 0;
+    b.dtypes = c_dtypes(h.declared.dtypes);
+    b.features = c_features(h.declared.features);
+    b.plan_has_lse = &plan_has_lse;  // the plan's own answer, as in the tree
     table.push_back(b);
   }
   plugin.abi_version = ATTN_PLUGIN_ABI_VERSION;

@@ -162,6 +162,11 @@ def write_report(files, measurements, verify_results, weights_png, out_dir):
             f.write(png)
         body += [f"<h2>{html.escape(title)}</h2>", f'<p class="note">{html.escape(note)}</p>', _img(png, title)]
         md += [f"## {title}", "", note, "", f"![{title}](plots/{key}.png)", ""]
+        if key == "roofline":  # the key to the numbers beside its points
+            cases = [(n, dtype, label) for n, dtype, label in plots.roofline_cases(measurements)]
+            body += ['<p class="note">The numbers beside the points:</p>', _table(["case", "dtype", "shape"], cases)]
+            md += ["| case | dtype | shape |", "| --- | --- | --- |"]
+            md += [f"| {n} | {dtype} | {label} |" for n, dtype, label in cases] + [""]
     every = _all_rows(files, measurements)
     if every:
         body += ["<h2>Every backend and case</h2>",

@@ -44,8 +44,10 @@ def _legend_outside(ax, fontsize=7):
 
 
 def _png(fig):
+    """The figure as PNG, grown or cropped to every artist it holds (rotated
+    tick labels, axis labels, a legend outside the axes), so nothing is clipped."""
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100)
+    fig.savefig(buffer, format="png", dpi=100, bbox_inches="tight", pad_inches=0.1)
     plt.close(fig)
     return buffer.getvalue()
 
@@ -280,14 +282,24 @@ def _compute_peak(peaks_of_host, dtype):
     return None
 
 
+def roofline_cases(measurements):
+    """The case numbers the roofline writes beside its points: 1, 2, ... per
+    case (shape and dtype), in a stable order, the same number for every
+    backend and host that measured it. [(number, dtype, shape label)]."""
+    cases = sorted({(m.problem.dtype, m.problem.shape_label) for m in measurements if m.gflops})
+    return [(n + 1, dtype, label) for n, (dtype, label) in enumerate(cases)]
+
+
 def roofline(measurements, peaks, bandwidths):
     """Every measured case at its arithmetic intensity (useful flops over the
     bytes of Q, K, V and the output moved once) against the roofline of its
     host: min(compute peak, bandwidth x intensity), both measured by `attn
-    peak` in the same run. One panel per dtype."""
+    peak` in the same run. One panel per dtype; each point carries its case
+    number (roofline_cases(), listed under the plot in the report)."""
     rows = [m for m in measurements if m.gflops]
     if not rows:
         return None
+    number = {(dtype, label): n for n, dtype, label in roofline_cases(rows)}
     dtypes = sorted({m.problem.dtype for m in rows})
     hosts = sorted({m.host for m in rows})
     fig, axes = plt.subplots(1, len(dtypes), figsize=(7.0 * len(dtypes), 4.4), squeeze=False)
@@ -298,9 +310,13 @@ def roofline(measurements, peaks, bandwidths):
             label = backend
             low = [m.gflops - m.gflops_iqr[0] if m.gflops_iqr else 0.0 for m in mine]
             high = [m.gflops_iqr[1] - m.gflops if m.gflops_iqr else 0.0 for m in mine]
-            ax.errorbar([m.problem.useful_flops() / m.problem.min_bytes() for m in mine], [m.gflops for m in mine],
+            xs = [m.problem.useful_flops() / m.problem.min_bytes() for m in mine]
+            ax.errorbar(xs, [m.gflops for m in mine],
                         yerr=[low, high], color=_color(backend), marker=_marker(backend), ms=4, linestyle="none",
                         label=label, zorder=3, capsize=2, elinewidth=1)
+            for x, m in zip(xs, mine):
+                ax.annotate(str(number[(dtype, m.problem.shape_label)]), (x, m.gflops), xytext=(3, 2),
+                            textcoords="offset points", fontsize=6, color=_color(backend), zorder=4)
         intensities = [m.problem.useful_flops() / m.problem.min_bytes() for m in points]
         xs = np.geomspace(min(intensities) / 2, max(intensities) * 2, 200)
         for n, host in enumerate(hosts):
@@ -314,7 +330,7 @@ def roofline(measurements, peaks, bandwidths):
         ax.set_yscale("log")
         ax.set_xlabel("arithmetic intensity (useful flop per byte of Q, K, V, O)")
         ax.set_ylabel("useful GFLOP/s (median, IQR bars)")
-        ax.set_title(f"roofline, {dtype}", fontsize=10)
+        ax.set_title(f"roofline, {dtype} (numbers: the cases listed below)", fontsize=10)
         ax.grid(alpha=0.3, which="both")
         _legend_outside(ax)
     fig.tight_layout()

@@ -253,6 +253,71 @@ class Report(unittest.TestCase):
         self.assertIn("![Throughput against sequence length](plots/gflops.png)", summary)
         self.assertRegex(summary, r"\| broken \| bf16 \| 0 \| 1 \|")
 
+    def test_no_label_or_legend_is_clipped(self):
+        """Each PNG holds everything its figure draws: rotated tick labels,
+        axis labels and the legend outside the axes."""
+        import struct
+        drawn = []
+        original = plots._png
+
+        def spy(fig):
+            fig.canvas.draw()
+            box = fig.get_tightbbox(fig.canvas.get_renderer())
+            png = original(fig)
+            width, height = struct.unpack(">II", png[16:24])
+            drawn.append((box.width * 100, box.height * 100, width, height))
+            return png
+
+        plots._png = spy
+        try:
+            self.write(["bench_cpu.json", "bench_gpu.json"])
+        finally:
+            plots._png = original
+        self.assertGreaterEqual(len(drawn), 5)
+        for need_w, need_h, width, height in drawn:
+            self.assertGreaterEqual(width + 1, need_w)
+            self.assertGreaterEqual(height + 1, need_h)
+
+    def test_the_heatmap_draws_nothing_outside_its_image(self):
+        """attn show --heatmap: tick labels, axis labels and the colour bar's
+        label stay inside the image, on the linear and the logarithmic scale."""
+        import heatmap
+        import matplotlib.pyplot as plt
+        original = plt.Figure.savefig
+        boxes = []
+
+        def spy(fig, *args, **kwargs):
+            fig.canvas.draw()
+            boxes.append((fig.get_tightbbox(fig.canvas.get_renderer()), fig.get_size_inches()))
+            return original(fig, *args, **kwargs)
+
+        plt.Figure.savefig = spy
+        try:
+            for heads, queries, keys in ((1, 4, 4), (8, 10, 10), (2, 100, 1000)):
+                spec = {"title": "weights", "heads": [
+                    {"label": f"head {h}", "weights": [[(i + j + 1) / (keys * queries) for j in range(keys)]
+                                                       for i in range(queries)],
+                     "hidden": [[False] * keys for _ in range(queries)]} for h in range(heads)]}
+                heatmap.draw(spec, os.path.join(self.out, "h.png"))
+        finally:
+            plt.Figure.savefig = original
+        for box, (width, height) in boxes:
+            self.assertGreaterEqual(box.x0, 0)
+            self.assertGreaterEqual(box.y0, 0)
+            self.assertLessEqual(box.x1, width)
+            self.assertLessEqual(box.y1, height)
+
+    def test_roofline_points_carry_their_case_numbers(self):
+        self.write(["bench_cpu.json"], verify=False)
+        with open(os.path.join(self.out, "report.html")) as f:
+            page = f.read()
+        key = page.split("The numbers beside the points:")[1].split("</table>")[0]
+        measured = {(m.problem.dtype, m.problem.shape_label)
+                    for m in results.load_bench(data("bench_cpu.json")).measurements if m.gflops}
+        self.assertEqual(key.count("<tr>") - 1, len(measured))
+        self.assertEqual([n for n, _, _ in plots.roofline_cases(results.load_bench(data("bench_cpu.json")).measurements)],
+                         list(range(1, len(measured) + 1)))
+
     def test_budget_histogram_draws_both_limits(self):
         rows = [{"backend": "naive", "verdict": "PASS", "error_over_bound": 0.05, "error_over_baseline": 1.1},
                 {"backend": "mine", "verdict": "FAIL", "error_over_bound": 0.2, "error_over_baseline": 7.0},

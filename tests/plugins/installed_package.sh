@@ -4,8 +4,9 @@
 # installed package with find_package(attnbench), then load them into the
 # installed attn: listed, verified over the standard suite, benchmarked. Also
 # the refusals: another ABI version, a library that is not a plugin, a name
-# taken twice; and a broken variant (K read transposed, patched in here, on
-# the test side) must FAIL.
+# taken twice; broken variants (K read transposed, a wrong lse, patched in
+# here, on the test side) must FAIL; a plugin built against ABI version 1
+# (tests/plugins/abi_v1) keeps loading and passing.
 #   installed_package.sh SOURCE_DIR BUILD_DIR WORK_DIR
 set -euo pipefail
 source_dir=$1 build_dir=$2 work=$3
@@ -65,12 +66,69 @@ set -e
 import json, sys
 d = json.load(open(sys.argv[1]))
 c = d["summary"]["per_backend"]
-# The smoke tier: every version 1 case passes; ABI 1 carries no version 2 field, so those SKIP.
 assert c["example-c"]["PASS"] >= 18 and c["example-c"]["FAIL"] == 0, c["example-c"]
 assert c["example-cpp"]["PASS"] >= 14 and c["example-cpp"]["FAIL"] == 0, c["example-cpp"]
 reasons = [r["reason"] for r in d["results"] if r["backend"] == "example-cpp" and r["verdict"] == "SKIP"]
 assert any("float64" in r for r in reasons), reasons  # not among its declared dtypes, with the reason
 print("verified:", c)
+PY
+
+# ABI version 2 carries what each backend declares: its version 2 features run
+# (example-c: window, softcap, ALiBi, sinks; example-cpp: window, softcap) and
+# pass, with lse judged; the rest SKIP with the feature named.
+set +e
+"$attn" verify --plugin "$c_plugin" --plugin "$cpp_plugin" -b example-c,example-cpp -t window,softcap,alibi,sinks -q \
+  --json "$work/v2.json" > "$work/v2.txt" 2>&1
+rc=$?
+set -e
+[ $rc -eq 0 ] || { tail -20 "$work/v2.txt"; fail "attn verify of the plugins over version 2 cases exited $rc"; }
+/usr/bin/python3 - "$work/v2.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+res = d["results"]
+key = {"softcap": "softcap=", "window": ",wl=", "alibi": ",alibi", "sinks": ",sinks"}
+def verdicts(backend, tag):
+    return [r["verdict"] for r in res if r["backend"] == backend and key[tag] in r["problem"]]
+for tag in ("softcap", "window"):
+    for b in ("example-c", "example-cpp"):
+        v = verdicts(b, tag)
+        assert v and "PASS" in v and "FAIL" not in v, (b, tag, v)
+for tag in ("alibi", "sinks"):
+    v = verdicts("example-c", tag)
+    assert v and "PASS" in v and "FAIL" not in v, ("example-c", tag, v)
+skips = [r["reason"] for r in res if r["backend"] == "example-cpp" and r["verdict"] == "SKIP"]
+assert any("alibi" in r.lower() or "sinks" in r.lower() for r in skips), skips
+for b in ("example-c", "example-cpp"):
+    judged = [r for r in res if r["backend"] == b and r["verdict"] == "PASS" and r.get("lse_error_over_bound") is not None]
+    assert judged, (b, "no PASS judged lse")
+print("version 2 features through plugins:", d["summary"]["per_backend"])
+PY
+
+# A plugin built against ABI version 1 keeps loading: every dtype, lse per
+# backend (two backends, so attn steps through backends[] by the version 1
+# size), version 2 cases SKIP with the reason.
+"${CC:-cc}" -shared -fPIC -O1 -I"$source_dir/tests/plugins/abi_v1" -o "$work/libv1.so" \
+  "$source_dir/tests/plugins/abi_v1/example_c_v1.c" -lm
+set +e
+"$attn" verify --plugin "$work/libv1.so" -b example-c-v1,example-c-v1-nolse -t smoke,softcap -q --json "$work/v1.json" \
+  > "$work/v1.txt" 2>&1
+rc=$?
+set -e
+[ $rc -eq 0 ] || { tail -20 "$work/v1.txt"; fail "attn verify of the ABI version 1 plugin exited $rc"; }
+/usr/bin/python3 - "$work/v1.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+c = d["summary"]["per_backend"]
+for b in ("example-c-v1", "example-c-v1-nolse"):
+    assert c[b]["PASS"] >= 18 and c[b]["FAIL"] == 0, (b, c[b])
+res = d["results"]
+assert any(r["backend"] == "example-c-v1" and r.get("lse_error_over_bound") is not None
+           for r in res if r["verdict"] == "PASS"), "v1 lse not judged"
+assert not any(r["backend"] == "example-c-v1-nolse" and r.get("lse_error_over_bound") is not None
+               for r in res), "lse judged for a backend without it"
+skips = [r["reason"] for r in res if r["verdict"] == "SKIP" and "softcap=" in r["problem"]]
+assert skips and all("softcap" in s for s in skips), skips
+print("ABI version 1 plugin:", c)
 PY
 
 # Benchmarked: one problem of the quick preset, timed for real.
@@ -98,7 +156,7 @@ cc=${CC:-cc}
 sed 's/return ATTN_PLUGIN_ABI_VERSION; }/return 99; }/' "$source_dir/examples/plugin/example_c.c" > "$work/abi99.c"
 grep -q 'return 99; }' "$work/abi99.c" || fail "the ABI patch did not apply"
 "$cc" -shared -fPIC -O1 -I"$prefix/include" -o "$work/libabi99.so" "$work/abi99.c" -lm
-expect_refusal "built for plugin ABI version 99, but this attn speaks version 1" "$attn" list --plugin "$work/libabi99.so"
+expect_refusal "built for plugin ABI version 99, but this attn speaks versions 1 and 2" "$attn" list --plugin "$work/libabi99.so"
 echo 'int not_a_plugin(void) { return 0; }' > "$work/plain.c"
 "$cc" -shared -fPIC -o "$work/libplain.so" "$work/plain.c"
 expect_refusal "not an attnbench plugin" "$attn" verify --plugin "$work/libplain.so"
@@ -115,4 +173,20 @@ rc=$?
 set -e
 [ $rc -eq 1 ] || { cat "$work/broken.txt"; fail "the transposed-K plugin exited $rc, not 1"; }
 grep -q "FAIL" "$work/broken.txt" || fail "the transposed-K plugin has no FAIL"
+# A wrong lse must FAIL through the C ABI: the C++ plugin writes lse + 1.
+sed 's/total > 0 ? top + std::log(total)/total > 0 ? top + std::log(total) + 1.0/' \
+  "$source_dir/examples/plugin/example_cpp.cpp" > "$work/wrong_lse.cpp"
+cmp -s "$work/wrong_lse.cpp" "$source_dir/examples/plugin/example_cpp.cpp" && fail "the lse patch did not apply"
+mkdir -p "$work/wrong_lse"
+cp "$source_dir/examples/plugin/CMakeLists.txt" "$source_dir/examples/plugin/example_c.c" "$work/wrong_lse/"
+cp "$work/wrong_lse.cpp" "$work/wrong_lse/example_cpp.cpp"
+cmake -S "$work/wrong_lse" -B "$work/wrong_lse/build" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release \
+  > "$work/wrong_lse.log" && cmake --build "$work/wrong_lse/build" --target attn_example_cpp >> "$work/wrong_lse.log" \
+  || { cat "$work/wrong_lse.log"; fail "build of the wrong-lse plugin"; }
+set +e
+"$attn" verify --plugin "$work/wrong_lse/build/libattn_example_cpp.so" -b example-cpp -t smoke -q > "$work/wrong_lse.txt" 2>&1
+rc=$?
+set -e
+[ $rc -eq 1 ] || { cat "$work/wrong_lse.txt"; fail "the wrong-lse plugin exited $rc, not 1"; }
+grep -q "lse" "$work/wrong_lse.txt" || { cat "$work/wrong_lse.txt"; fail "the wrong-lse FAIL does not name lse"; }
 echo "installed package: OK"
