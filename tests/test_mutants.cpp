@@ -38,8 +38,19 @@ fs::path scratch(const std::string& name) {
 // for every mutant not found yet): every mutant is found within the budget,
 // and each failure is shrunk, checked minimal, and reproduced from its file.
 TEST(Catalogue, TheFuzzerFindsEveryMutantAndShrinksItToAMinimalCaseThatReproducesFromItsFile) {
+  // A mutant unavailable on this machine (the AVX-512 kernels' exp2 elsewhere)
+  // is left out, with its reason.
   std::vector<std::unique_ptr<Backend>> all;
-  for (const auto& m : attn::testing::mutants()) all.push_back(m.make());
+  std::vector<const attn::testing::MutantEntry*> entries;
+  for (const auto& m : attn::testing::mutants()) {
+    auto backend = m.make();
+    if (const Status here = backend->available(); !here) {
+      std::printf("%-40s left out: %s\n", std::string(m.name).c_str(), here.reason.c_str());
+      continue;
+    }
+    all.push_back(std::move(backend));
+    entries.push_back(&m);
+  }
   FuzzOptions options;
   options.seed = kSeed;
   options.cases = kBudget;
@@ -48,7 +59,7 @@ TEST(Catalogue, TheFuzzerFindsEveryMutantAndShrinksItToAMinimalCaseThatReproduce
   std::map<std::string, const FuzzFailure*> found;
   for (const FuzzFailure& f : summary.failures) found[f.backend] = &f;
   for (std::size_t b = 0; b < all.size(); ++b) {
-    const attn::testing::MutantEntry& m = attn::testing::mutants()[b];
+    const attn::testing::MutantEntry& m = *entries[b];
     SCOPED_TRACE(std::string(m.name));
     const auto it = found.find(std::string(m.name));
     if (it == found.end()) {

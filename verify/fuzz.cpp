@@ -96,6 +96,8 @@ bool store(FuzzCase& c, Problem p) {
     c.spec.recipe.kv_len.clear();
   }
   InputRecipe& r = c.spec.recipe;
+  // Lattice scores need exact scores: scale 1 and nothing added to q.k.
+  if (r.lattice_scores && (p.scale != 1.0 || p.bias.present || p.softcap != 0 || p.alibi)) return false;
   auto sum = [](const std::vector<std::int64_t>& v) { return std::accumulate(v.begin(), v.end(), std::int64_t{0}); };
   if (p.ragged) {  // the packed lengths must fit the packed capacities
     if (static_cast<std::int64_t>(r.q_lens.size()) != p.batch || r.k_lens.size() != r.q_lens.size()) return false;
@@ -220,6 +222,7 @@ std::string FuzzCase::describe() const {
   if (!r.seq_lens.empty()) text += fmt::format(",seq_lens=[{}]", fmt::join(r.seq_lens, ","));
   if (r.sink_mean != 0 || r.sink_std != 2) text += fmt::format(",sinks~N({},{})", r.sink_mean, r.sink_std);
   if (r.poison_hidden_v) text += ",poisoned_hidden_v";
+  if (r.lattice_scores) text += ",lattice_scores";
   return text + fmt::format(" [threads {}, {}]", threads, layout_name(layout));
 }
 
@@ -330,6 +333,14 @@ FuzzCase draw_fuzz_case(std::uint64_t seed, std::int64_t index) {
   c.threads = pick(rng, threads);
   c.layout = rng.uniform() < 0.5 ? Layout::bhsd : Layout::bshd;
   draw_version2(fmt::format("attn fuzz v2 {} {}", seed, index), decode, p, r);
+  // Lattice scores (InputRecipe::lattice_scores) from a stream of their own,
+  // so that the cases drawn before them stay as they were.
+  Rng lattice = Rng::from_name(fmt::format("attn fuzz lattice {} {}", seed, index));
+  if (!p.bias.present && p.softcap == 0 && !p.alibi && lattice.uniform() < 0.15) {
+    r.lattice_scores = true;
+    c.default_scale = false;
+    p.scale = 1;
+  }
   if (!store(c, p)) throw Error(fmt::format("attn fuzz: drew an invalid case {}: {}", c.spec.name, p.to_string()));
   return c;
 }
@@ -425,6 +436,7 @@ std::vector<FuzzCase> simpler_fuzz_cases(const FuzzCase& c) {
     });
   }
   if (r.poison_hidden_v) with([](FuzzCase& n, Problem&) { n.spec.recipe.poison_hidden_v = false; });
+  if (r.lattice_scores) with([](FuzzCase& n, Problem&) { n.spec.recipe.lattice_scores = false; });
   // Version 2: each addition off, then smaller.
   if (p.window_left >= 0) {
     with([](FuzzCase&, Problem& q) { q.window_left = -1; });
