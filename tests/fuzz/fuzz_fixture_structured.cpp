@@ -6,7 +6,8 @@
 //
 // Half the inputs start from a consistent case (the format string, a dtype,
 // small sizes that agree with every dataset, any of the version 2 fields) and
-// let the bytes break a few things; the other half write attributes and
+// let the bytes break a few things (rarely: bytes past the input's end read
+// as 0, and 0 picks the valid choice everywhere); the other half write attributes and
 // datasets wholly from the bytes. At exit the target prints how many files it
 // read whole and how many went through the reference, and scripts/fuzz-short
 // fails a run in which none did: a target stuck at the header check tests
@@ -52,8 +53,8 @@ class Bytes {
     for (std::size_t n = byte() % 24; n > 0; --n) s += static_cast<char>(byte());
     return s;
   }
-  // A small value, or now and then any value the bytes give.
-  double value() { return byte() % 8 == 0 ? real() : static_cast<double>(static_cast<std::int8_t>(byte())) / 16; }
+  // A small value, exact in every dtype.
+  double value() { return static_cast<double>(static_cast<std::int8_t>(byte())) / 16; }
 
  private:
   const std::uint8_t* data_;
@@ -86,6 +87,8 @@ void floats(attn::h5::File& file, Bytes& in, const char* name, std::vector<std::
   for (auto d : dims) count *= d;
   std::vector<double> values(static_cast<std::size_t>(count));
   for (double& v : values) v = in.value();
+  // Now and then (1 in 8) one value anything the bytes give: inf, NaN, huge, subnormal.
+  if (count > 0 && in.byte() % 8 == 7) values[static_cast<std::size_t>(in.integer() & 0x7fffffff) % values.size()] = in.real();
   if (as == Stored::float32) {
     for (double& v : values) v = static_cast<double>(static_cast<float>(v));
   }
@@ -125,8 +128,8 @@ void consistent(attn::h5::File& file, Bytes& in) {
   const char* causal[] = {"none", "top_left", "bottom_right"};
   file.write_attribute("causal", std::string(causal[in.byte() % 3]));
   if (v2 & 4) file.write_attribute("window_left", static_cast<std::int64_t>(in.byte() % 4) - 1);
-  if (v2 & 8) file.write_attribute("window_right", in.byte() % 2 ? in.integer() : static_cast<std::int64_t>(in.byte() % 4));
-  if (v2 & 16) file.write_attribute("softcap", in.byte() % 4 == 0 ? in.real() : 1.0 + in.byte() % 30);
+  if (v2 & 8) file.write_attribute("window_right", in.byte() % 8 == 7 ? in.integer() : static_cast<std::int64_t>(in.byte() % 4));
+  if (v2 & 16) file.write_attribute("softcap", in.byte() % 8 == 7 ? in.real() : 1.0 + in.byte() % 30);
   if (v2 & 32) floats(file, in, "alibi_slopes", {heads_q}, Stored::float32);
   if (v2 & 64) floats(file, in, "sinks", {heads_q}, Stored::float32);
   const std::int64_t q_batch = ragged ? 1 : batch;
@@ -144,7 +147,7 @@ void consistent(attn::h5::File& file, Bytes& in) {
     const std::int64_t pages = 1 + in.byte() % 4, per_entry = seq_k / page;
     file.write_attribute("page_size", page);
     std::vector<std::int64_t> table(static_cast<std::size_t>(batch * per_entry)), lens;
-    for (auto& t : table) t = in.byte() % 7 == 0 ? -1 : in.byte() % pages;
+    for (auto& t : table) t = in.byte() % 16 == 15 ? -1 : in.byte() % pages;
     for (std::int64_t b = 0; b < batch; ++b) lens.push_back(in.byte() % (seq_k + 1));
     file.write_dataset("page_table", {batch, per_entry}, table.data());
     integers(file, "seq_lens", lens);
@@ -165,11 +168,11 @@ void consistent(attn::h5::File& file, Bytes& in) {
     for (std::int64_t b = 0; b < batch; ++b) lens.push_back(in.byte() % (seq_k + 1));
     integers(file, "kv_len", lens);
   }
-  // One thing broken, or none.
-  switch (in.byte() % 6) {
-    case 0: file.write_attribute(kAttributes[in.byte() % std::size(kAttributes)], in.integer()); break;
-    case 1: file.write_attribute(kAttributes[in.byte() % std::size(kAttributes)], in.text()); break;
-    case 2: file.write_attribute(kAttributes[in.byte() % std::size(kAttributes)], in.real()); break;
+  // One thing broken (a quarter of the cases), or none.
+  switch (in.byte() % 12) {
+    case 9: file.write_attribute(kAttributes[in.byte() % std::size(kAttributes)], in.integer()); break;
+    case 10: file.write_attribute(kAttributes[in.byte() % std::size(kAttributes)], in.text()); break;
+    case 11: file.write_attribute(kAttributes[in.byte() % std::size(kAttributes)], in.real()); break;
     default: break;
   }
 }
