@@ -161,7 +161,7 @@ TEST_F(FixtureIo, TruncatedFilesFailWithThePath) {
 TEST_F(FixtureIo, WrongRootAttributes) {
   EXPECT_ERROR(error_after([](RawCase& r) { r.attrs["format"] = std::string("attn-fixtur"); }),
                "attribute 'format' is 'attn-fixtur', expected 'attn-fixture'");
-  EXPECT_ERROR(error_after([](RawCase& r) { r.attrs["format_version"] = std::int64_t{3}; }), "'format_version' is 3, expected 1 or 2");
+  EXPECT_ERROR(error_after([](RawCase& r) { r.attrs["format_version"] = std::int64_t{4}; }), "'format_version' is 4, expected 1, 2 or 3");
   // A version 1 file carrying a version 2 field: its writer did not mean it.
   EXPECT_ERROR(error_after([](RawCase& r) { r.attrs["window_left"] = std::int64_t{2}; }),
                "attribute 'window_left' belongs to format version 2, but 'format_version' is 1");
@@ -389,4 +389,82 @@ TEST_F(FixtureIo, Version2RoundTripsAndVersion1StaysVersion1) {
     h5::File file = h5::File::open_read(dir_ / "rt.h5");
     EXPECT_EQ(file.integer_attribute("format_version"), f.problem().features() ? 2 : 1) << spec.name;
   }
+}
+
+// Format version 3: dout and the golden gradients (docs/format/v3.md).
+namespace {
+void add_gradients(RawCase& r) {
+  r.attrs["format_version"] = std::int64_t{3};
+  r.datasets["dout"] = {{2, 2, 3, 2}, std::vector<double>(24, 0.5)};
+  r.datasets["dq"] = {{2, 2, 3, 2}, std::vector<double>(24, 0.0), h5::File::Stored::float64};
+  r.datasets["dk"] = {{2, 1, 4, 2}, std::vector<double>(16, 0.0), h5::File::Stored::float64};
+  r.datasets["dv"] = {{2, 1, 4, 2}, std::vector<double>(16, 0.0), h5::File::Stored::float64};
+}
+}  // namespace
+
+TEST_F(FixtureIo, Version3CarriesGradients) {
+  EXPECT_EQ(error_after(add_gradients), "");
+  RawCase raw;
+  add_gradients(raw);
+  raw.write(dir_ / "v3.h5");
+  const Fixture f = read_fixture(dir_ / "v3.h5");
+  ASSERT_TRUE(f.gradients.has_value());
+  EXPECT_TRUE(f.header.gradients);
+  EXPECT_EQ(f.header.format_version, 3);
+  EXPECT_TRUE(f.header.has_tag("backward"));
+  EXPECT_EQ(f.gradients->dout.size(), 24u);
+  EXPECT_EQ(f.gradients->dk.size(), 16u);
+  // Written back bit for bit, as version 3.
+  write_fixture(f, dir_ / "again.h5");
+  const Fixture g = read_fixture(dir_ / "again.h5");
+  ASSERT_TRUE(g.gradients.has_value());
+  EXPECT_EQ(g.gradients->dout, f.gradients->dout);
+  EXPECT_EQ(g.header.format_version, 3);
+  // A case without gradients has none.
+  EXPECT_EQ(error_after([](RawCase&) {}), "");
+  EXPECT_FALSE(read_fixture_header(dir_ / "case.h5").gradients);
+  EXPECT_FALSE(read_fixture(dir_ / "case.h5").gradients.has_value());
+}
+
+TEST_F(FixtureIo, Version3IsRefusedWhereItBreaksARule) {
+  EXPECT_ERROR(error_after([](RawCase& r) { r.datasets["dout"] = {{2, 2, 3, 2}, std::vector<double>(24, 0.5)}; }),
+               "dataset 'dout' belongs to format version 3 (gradients), but 'format_version' is 1");
+  EXPECT_ERROR(error_after([](RawCase& r) { r.attrs["format_version"] = std::int64_t{3}; }),
+               "dataset 'dout' is missing (dout, dq, dk and dv are required)");
+  EXPECT_ERROR(error_after([](RawCase& r) {
+                 add_gradients(r);
+                 r.datasets.erase("dk");
+               }),
+               "dataset 'dk' is missing");
+  EXPECT_ERROR(error_after([](RawCase& r) {
+                 add_gradients(r);
+                 r.datasets["dq"].dims = {2, 2, 2, 3};
+               }),
+               "dataset 'dq' has shape [2, 2, 2, 3], expected [2, 2, 3, 2]");
+  EXPECT_ERROR(error_after([](RawCase& r) {
+                 add_gradients(r);  // dout is an input: exact in the case's dtype, here float16
+                 r.attrs["dtype"] = std::string("float16");
+                 r.datasets["dout"].values[3] = 0.1;
+               }),
+               "dataset 'dout' holds");
+  EXPECT_ERROR(error_after([](RawCase& r) {
+                 add_gradients(r);
+                 r.attrs["bias_requires_grad"] = std::int64_t{1};
+               }),
+               "'bias_requires_grad' is 1 but the case has no bias");
+  EXPECT_ERROR(error_after([](RawCase& r) {
+                 add_gradients(r);
+                 r.datasets["dsinks"] = {{2}, {0.0, 0.0}, h5::File::Stored::float64};
+               }),
+               "dataset 'dsinks' is present but the case has no sinks");
+  EXPECT_ERROR(error_after([](RawCase& r) {
+                 add_gradients(r);
+                 r.datasets["dv"].values[0] = std::nan("");
+               }),
+               "dataset 'dv' holds nan");
+  EXPECT_ERROR(error_after([](RawCase& r) {
+                 add_gradients(r);
+                 r.attrs["page_size"] = std::int64_t{2};
+               }),
+               "has no backward pass in format version 3");
 }

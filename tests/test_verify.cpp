@@ -8,6 +8,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
 #include <xmmintrin.h>
 
 #include "core/registry.hpp"
@@ -289,6 +290,59 @@ TEST(Verifier, RecordedOutputsAreJudgedOnVersion2Cases) {
       const VerifySummary s = verify({file}, tool, {});
       ASSERT_EQ(s.outcomes.size(), 1u);
       EXPECT_EQ(s.outcomes[0].comparison.verdict, shift == 0 ? Verdict::pass : Verdict::fail) << s.outcomes[0].comparison.reason;
+    }
+  }
+  fs::remove_all(dir);
+}
+
+// Format version 3: golden gradients are checked like `out`. Stored in the
+// case's own precision they pass; one element off (by a percent of the
+// largest in float32) is an input error naming the gradient and the element.
+TEST(Verifier, GoldenGradientsAreCheckedNotTrusted) {
+  const fs::path dir = fs::temp_directory_path() / ("attn_test_gradients_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::vector<std::unique_ptr<Backend>> none;
+  auto errors_of = [&](const Fixture& f) {
+    write_fixture(f, dir / "case.h5");
+    return verify({dir / "case.h5"}, none, VerifyOptions{}).input_errors;
+  };
+  auto round_all = [](std::vector<double>& values, DType dtype) {
+    for (double& x : values) x = round_to_dtype(x, dtype);
+  };
+  for (const char* name : {"backward/basic_q17_k33_f32", "backward/sinks_masked_rows_bf16", "backward/mask_bias_kvlen_f16"}) {
+    SCOPED_TRACE(name);
+    const Fixture golden = read_fixture(kGolden / (std::string(name) + ".h5"));
+    ASSERT_TRUE(golden.gradients.has_value());
+    EXPECT_TRUE(errors_of(golden).empty());
+    // Rounded to the case's dtype, as a framework computing in it would store them.
+    Fixture stored = golden;
+    const DType dtype = golden.problem().dtype;
+    round_all(stored.gradients->dq, dtype);
+    round_all(stored.gradients->dk, dtype);
+    round_all(stored.gradients->dv, dtype);
+    round_all(stored.gradients->dbias, dtype);
+    round_all(stored.gradients->dsinks, dtype);
+    const auto rounded = errors_of(stored);
+    EXPECT_TRUE(rounded.empty()) << rounded.front();
+    for (const char* what : {"dq", "dk", "dv", "dsinks", "dbias"}) {
+      Fixture wrong = golden;
+      std::vector<double>* values = std::string(what) == "dq"   ? &wrong.gradients->dq
+                                    : std::string(what) == "dk" ? &wrong.gradients->dk
+                                    : std::string(what) == "dv" ? &wrong.gradients->dv
+                                    : std::string(what) == "dsinks" ? &wrong.gradients->dsinks
+                                                                    : &wrong.gradients->dbias;
+      if (values->empty()) continue;
+      double largest = 0;
+      for (double x : *values) largest = std::max(largest, std::fabs(x));
+      // The a-priori bound of a 16-bit backward is loose (a tenth to a half of
+      // the largest gradient: P, O and dS rounded to 8 or 11 bits); the
+      // measured bound is the tight check there.
+      const bool narrow = dtype == DType::f16 || dtype == DType::bf16;
+      (*values)[values->size() / 2] += (narrow ? 1.0 : 0.01) * largest + 1e-3;
+      const auto found = errors_of(wrong);
+      ASSERT_EQ(found.size(), 1u) << what;
+      EXPECT_NE(found.front().find(std::string("its `") + what + "` is not the gradient of sum(dout * out)"),
+                std::string::npos) << found.front();
     }
   }
   fs::remove_all(dir);

@@ -40,6 +40,16 @@ double weight_underflow(DType dtype) {
 }
 }  // namespace
 
+GradientPrecision gradient_precision(DType dtype) { return {unit_roundoff(dtype), accumulation_roundoff(dtype)}; }
+
+std::vector<double> gradient_bounds(DType dtype, const std::vector<double>& errors, double terms) {
+  const double c = ToleranceConstants::safety_factor;
+  const double floor = underflow_floor(dtype) + subnormal_allowance(dtype, terms);
+  std::vector<double> bounds(errors.size());
+  for (std::size_t e = 0; e < errors.size(); ++e) bounds[e] = c * errors[e] + floor;
+  return bounds;
+}
+
 double subnormal_allowance(DType dtype, double n) {
   // Each of the row's products and sums may round a subnormal intermediate to
   // the accumulation type's subnormal spacing (absolute, unlike every other term).

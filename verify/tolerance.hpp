@@ -10,6 +10,7 @@
 #include "attnbench/problem.hpp"
 #include "fixtures/fixture.hpp"
 #include "reference/layer.hpp"
+#include "reference/backward.hpp"
 #include "reference/reference.hpp"
 
 namespace attn {
@@ -125,6 +126,14 @@ std::vector<double> fixture_tolerance(const FixtureHeader& header, const std::ve
 // Unit roundoff of the arithmetic a plain implementation accumulates in:
 // float64 for float64 cases, float32 for all the others.
 double accumulation_roundoff(DType dtype);
+
+// The a-priori bound of each gradient element (docs/verification/tolerance.md,
+// "Gradients"): C times the first-order error of a plain same-precision
+// backward that reference_backward measured (GradientErrors), plus the
+// absolute floors of subnormal results and intermediates over `terms` summed
+// terms. gradient_precision() is the precision those errors assume.
+GradientPrecision gradient_precision(DType dtype);
+std::vector<double> gradient_bounds(DType dtype, const std::vector<double>& errors, double terms);
 
 // The a-priori bounds, from the truth's out and lse and its statistics.
 Bounds derive_bounds(const Problem& problem, const std::vector<double>& truth_out,

@@ -118,7 +118,7 @@ std::string index_text(const Dims4& shape, std::size_t e) {
 // the range no weighted mean of the visible values can leave.
 void check_golden(const FixtureHeader& header, std::string_view what, const Dims4& shape,
                   const std::vector<double>& stored, const std::vector<double>& truth, const std::vector<double>& bound,
-                  const Bounds* hull = nullptr) {
+                  const Bounds* hull = nullptr, std::string_view of = "the attention") {
   for (std::size_t e = 0; e < stored.size(); ++e) {
     const double x = stored[e], t = truth[e];
     if (std::isinf(t) || std::isinf(x) || std::isnan(x)) {
@@ -127,9 +127,9 @@ void check_golden(const FixtureHeader& header, std::string_view what, const Dims
       continue;
     }
     throw InputError(fmt::format(
-        "{}: its `{}` is not the attention of its own inputs: {} holds {:.17g}, the float64 reference gives {:.17g} "
+        "{}: its `{}` is not {} of its own inputs: {} holds {:.17g}, the float64 reference gives {:.17g} "
         "(a {} case may differ by at most {:.3g}); the golden is wrong or corrupt",
-        header.path.string(), what, index_text(shape, e), x, t, dtype_name(header.problem.dtype), bound[e]));
+        header.path.string(), what, of, index_text(shape, e), x, t, dtype_name(header.problem.dtype), bound[e]));
   }
 }
 
@@ -315,6 +315,29 @@ void verify_layer(const std::filesystem::path& file, const BackendRefs& backends
   }
 }
 
+// Version 3: the golden gradients are checked like `out`, each element within
+// the a-priori bound of a backward in the case's dtype (the first-order error
+// reference_backward measures, times C).
+void check_golden_gradients(const Fixture& fixture, const Judgement& j) {
+  const Problem& p = fixture.problem();
+  const FixtureGradients& g = *fixture.gradients;
+  const GradientPrecision precision = gradient_precision(p.dtype);
+  GradientErrors errors;
+  const ReferenceGradients truth =
+      reference_backward(fixture.data, g.dout, j.truth, j.stats, g.bias_requires_grad, &precision, &errors);
+  const double terms = static_cast<double>(std::max(p.seq_k, p.q_batch() * p.heads_q * p.seq_q));
+  auto check = [&](std::string_view what, const Dims4& shape, const std::vector<double>& stored,
+                   const std::vector<double>& want, const std::vector<double>& error) {
+    check_golden(fixture.header, what, shape, stored, want, gradient_bounds(p.dtype, error, terms), nullptr,
+                 "the gradient of sum(dout * out)");
+  };
+  check("dq", {p.q_batch(), p.heads_q, p.seq_q, p.head_dim}, g.dq, truth.dq, errors.dq);
+  check("dk", {p.kv_batch(), p.heads_kv, p.kv_seq(), p.head_dim}, g.dk, truth.dk, errors.dk);
+  check("dv", {p.kv_batch(), p.heads_kv, p.kv_seq(), p.head_dim_v}, g.dv, truth.dv, errors.dv);
+  if (g.bias_requires_grad) check("dbias", {p.bias.batch, p.bias.heads, p.bias.rows, p.seq_k}, g.dbias, truth.dbias, errors.dbias);
+  if (p.sinks) check("dsinks", {1, 1, 1, p.heads_q}, g.dsinks, truth.dsinks, errors.dsinks);
+}
+
 void verify_sdpa(const Fixture& fixture, const BackendRefs& backends,
                  const VerifyOptions& options, const OutcomeCallback& on_outcome, VerifySummary& summary,
                  bool trusted_golden = false) {
@@ -333,6 +356,7 @@ void verify_sdpa(const Fixture& fixture, const BackendRefs& backends,
     check_golden(fixture.header, "lse", {problem.q_batch(), problem.heads_q, problem.seq_q, 1}, *fixture.lse, j.truth.lse,
                  j.bounds.lse);
   }
+  if (fixture.gradients && !trusted_golden) check_golden_gradients(fixture, j);
   // The rest is only computed when someone runs.
   if (anyone_runs(backends, problem, configs)) {
     std::vector<char> counts(j.stats.visible.size());

@@ -18,7 +18,7 @@ cmake --install "$build_dir" --prefix "$prefix" > "$work/install.log"
 attn=$prefix/bin/attn
 [ -x "$attn" ] || fail "cmake --install put no attn in $prefix/bin"
 for f in include/attnbench/plugin.h include/attnbench/cpp_plugin.hpp include/attnbench/backend.hpp \
-         share/doc/attnbench/fixture-format-v1.md share/doc/attnbench/fixture-format-v2.md \
+         share/doc/attnbench/fixture-format-v1.md share/doc/attnbench/fixture-format-v2.md share/doc/attnbench/fixture-format-v3.md \
          lib/cmake/attnbench/attnbenchConfig.cmake share/attnbench/fixtures/golden/basic; do
   [ -e "$prefix/$f" ] || fail "the install lacks $f"
 done
