@@ -4,6 +4,8 @@
 
 #include <chrono>
 
+#include "attnbench/error.hpp"
+
 namespace attn {
 
 double Plan::run_timed() {
@@ -16,7 +18,12 @@ std::string describe_capabilities(const Capabilities& c) {
   std::string text = c.dtypes ? dtype_names(c.dtypes) : std::string("no dtype");
   text += c.features ? fmt::format("; {}", feature_names(c.features)) : std::string("; no version 2 addition");
   text += c.lse ? "; lse" : "; no lse";
+  if (c.backward) text += "; backward";
   return text;
+}
+
+std::unique_ptr<BackwardPlan> Backend::prepare_backward(const Problem&, const BackwardIO&, const RunOptions&) const {
+  throw Unsupported(fmt::format("{} has no backward pass", name()));
 }
 
 Status backend_accepts(const Backend& backend, const Problem& problem) {

@@ -348,6 +348,98 @@ TEST(Verifier, GoldenGradientsAreCheckedNotTrusted) {
   fs::remove_all(dir);
 }
 
+// Broken backward passes, test-side: naive's gradients corrupted the way
+// kernel authors get them wrong. Each must FAIL on the standard backward
+// cases, and naive itself must pass them.
+class BrokenBackward final : public Backend {
+ public:
+  enum class Mode { dq_without_scale, nan_on_empty_rows, sink_gradient_sign, dv_from_one_head };
+  explicit BrokenBackward(Mode mode) : mode_(mode), naive_(make_naive_backend()) {}
+  std::string_view name() const override { return "broken-backward"; }
+  std::string_view description() const override { return "naive with a broken backward (test)"; }
+  Capabilities capabilities() const override { return naive_->capabilities(); }
+  Status supports(const Problem& p) const override { return naive_->supports(p); }
+  std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& o) const override {
+    return naive_->prepare(p, io, o);
+  }
+  std::unique_ptr<BackwardPlan> prepare_backward(const Problem& p, const BackwardIO& io, const RunOptions& o) const override {
+    return std::make_unique<Corrupting>(mode_, p, io, naive_->prepare_backward(p, io, o));
+  }
+
+ private:
+  struct Corrupting final : BackwardPlan {
+    Corrupting(Mode how, const Problem& problem, const BackwardIO& gradients, std::unique_ptr<BackwardPlan> plan)
+        : mode(how), p(problem), io(gradients), inner(std::move(plan)) {}
+    void run() override {
+      inner->run();
+      auto each = [&](const MutableTensorView& v, auto&& f) {
+        for (std::int64_t a = 0; a < v.shape[0]; ++a)
+          for (std::int64_t b = 0; b < v.shape[1]; ++b)
+            for (std::int64_t c = 0; c < v.shape[2]; ++c)
+              for (std::int64_t d = 0; d < v.shape[3]; ++d) {
+                const std::int64_t at = v.offset(a, b, c, d);
+                store_from_double(v.data, at, v.dtype, f(a, b, c, load_as_double(v.data, at, v.dtype)));
+              }
+      };
+      switch (mode) {
+        case Mode::dq_without_scale:
+          each(io.dq, [&](auto, auto, auto, double x) { return x / p.scale; });
+          break;
+        case Mode::nan_on_empty_rows:  // 0/0 where a row sees nothing: its dQ row is exactly 0
+          each(io.dq, [&](auto, auto, auto, double x) { return x == 0.0 ? std::nan("") : x; });
+          break;
+        case Mode::sink_gradient_sign:
+          if (io.dsinks) for (std::int64_t h = 0; h < p.heads_q; ++h) io.dsinks[h] = -io.dsinks[h];
+          break;
+        case Mode::dv_from_one_head:  // GQA: the group's sum replaced by one head's share
+          each(io.dv, [&](auto, auto, auto, double x) { return x / static_cast<double>(p.group_size()); });
+          break;
+      }
+    }
+    Mode mode;
+    Problem p;
+    BackwardIO io;
+    std::unique_ptr<BackwardPlan> inner;
+  };
+  Mode mode_;
+  std::unique_ptr<Backend> naive_;
+};
+
+TEST(Verifier, NaivesBackwardPassesAndBrokenOnesFail) {
+  const auto files = find_fixture_files({kGolden / "backward"});
+  ASSERT_GE(files.size(), 20u);
+  VerifyOptions options;
+  options.thread_counts = {1, 3};
+  options.layouts = {Layout::bhsd, Layout::bshd};
+  const std::vector<std::pair<BrokenBackward::Mode, const char*>> broken = {
+      {BrokenBackward::Mode::dq_without_scale, "backward/basic_q17_k33_f32"},
+      {BrokenBackward::Mode::nan_on_empty_rows, "backward/gqa_causal_br_q33_k17_f32"},
+      {BrokenBackward::Mode::sink_gradient_sign, "backward/sinks_masked_rows_f32"},
+      {BrokenBackward::Mode::dv_from_one_head, "backward/gqa_causal_br_q33_k17_f32"}};
+  std::vector<std::unique_ptr<Backend>> naive;
+  naive.push_back(make_naive_backend());
+  const VerifySummary real = verify(files, naive, options);
+  EXPECT_TRUE(real.input_errors.empty());
+  int judged = 0;
+  for (const auto& o : real.outcomes) {
+    if (o.direction != "backward") continue;
+    ++judged;
+    EXPECT_EQ(o.comparison.verdict, Verdict::pass) << o.fixture << ": " << o.comparison.reason;
+  }
+  EXPECT_EQ(judged, static_cast<int>(files.size()) * 4);
+  for (const auto& [mode, witness] : broken) {
+    std::vector<std::unique_ptr<Backend>> one;
+    one.push_back(std::make_unique<BrokenBackward>(mode));
+    const VerifySummary s = verify({kGolden / (std::string(witness) + ".h5")}, one, options);
+    int failed = 0;
+    for (const auto& o : s.outcomes) {
+      if (o.direction == "forward") EXPECT_EQ(o.comparison.verdict, Verdict::pass) << witness;
+      else failed += o.comparison.verdict == Verdict::fail;
+    }
+    EXPECT_EQ(failed, 4) << witness << " (mode " << static_cast<int>(mode) << ")";
+  }
+}
+
 TEST(Verifier, ABackendThatThrowsFails) {
   auto r = verify_with(std::make_unique<Saboteur>(Saboteur::Mode::throw_error), {kGolden / "basic"});
   for (const auto& o : r.outcomes) {

@@ -46,6 +46,7 @@ CaseOutcome outcome_of(const nlohmann::json& r, const std::filesystem::path& pat
   o.backend = r.value("backend", "");
   o.file = r.value("file", "");
   o.fixture = r.value("fixture", "");
+  o.direction = r.value("direction", "forward");
   o.problem = r.value("problem", "");
   o.comparison.verdict = verdict_of(r.value("verdict", ""), path);
   o.comparison.reason = r.value("reason", "");

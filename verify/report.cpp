@@ -71,7 +71,8 @@ std::string dtype_of(const std::string& problem) {
 // The fixture's name, with the run's threads and layout when not the defaults.
 std::string fixture_label(const CaseOutcome& o) {
   const std::string config = o.config.label();
-  return config.empty() ? o.fixture : fmt::format("{} @{}", o.fixture, config);
+  const std::string name = o.direction == "backward" ? o.fixture + " backward" : o.fixture;
+  return config.empty() ? name : fmt::format("{} @{}", name, config);
 }
 
 }  // namespace
@@ -241,7 +242,8 @@ void write_json(const VerifySummary& summary, const std::filesystem::path& path,
                         {"verdict", verdict_name(c.verdict)}, {"reason", c.reason},
                         {"seconds", o.seconds},
                         {"threads", o.config.threads},
-                        {"layout", o.config.layout ? layout_name(*o.config.layout) : "bhsd"}};
+                        {"layout", o.config.layout ? layout_name(*o.config.layout) : "bhsd"},
+                        {"direction", o.direction}};
     if (c.verdict != Verdict::skip) {
       // Nothing was measured when the backend threw: every figure is null.
       auto finite_or_null = [&c](double x) {

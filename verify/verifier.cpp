@@ -15,6 +15,7 @@
 #include "fixtures/fixture.hpp"
 #include "fixtures/layer.hpp"
 #include "reference/layer.hpp"
+#include "verify/backward.hpp"
 #include "verify/baseline.hpp"
 #include "verify/layer.hpp"
 #include "reference/reference.hpp"
@@ -165,6 +166,9 @@ struct Judgement {
   std::vector<double> probe_want; // per row, what V = 1 gives: 1, less the sink's share (empty: 1)
   CaseData probe;                 // V replaced by ones
   std::vector<std::vector<double>> probe_baselines;
+  // Version 3: the float64 gradients and their error magnitudes, computed when a backend first needs them.
+  std::optional<ReferenceGradients> gradients;
+  std::optional<GradientErrors> gradient_errors;
 };
 
 Comparison run_one(const Backend& backend, const Fixture& fixture, const Judgement& j, const CaseData& probe_case,
@@ -399,6 +403,42 @@ void verify_sdpa(const Fixture& fixture, const BackendRefs& backends,
       } else {
         auto start = std::chrono::steady_clock::now();
         outcome.comparison = run_one(*backends[b], laid_out, j, probe, run_options);
+        outcome.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      }
+      record(std::move(outcome), on_outcome, summary);
+    }
+    if (!fixture.gradients) continue;
+    // Version 3: each backend's gradients, after its forward results, in the same run configuration.
+    for (std::size_t b = 0; b < backends.size(); ++b) {
+      if (recorded_outputs_of(*backends[b])) continue;  // results files hold no gradients
+      CaseOutcome outcome{std::string(backends[b]->name()), fixture.header.path, fixture.header.name,
+                          laid_out.problem().to_string(), {}, 0, warning, config};
+      outcome.direction = "backward";
+      if (!support[b].ok) {
+        outcome.comparison.verdict = Verdict::skip;
+        outcome.comparison.reason = support[b].reason;
+      } else if (!backends[b]->capabilities().backward) {
+        outcome.comparison.verdict = Verdict::skip;
+        outcome.comparison.reason = "does not implement the backward pass (format version 3)";
+      } else {
+        const auto start = std::chrono::steady_clock::now();
+        try {
+          if (!j.gradients) {
+            const GradientPrecision precision = gradient_precision(problem.dtype);
+            j.gradient_errors.emplace();
+            j.gradients = reference_backward(fixture.data, fixture.gradients->dout, j.truth, j.stats,
+                                             fixture.gradients->bias_requires_grad, &precision, &*j.gradient_errors);
+          }
+          const BackwardRun run = run_backward(*backends[b], laid_out.data, fixture.gradients->dout,
+                                               fixture.gradients->bias_requires_grad, run_options);
+          outcome.comparison = compare_gradients(problem, *j.gradients, *j.gradient_errors, run);
+        } catch (const Unsupported& e) {
+          outcome.comparison = Comparison{};
+          outcome.comparison.verdict = Verdict::skip;
+          outcome.comparison.reason = e.what();
+        } catch (const std::exception& e) {
+          outcome.comparison.fail(fmt::format("backend threw: {}", e.what()));
+        }
         outcome.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       }
       record(std::move(outcome), on_outcome, summary);

@@ -51,6 +51,7 @@ struct CaseOutcome {
   std::string warning;  // about the fixture (e.g. a loose tolerance of its own); empty when none
   RunConfig config;     // the threads and layout it ran with
   std::string arguments;  // more attn verify options that select the backend again (recorded outputs: --outputs DIR)
+  std::string direction = "forward";  // or "backward": the gradients of a version 3 case
 };
 
 struct VerifySummary {

@@ -1,6 +1,8 @@
 #include "impls/naive/naive.hpp"
 
+#include "attnbench/error.hpp"
 #include "attnbench/value_range.hpp"
+#include "impls/naive/naive_backward.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -170,11 +172,17 @@ class NaiveBackend final : public Backend {
   std::string_view description() const override {
     return "textbook attention: materialised scores, max-subtracted softmax, P V; float32 scores, float64 sums";
   }
-  Capabilities capabilities() const override { return {kAllDTypes, kAllFeatures, true}; }
+  Capabilities capabilities() const override { return {kAllDTypes, kAllFeatures, true, true}; }
   Status supports(const Problem&) const override { return Status::yes(); }
   std::unique_ptr<Plan> prepare(const Problem& problem, const AttentionIO& io, const RunOptions&) const override {
     if (problem.dtype != DType::f64) require_float32_scores(problem, io);  // its scores are float32 then
     return std::make_unique<NaivePlan>(problem, io);
+  }
+  std::unique_ptr<BackwardPlan> prepare_backward(const Problem& problem, const BackwardIO& io,
+                                                 const RunOptions&) const override {
+    if (problem.paged()) throw Unsupported("a paged case has no backward pass");
+    if (problem.dtype != DType::f64) require_float32_scores(problem, io.forward);
+    return make_naive_backward_plan(problem, io);
   }
 };
 

@@ -91,9 +91,30 @@ struct Capabilities {
   unsigned dtypes = kAllDTypes;  // dtype_bit() of each dtype it computes in
   unsigned features = 0;         // Feature bits: the format version 2 additions
   bool lse = false;              // its plans write lse (Plan::has_lse)
+  bool backward = false;         // it implements prepare_backward (format version 3)
 };
-// "float32, float16, bfloat16; window, softcap; lse"
+// "float32, float16, bfloat16; window, softcap; lse; backward"
 std::string describe_capabilities(const Capabilities& capabilities);
+
+// Format version 3 (docs/format/v3.md): the backward pass of
+// L = sum(dout * out) for the case's inputs.
+struct BackwardIO {
+  // The case's inputs exactly as the forward gets them, with `out` (and `lse`
+  // when this backend's plans write it, else nullptr) holding this backend's
+  // own forward results for them: read-only here.
+  AttentionIO forward;
+  TensorView dout;                // shape of out, in dtype
+  MutableTensorView dq, dk, dv;   // shapes of q, k and v, in dtype; every element written
+  MutableTensorView dbias;        // the bias's stored shape [bb, bh, bq, seq_k], summed over its
+                                  // broadcast axes; empty when the bias needs no gradient
+  float* dsinks = nullptr;        // [heads_q] when the case has sinks
+};
+
+class BackwardPlan {
+ public:
+  virtual ~BackwardPlan() = default;
+  virtual void run() = 0;  // computes every gradient of BackwardIO; the timed part
+};
 
 class Backend {
  public:
@@ -108,6 +129,10 @@ class Backend {
   virtual Status supports(const Problem& problem) const = 0;
   virtual std::unique_ptr<Plan> prepare(const Problem& problem, const AttentionIO& io,
                                         const RunOptions& options) const = 0;
+  // The backward pass, for a backend whose capabilities() declare it; the
+  // default throws attn::Unsupported. A paged problem never reaches it.
+  virtual std::unique_ptr<BackwardPlan> prepare_backward(const Problem& problem, const BackwardIO& io,
+                                                         const RunOptions& options) const;
   // (optional, in-tree only) What framework adapters and recorded results add:
   // declared conventions, a layer of their own, results read from files. A
   // backend written against this SDK leaves it null.

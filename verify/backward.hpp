@@ -1,0 +1,32 @@
+// The backward pass of a backend on a version 3 case (docs/format/v3.md):
+// its own forward first (the backward reads its out and lse), then its
+// backward plan, with every gradient buffer pre-filled with NaN; and the
+// judgement of its gradients against the float64 backward under the
+// a-priori gradient bounds (docs/verification/tolerance.md, "Gradients").
+#pragma once
+
+#include <vector>
+
+#include "attnbench/backend.hpp"
+#include "core/case_data.hpp"
+#include "reference/backward.hpp"
+#include "verify/compare.hpp"
+
+namespace attn {
+
+struct BackwardRun {
+  // Canonical row-major, widened from the dtype; dbias and dsinks empty when not asked.
+  std::vector<double> dq, dk, dv, dbias, dsinks;
+  double seconds = 0;  // forward and backward, prepare and run
+};
+
+// Throws whatever the backend throws (attn::Unsupported: SKIP).
+BackwardRun run_backward(const Backend& backend, const CaseData& data, const std::vector<double>& dout, bool bias_gradient,
+                         const RunOptions& options);
+
+// Every element of every gradient within its bound; a NaN or infinity fails.
+// The worst element is reported by its gradient and coordinates.
+Comparison compare_gradients(const Problem& problem, const ReferenceGradients& truth, const GradientErrors& errors,
+                             const BackwardRun& got);
+
+}  // namespace attn
