@@ -222,4 +222,14 @@ void store_from_double(void* base, std::int64_t index, DType dtype, double value
   throw Error("store_from_double: unknown dtype");
 }
 
+double largest_finite(DType dtype) {
+  switch (dtype) {
+    case DType::f16: return 65504.0;
+    case DType::bf16: return 3.3895313892515355e38;
+    case DType::f32: return std::numeric_limits<float>::max();
+    case DType::f64: return std::numeric_limits<double>::max();
+  }
+  return 0;
+}
+
 }  // namespace attn

@@ -44,7 +44,7 @@ ReferenceGradients reference_backward(const CaseData& data, const std::vector<do
   }
   const std::int64_t d_qk = p.head_dim, d_v = p.head_dim_v;
   const bool track = errors != nullptr && precision != nullptr;
-  const double u = track ? precision->u : 0, ua = track ? precision->u_acc : 0;
+  const double u = track ? precision->u : 0, ua = track ? precision->u_acc : 0, f_min = track ? precision->f_min : 0;
   const double sqrt_d = std::sqrt(static_cast<double>(d_qk)), sqrt_dv = std::sqrt(static_cast<double>(d_v));
 
   std::vector<CompensatedSum> dk(data.k.size()), dv(data.v.size()), dbias, dsinks;
@@ -64,7 +64,7 @@ ReferenceGradients reference_backward(const CaseData& data, const std::vector<do
   }
 
   ReferenceRowView view;
-  std::vector<double> prob, dscore, dx, tanh_x, abs_dp;
+  std::vector<double> prob, dscore, dx, tanh_x, abs_dp, gap;
   std::vector<CompensatedSum> dq_row(static_cast<std::size_t>(d_qk));
   std::vector<double> m_dq(static_cast<std::size_t>(d_qk));
   for (std::int64_t b = 0; b < p.q_batch(); ++b) {
@@ -86,7 +86,7 @@ ReferenceGradients reference_backward(const CaseData& data, const std::vector<do
           abs_delta += std::fabs(dO[d] * o[d]);
         }
         const double D = delta.value();
-        prob.resize(n), dscore.resize(n), dx.resize(n), tanh_x.resize(n), abs_dp.resize(n);
+        prob.resize(n), dscore.resize(n), dx.resize(n), tanh_x.resize(n), abs_dp.resize(n), gap.resize(n);
         for (std::size_t t = 0; t < n; ++t) {
           const std::int64_t j = view.visible[t];
           const double* k = view.k_rows[t];
@@ -111,7 +111,8 @@ ReferenceGradients reference_backward(const CaseData& data, const std::vector<do
           CompensatedSum diff;  // dP - D, with both parts exact to about one rounding
           diff.add(dp.value());
           diff.add(-D);
-          dscore[t] = prob[t] * diff.value();
+          gap[t] = diff.value();
+          dscore[t] = prob[t] * gap[t];
           dx[t] = p.softcap != 0 ? dscore[t] * (1.0 - tanh_x[t] * tanh_x[t]) : dscore[t];
         }
         for (auto& s : dq_row) s = CompensatedSum{};
@@ -119,12 +120,14 @@ ReferenceGradients reference_backward(const CaseData& data, const std::vector<do
         // The forward's error of O, which D inherits (the forward bound's terms).
         const double score_error = (sqrt_d + 2.0) * ua * stats.score_magnitude[static_cast<std::size_t>(row)];
         const double sqrt_n = std::sqrt(static_cast<double>(n));
+        // exp(s - lse) inherits the rounding of lse itself, relative to its size.
+        const double lse_error = ua * std::fabs(lse);
         double e_delta = 0;
         if (track) {
           e_delta = (sqrt_dv + 1.0) * ua * abs_delta;
           for (std::int64_t d = 0; d < d_v; ++d) {
             const auto e = static_cast<std::size_t>(row * d_v + d);
-            const double e_o = u * std::fabs(o[d]) + (u + sqrt_n * ua) * stats.weighted_abs_v[e] +
+            const double e_o = u * std::fabs(o[d]) + f_min + (u + sqrt_n * ua) * stats.weighted_abs_v[e] +
                                score_error * stats.weighted_dev_v[e];
             e_delta += std::fabs(dO[d]) * e_o;
           }
@@ -149,8 +152,8 @@ ReferenceGradients reference_backward(const CaseData& data, const std::vector<do
           // Errors: P moved by the score error, the lse's and its rounding;
           // dS by those, by dP's and D's roundings (on |dP| + |D|: the
           // cancellation) and its own rounding; the cap's slope by the score error.
-          const double e_p = prob[t] * (u + 2.0 * score_error + sqrt_n * ua);
-          const double e_s = e_p * std::fabs(dscore[t] / prob[t]) + prob[t] * ((sqrt_dv + 1.0) * ua * abs_dp[t] + e_delta) +
+          const double e_p = prob[t] * (u + 2.0 * score_error + sqrt_n * ua + lse_error);
+          const double e_s = e_p * std::fabs(gap[t]) + prob[t] * ((sqrt_dv + 1.0) * ua * abs_dp[t] + e_delta) +
                              u * std::fabs(dscore[t]);
           double e_x = e_s;
           if (p.softcap != 0) {
@@ -187,7 +190,7 @@ ReferenceGradients reference_backward(const CaseData& data, const std::vector<do
           dsinks[static_cast<std::size_t>(h)].add_product(-p_sink, D);
           if (track) {
             e_ds[static_cast<std::size_t>(h)] +=
-                p_sink * (std::fabs(D) * (u + 2.0 * score_error + sqrt_n * ua) + e_delta);
+                p_sink * (std::fabs(D) * (u + 2.0 * score_error + sqrt_n * ua + lse_error) + e_delta);
             m_ds[static_cast<std::size_t>(h)] += std::fabs(p_sink * D);
           }
         }

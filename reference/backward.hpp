@@ -24,6 +24,7 @@ struct ReferenceGradients {
 // dot products and sums (float32 for the 16-bit types).
 struct GradientPrecision {
   double u = 0, u_acc = 0;
+  double f_min = 0;  // the dtype's subnormal spacing: O rounded to the dtype may be off by that, absolutely
 };
 
 // Per gradient element, the first-order error of a plain same-precision

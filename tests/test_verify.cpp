@@ -19,6 +19,7 @@
 #include "verify/baseline.hpp"
 #include "verify/bias.hpp"
 #include "verify/compare.hpp"
+#include "verify/fuzz.hpp"
 #include "verify/report.hpp"
 #include "verify/run_case.hpp"
 #include "verify/tolerance.hpp"
@@ -438,6 +439,30 @@ TEST(Verifier, NaivesBackwardPassesAndBrokenOnesFail) {
     }
     EXPECT_EQ(failed, 4) << witness << " (mode " << static_cast<int>(mode) << ")";
   }
+}
+
+// attn fuzz draws backward problems: a broken backward is found, shrunk, and
+// written as a version 3 fixture that fails it and that naive passes.
+TEST(Verifier, TheFuzzerFindsABrokenBackwardAndWritesItsGradients) {
+  std::vector<std::unique_ptr<Backend>> broken;
+  broken.push_back(std::make_unique<BrokenBackward>(BrokenBackward::Mode::dq_without_scale));
+  FuzzOptions options;
+  options.seed = 1;
+  options.cases = 60;
+  options.out_dir = fs::temp_directory_path() / ("attn_test_fuzz_backward_" + std::to_string(::getpid()));
+  const FuzzSummary summary = run_fuzz(broken, options);
+  ASSERT_EQ(summary.failures.size(), 1u);
+  const FuzzFailure& f = summary.failures.front();
+  EXPECT_NE(f.shrunk.smallest.describe().find(",backward"), std::string::npos) << f.shrunk.smallest.describe();
+  const Fixture written = read_fixture(f.file);
+  ASSERT_TRUE(written.gradients.has_value());
+  std::vector<std::unique_ptr<Backend>> naive;
+  naive.push_back(make_naive_backend());
+  const VerifySummary by_naive = verify({f.file}, naive, VerifyOptions{});
+  EXPECT_TRUE(by_naive.input_errors.empty());  // its golden gradients are the truth
+  EXPECT_EQ(by_naive.failed(), 0);
+  EXPECT_EQ(verify({f.file}, broken, VerifyOptions{}).failed(), 1);
+  fs::remove_all(options.out_dir);
 }
 
 TEST(Verifier, ABackendThatThrowsFails) {

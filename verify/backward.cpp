@@ -54,7 +54,7 @@ BackwardRun run_backward(const Backend& backend, const CaseData& data, const std
   Filled dv({p.kv_batch(), p.heads_kv, p.kv_seq(), p.head_dim_v}, p.dtype, p.layout);
   const bool with_bias = bias_gradient && p.bias.present;
   Filled dbias(with_bias ? Dims4{p.bias.batch, p.bias.heads, p.bias.rows, p.seq_k} : Dims4{1, 1, 1, 1}, p.dtype, Layout::bhsd);
-  std::vector<float> dsinks(p.sinks ? static_cast<std::size_t>(p.heads_q) : 0, std::numeric_limits<float>::quiet_NaN());
+  std::vector<double> dsinks(p.sinks ? static_cast<std::size_t>(p.heads_q) : 0, std::numeric_limits<double>::quiet_NaN());
 
   BackwardRun run;
   const auto start = std::chrono::steady_clock::now();
@@ -84,6 +84,20 @@ BackwardRun run_backward(const Backend& backend, const CaseData& data, const std
   if (with_bias) run.dbias = dbias.canonical();
   run.dsinks.assign(dsinks.begin(), dsinks.end());
   return run;
+}
+
+std::string gradients_beyond(DType dtype, const ReferenceGradients& truth) {
+  const double largest = largest_finite(dtype);
+  for (auto [name, values] : {std::pair{"dq", &truth.dq}, std::pair{"dk", &truth.dk}, std::pair{"dv", &truth.dv},
+                              std::pair{"dbias", &truth.dbias}, std::pair{"dsinks", &truth.dsinks}}) {
+    for (double x : *values) {
+      if (!std::isfinite(x) || std::fabs(x) > largest) {
+        return fmt::format("its true {} holds {:.3g}, beyond {}'s range: no {} result can be right", name, x,
+                           dtype_name(dtype), dtype_name(dtype));
+      }
+    }
+  }
+  return {};
 }
 
 Comparison compare_gradients(const Problem& p, const ReferenceGradients& truth, const GradientErrors& errors,

@@ -5,6 +5,7 @@
 // a-priori gradient bounds (docs/verification/tolerance.md, "Gradients").
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "attnbench/backend.hpp"
@@ -23,6 +24,11 @@ struct BackwardRun {
 // Throws whatever the backend throws (attn::Unsupported: SKIP).
 BackwardRun run_backward(const Backend& backend, const CaseData& data, const std::vector<double>& dout, bool bias_gradient,
                          const RunOptions& options);
+
+// Non-empty when a true gradient is not a finite number of the dtype (a case
+// whose values are near the dtype's largest): no backend can return it, so
+// its backward is SKIP with this reason.
+std::string gradients_beyond(DType dtype, const ReferenceGradients& truth);
 
 // Every element of every gradient within its bound; a NaN or infinity fails.
 // The worst element is reported by its gradient and coordinates.

@@ -11,6 +11,7 @@
 #include "attnbench/error.hpp"
 #include "core/output_file.hpp"
 #include "core/rng.hpp"
+#include "reference/backward.hpp"
 #include "reference/reference.hpp"
 
 namespace attn {
@@ -37,16 +38,6 @@ std::int64_t draw_head_dim(Rng& rng) {
     return std::clamp<std::int64_t>(pick(rng, base) + pick(rng, offset), 1, 256);
   }
   return rng.uniform_int(1, 256);
-}
-
-double largest_finite(DType dtype) {
-  switch (dtype) {
-    case DType::f16: return 65504.0;
-    case DType::bf16: return 3.3895313892515355e38;
-    case DType::f32: return std::numeric_limits<float>::max();
-    case DType::f64: return std::numeric_limits<double>::max();
-  }
-  return 0;
 }
 
 double tiny_value(DType dtype) {  // a magnitude whose draws are mostly subnormal in dtype
@@ -223,6 +214,7 @@ std::string FuzzCase::describe() const {
   if (r.sink_mean != 0 || r.sink_std != 2) text += fmt::format(",sinks~N({},{})", r.sink_mean, r.sink_std);
   if (r.poison_hidden_v) text += ",poisoned_hidden_v";
   if (r.lattice_scores) text += ",lattice_scores";
+  if (r.backward) text += r.bias_requires_grad ? ",backward,bias_requires_grad" : ",backward";
   return text + fmt::format(" [threads {}, {}]", threads, layout_name(layout));
 }
 
@@ -341,6 +333,14 @@ FuzzCase draw_fuzz_case(std::uint64_t seed, std::int64_t index) {
     c.default_scale = false;
     p.scale = 1;
   }
+  // The backward pass (format version 3) from a stream of its own too: a
+  // third of the cases that are not paged carry dout, and then a bias
+  // usually requires its gradient.
+  Rng backward = Rng::from_name(fmt::format("attn fuzz backward {} {}", seed, index));
+  if (!p.paged() && backward.uniform() < 1.0 / 3) {
+    r.backward = true;
+    r.bias_requires_grad = p.bias.present && backward.uniform() < 0.75;
+  }
   if (!store(c, p)) throw Error(fmt::format("attn fuzz: drew an invalid case {}: {}", c.spec.name, p.to_string()));
   return c;
 }
@@ -357,6 +357,16 @@ Fixture fuzz_fixture(const FuzzCase& c) {
   f.header.generator = "attnbench fuzz 1";
   f.header.tags = {"fuzz"};
   f.header.problem = f.data.problem;
+  if (c.spec.recipe.backward && !f.data.problem.paged()) {
+    // dout ~ N(0, 1) in the dtype; the goldens are computed where the case is written.
+    FixtureGradients g;
+    Rng rng = Rng::from_name(c.spec.name + " dout");
+    g.dout.resize(static_cast<std::size_t>(f.data.problem.out_elements()));
+    for (double& x : g.dout) x = round_to_dtype(rng.normal(), f.data.problem.dtype);
+    g.bias_requires_grad = c.spec.recipe.bias_requires_grad && f.data.problem.bias.present;
+    f.gradients = std::move(g);
+    f.header.gradients = true;
+  }
   return f;
 }
 
@@ -437,6 +447,10 @@ std::vector<FuzzCase> simpler_fuzz_cases(const FuzzCase& c) {
   }
   if (r.poison_hidden_v) with([](FuzzCase& n, Problem&) { n.spec.recipe.poison_hidden_v = false; });
   if (r.lattice_scores) with([](FuzzCase& n, Problem&) { n.spec.recipe.lattice_scores = false; });
+  if (r.backward) {
+    with([](FuzzCase& n, Problem&) { n.spec.recipe.backward = n.spec.recipe.bias_requires_grad = false; });
+    if (r.bias_requires_grad) with([](FuzzCase& n, Problem&) { n.spec.recipe.bias_requires_grad = false; });
+  }
   // Version 2: each addition off, then smaller.
   if (p.window_left >= 0) {
     with([](FuzzCase&, Problem& q) { q.window_left = -1; });
@@ -542,8 +556,19 @@ FuzzSummary run_fuzz(const std::vector<std::unique_ptr<Backend>>& backends, cons
     const FuzzCase c = draw_fuzz_case(options.seed, index);
     const VerifySummary judged = verify_fixture(fuzz_fixture(c), active, options_of(c), true);
     ++summary.cases;
-    for (std::size_t a = 0; a < active.size() && a < judged.outcomes.size(); ++a) {
-      const CaseOutcome& o = judged.outcomes[a];
+    for (std::size_t a = 0; a < active.size(); ++a) {
+      // A backend's outcomes (forward, and backward for a case with gradients):
+      // its first FAIL, else a PASS if any passed, else its SKIP.
+      const CaseOutcome* mine = nullptr;
+      for (const CaseOutcome& candidate : judged.outcomes) {
+        if (candidate.backend != active[a]->name()) continue;
+        const Verdict v = candidate.comparison.verdict, held = mine ? mine->comparison.verdict : Verdict::skip;
+        if (!mine || (v == Verdict::fail && held != Verdict::fail) || (held == Verdict::skip && v != Verdict::skip)) {
+          mine = &candidate;
+        }
+      }
+      if (mine == nullptr) continue;
+      const CaseOutcome& o = *mine;
       const std::size_t b = which[a];
       if (o.comparison.verdict == Verdict::skip) ++summary.skipped[b];
       if (o.comparison.verdict != Verdict::fail) {
@@ -561,7 +586,17 @@ FuzzSummary run_fuzz(const std::vector<std::unique_ptr<Backend>>& backends, cons
       shrunk.header.description =
           fmt::format("attn fuzz --seed {}, case {}, shrunk for {}: {} (drawn as {})", options.seed, index, o.backend,
                       f.shrunk.smallest.describe(), c.describe());
-      ReferenceResult truth = reference_attention(shrunk.data);
+      ReferenceStats stats;
+      ReferenceResult truth = reference_attention(shrunk.data, &stats);
+      if (shrunk.gradients) {
+        ReferenceGradients g = reference_backward(shrunk.data, shrunk.gradients->dout, truth, stats,
+                                                  shrunk.gradients->bias_requires_grad);
+        shrunk.gradients->dq = std::move(g.dq);
+        shrunk.gradients->dk = std::move(g.dk);
+        shrunk.gradients->dv = std::move(g.dv);
+        shrunk.gradients->dbias = std::move(g.dbias);
+        shrunk.gradients->dsinks = std::move(g.dsinks);
+      }
       shrunk.out = std::move(truth.out);
       shrunk.lse = std::move(truth.lse);
       OutputFile file(f.file);  // written whole or not at all

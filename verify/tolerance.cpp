@@ -40,7 +40,9 @@ double weight_underflow(DType dtype) {
 }
 }  // namespace
 
-GradientPrecision gradient_precision(DType dtype) { return {unit_roundoff(dtype), accumulation_roundoff(dtype)}; }
+GradientPrecision gradient_precision(DType dtype) {
+  return {unit_roundoff(dtype), accumulation_roundoff(dtype), underflow_floor(dtype)};
+}
 
 std::vector<double> gradient_bounds(DType dtype, const std::vector<double>& errors, double terms) {
   const double c = ToleranceConstants::safety_factor;

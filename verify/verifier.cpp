@@ -429,6 +429,9 @@ void verify_sdpa(const Fixture& fixture, const BackendRefs& backends,
             j.gradients = reference_backward(fixture.data, fixture.gradients->dout, j.truth, j.stats,
                                              fixture.gradients->bias_requires_grad, &precision, &*j.gradient_errors);
           }
+          if (const std::string beyond = gradients_beyond(problem.dtype, *j.gradients); !beyond.empty()) {
+            throw Unsupported(beyond);
+          }
           const BackwardRun run = run_backward(*backends[b], laid_out.data, fixture.gradients->dout,
                                                fixture.gradients->bias_requires_grad, run_options);
           outcome.comparison = compare_gradients(problem, *j.gradients, *j.gradient_errors, run);

@@ -134,7 +134,7 @@ void naive_backward(const Problem& p, const BackwardIO& io) {
             store(io.dbias, io.dbias.offset(b, h, s, j), dbias[canonical(b, h, s, j, p.bias.heads, p.bias.rows, p.seq_k)]);
   }
   if (io.dsinks) {
-    for (std::int64_t h = 0; h < p.heads_q; ++h) io.dsinks[h] = static_cast<float>(dsinks[static_cast<std::size_t>(h)]);
+    for (std::int64_t h = 0; h < p.heads_q; ++h) io.dsinks[h] = dsinks[static_cast<std::size_t>(h)];
   }
 }
 

@@ -107,7 +107,7 @@ struct BackwardIO {
   MutableTensorView dq, dk, dv;   // shapes of q, k and v, in dtype; every element written
   MutableTensorView dbias;        // the bias's stored shape [bb, bh, bq, seq_k], summed over its
                                   // broadcast axes; empty when the bias needs no gradient
-  float* dsinks = nullptr;        // [heads_q] when the case has sinks
+  double* dsinks = nullptr;       // [heads_q] when the case has sinks (float64, as lse)
 };
 
 class BackwardPlan {

@@ -56,6 +56,8 @@ bf16 double_to_bf16(double value);
 // Rounds a double to the nearest value representable in `dtype` and returns
 // it as a double (the identity for f64).
 double round_to_dtype(double value, DType dtype);
+// The dtype's largest finite value.
+double largest_finite(DType dtype);
 bool is_representable(double value, DType dtype);
 
 // Element access helpers used by generic code (reference, verifier, naive).
