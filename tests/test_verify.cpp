@@ -15,6 +15,7 @@
 #include "core/thread_pool.hpp"
 #include "fixtures/fixture.hpp"
 #include "fixtures/h5.hpp"
+#include "fixtures/suite.hpp"
 #include "impls/naive/naive.hpp"
 #include "verify/baseline.hpp"
 #include "verify/bias.hpp"
@@ -463,6 +464,37 @@ TEST(Verifier, TheFuzzerFindsABrokenBackwardAndWritesItsGradients) {
   EXPECT_EQ(by_naive.failed(), 0);
   EXPECT_EQ(verify({f.file}, broken, VerifyOptions{}).failed(), 1);
   fs::remove_all(options.out_dir);
+}
+
+// A case whose true gradients are beyond the dtype's range (q tiny, k and v
+// huge: dq grows with their product) has no right float32 answer: its
+// backward is SKIP with the reason, its forward still judged.
+TEST(Verifier, GradientsBeyondTheDtypeAreSkipWithTheReason) {
+  InputRecipe recipe;
+  recipe.q_std = 1e-20;
+  recipe.k_std = 1e20;
+  recipe.v_std = 1e20;
+  Fixture f;
+  f.data = generate_inputs(CaseSpec{"t/huge", "t", "", "dtype=f32,b=1,hq=1,hkv=1,sq=3,sk=16,d=4,dv=4", recipe});
+  f.header.name = "t/huge";
+  f.header.problem = f.data.problem;
+  FixtureGradients g;
+  g.dout.assign(static_cast<std::size_t>(f.data.problem.out_elements()), 1.0);
+  f.gradients = g;
+  f.header.gradients = true;
+  const auto naive = make_naive_backend();
+  const VerifySummary s = verify_fixture(f, {naive.get()}, VerifyOptions{}, true);
+  int backward = 0;
+  for (const auto& o : s.outcomes) {
+    if (o.direction == "forward") {
+      EXPECT_EQ(o.comparison.verdict, Verdict::pass) << o.comparison.reason;
+      continue;
+    }
+    ++backward;
+    EXPECT_EQ(o.comparison.verdict, Verdict::skip);
+    EXPECT_NE(o.comparison.reason.find("beyond float32's range"), std::string::npos) << o.comparison.reason;
+  }
+  EXPECT_EQ(backward, 1);
 }
 
 TEST(Verifier, ABackendThatThrowsFails) {
