@@ -355,7 +355,7 @@ TEST(Verifier, GoldenGradientsAreCheckedNotTrusted) {
 // cases, and naive itself must pass them.
 class BrokenBackward final : public Backend {
  public:
-  enum class Mode { dq_without_scale, nan_on_empty_rows, sink_gradient_sign, dv_from_one_head };
+  enum class Mode { dq_without_scale, nan_on_empty_rows, sink_gradient_sign, dv_from_one_head, racy_dk };
   explicit BrokenBackward(Mode mode) : mode_(mode), naive_(make_naive_backend()) {}
   std::string_view name() const override { return "broken-backward"; }
   std::string_view description() const override { return "naive with a broken backward (test)"; }
@@ -365,13 +365,13 @@ class BrokenBackward final : public Backend {
     return naive_->prepare(p, io, o);
   }
   std::unique_ptr<BackwardPlan> prepare_backward(const Problem& p, const BackwardIO& io, const RunOptions& o) const override {
-    return std::make_unique<Corrupting>(mode_, p, io, naive_->prepare_backward(p, io, o));
+    return std::make_unique<Corrupting>(mode_, p, io, naive_->prepare_backward(p, io, o), ++runs_);
   }
 
  private:
   struct Corrupting final : BackwardPlan {
-    Corrupting(Mode how, const Problem& problem, const BackwardIO& gradients, std::unique_ptr<BackwardPlan> plan)
-        : mode(how), p(problem), io(gradients), inner(std::move(plan)) {}
+    Corrupting(Mode how, const Problem& problem, const BackwardIO& gradients, std::unique_ptr<BackwardPlan> plan, int count)
+        : mode(how), p(problem), io(gradients), inner(std::move(plan)), run_number(count) {}
     void run() override {
       inner->run();
       auto each = [&](const MutableTensorView& v, auto&& f) {
@@ -396,15 +396,27 @@ class BrokenBackward final : public Backend {
         case Mode::dv_from_one_head:  // GQA: the group's sum replaced by one head's share
           each(io.dv, [&](auto, auto, auto, double x) { return x / static_cast<double>(p.group_size()); });
           break;
+        case Mode::racy_dk:  // an accumulation order that changes between runs: one ulp, every other run
+          if (run_number % 2 == 0) {
+            bool first = true;
+            each(io.dk, [&](auto, auto, auto, double x) {
+              if (!first) return x;
+              first = false;
+              return static_cast<double>(std::nextafter(static_cast<float>(x), 1e30f));
+            });
+          }
+          break;
       }
     }
     Mode mode;
     Problem p;
     BackwardIO io;
     std::unique_ptr<BackwardPlan> inner;
+    int run_number;
   };
   Mode mode_;
   std::unique_ptr<Backend> naive_;
+  mutable int runs_ = 0;
 };
 
 TEST(Verifier, NaivesBackwardPassesAndBrokenOnesFail) {
@@ -417,7 +429,8 @@ TEST(Verifier, NaivesBackwardPassesAndBrokenOnesFail) {
       {BrokenBackward::Mode::dq_without_scale, "backward/basic_q17_k33_f32"},
       {BrokenBackward::Mode::nan_on_empty_rows, "backward/gqa_causal_br_q33_k17_f32"},
       {BrokenBackward::Mode::sink_gradient_sign, "backward/sinks_masked_rows_f32"},
-      {BrokenBackward::Mode::dv_from_one_head, "backward/gqa_causal_br_q33_k17_f32"}};
+      {BrokenBackward::Mode::dv_from_one_head, "backward/gqa_causal_br_q33_k17_f32"},
+      {BrokenBackward::Mode::racy_dk, "backward/basic_q17_k33_f32"}};
   std::vector<std::unique_ptr<Backend>> naive;
   naive.push_back(make_naive_backend());
   const VerifySummary real = verify(files, naive, options);
@@ -437,6 +450,10 @@ TEST(Verifier, NaivesBackwardPassesAndBrokenOnesFail) {
     for (const auto& o : s.outcomes) {
       if (o.direction == "forward") EXPECT_EQ(o.comparison.verdict, Verdict::pass) << witness;
       else failed += o.comparison.verdict == Verdict::fail;
+      if (o.direction == "backward" && mode == BrokenBackward::Mode::racy_dk) {
+        // within every bound: only the determinism verdict can catch it
+        EXPECT_NE(o.comparison.reason.find("not deterministic: dk differs"), std::string::npos) << o.comparison.reason;
+      }
     }
     EXPECT_EQ(failed, 4) << witness << " (mode " << static_cast<int>(mode) << ")";
   }

@@ -3,6 +3,9 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <cstring>
+#include <string_view>
+#include <tuple>
 #include <cmath>
 #include <limits>
 
@@ -84,6 +87,21 @@ BackwardRun run_backward(const Backend& backend, const CaseData& data, const std
   if (with_bias) run.dbias = dbias.canonical();
   run.dsinks.assign(dsinks.begin(), dsinks.end());
   return run;
+}
+
+std::string backward_differences(const BackwardRun& a, const BackwardRun& b, bool dq_may_vary) {
+  for (auto [name, x, y] : {std::tuple{"dq", &a.dq, &b.dq}, std::tuple{"dk", &a.dk, &b.dk}, std::tuple{"dv", &a.dv, &b.dv},
+                            std::tuple{"dbias", &a.dbias, &b.dbias}, std::tuple{"dsinks", &a.dsinks, &b.dsinks}}) {
+    if (dq_may_vary && std::string_view(name) == "dq") continue;
+    if (x->size() != y->size()) return fmt::format("{} has {} and {} elements", name, x->size(), y->size());
+    for (std::size_t e = 0; e < x->size(); ++e) {
+      // Bit for bit: NaN against NaN is equal, -0 against 0 is not.
+      if (std::memcmp(&(*x)[e], &(*y)[e], sizeof(double)) != 0) {
+        return fmt::format("{} differs at flat index {} ({:.17g} and {:.17g})", name, e, (*x)[e], (*y)[e]);
+      }
+    }
+  }
+  return {};
 }
 
 std::string gradients_beyond(DType dtype, const ReferenceGradients& truth) {

@@ -30,6 +30,10 @@ BackwardRun run_backward(const Backend& backend, const CaseData& data, const std
 // its backward is SKIP with this reason.
 std::string gradients_beyond(DType dtype, const ReferenceGradients& truth);
 
+// "" when two runs' gradients are identical bit for bit (dq aside when it
+// may vary), else which gradient differs first and where.
+std::string backward_differences(const BackwardRun& a, const BackwardRun& b, bool dq_may_vary);
+
 // Every element of every gradient within its bound; a NaN or infinity fails.
 // The worst element is reported by its gradient and coordinates.
 Comparison compare_gradients(const Problem& problem, const ReferenceGradients& truth, const GradientErrors& errors,

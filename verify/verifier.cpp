@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <set>
 
 #include "attnbench/error.hpp"
@@ -385,6 +386,9 @@ void verify_sdpa(const Fixture& fixture, const BackendRefs& backends,
     j.probe_bounds = probe_bounds(problem, j.stats, j.probe_want);
     j.probe = ones_probe(fixture.data);
   }
+  // Version 3: each backend's first backward per layout, which every later
+  // run (another thread count) must match bit for bit.
+  std::map<std::pair<std::size_t, int>, BackwardRun> first_backward;
   for (const RunConfig& config : configs) {
     Fixture laid_out = fixture;
     laid_out.data.problem = laid_out_as(problem, config);
@@ -435,6 +439,21 @@ void verify_sdpa(const Fixture& fixture, const BackendRefs& backends,
           const BackwardRun run = run_backward(*backends[b], laid_out.data, fixture.gradients->dout,
                                                fixture.gradients->bias_requires_grad, run_options);
           outcome.comparison = compare_gradients(problem, *j.gradients, *j.gradient_errors, run);
+          // Determinism, a verdict of its own: the same run again, and the
+          // first run of this layout at another thread count, bit for bit.
+          const BackwardRun again = run_backward(*backends[b], laid_out.data, fixture.gradients->dout,
+                                                 fixture.gradients->bias_requires_grad, run_options);
+          const bool dq_may_vary = backends[b]->capabilities().nondeterministic_dq;
+          if (std::string why = backward_differences(run, again, dq_may_vary); !why.empty()) {
+            outcome.comparison.fail(fmt::format("not deterministic: {} between two runs at {} threads", why, config.threads));
+          }
+          const auto key = std::make_pair(b, static_cast<int>(laid_out.problem().layout));
+          if (const auto first = first_backward.find(key); first == first_backward.end()) {
+            first_backward.emplace(key, run);
+          } else if (std::string why = backward_differences(first->second, run, dq_may_vary); !why.empty()) {
+            outcome.comparison.fail(fmt::format("not deterministic: {} at {} threads against the first thread count",
+                                                why, config.threads));
+          }
         } catch (const Unsupported& e) {
           outcome.comparison = Comparison{};
           outcome.comparison.verdict = Verdict::skip;

@@ -92,6 +92,10 @@ struct Capabilities {
   unsigned features = 0;         // Feature bits: the format version 2 additions
   bool lse = false;              // its plans write lse (Plan::has_lse)
   bool backward = false;         // it implements prepare_backward (format version 3)
+  // Its dQ may differ between runs (atomic accumulation): reported, not
+  // failed. dK, dV, dbias and dsinks must be bitwise identical between runs
+  // and thread counts whatever it declares.
+  bool nondeterministic_dq = false;
 };
 // "float32, float16, bfloat16; window, softcap; lse; backward"
 std::string describe_capabilities(const Capabilities& capabilities);
