@@ -76,26 +76,16 @@ struct BackendV1 {
 static_assert(offsetof(BackendV1, has_lse) == offsetof(attn_backend, has_lse));
 static_assert(sizeof(BackendV1) < sizeof(attn_backend));
 
-// The plugin's dtype bits (ATTN_DTYPE_BIT) as attn's; unknown bits are dropped.
-unsigned dtypes_of(std::uint32_t bits) {
-  unsigned out = 0;
-  if (bits & ATTN_DTYPE_BIT(ATTN_F64)) out |= dtype_bit(DType::f64);
-  if (bits & ATTN_DTYPE_BIT(ATTN_F32)) out |= dtype_bit(DType::f32);
-  if (bits & ATTN_DTYPE_BIT(ATTN_F16)) out |= dtype_bit(DType::f16);
-  if (bits & ATTN_DTYPE_BIT(ATTN_BF16)) out |= dtype_bit(DType::bf16);
-  return out;
-}
-
-unsigned features_of(std::uint32_t bits) {
-  unsigned out = 0;
-  if (bits & ATTN_FEATURE_WINDOW) out |= kFeatureWindow;
-  if (bits & ATTN_FEATURE_SOFTCAP) out |= kFeatureSoftcap;
-  if (bits & ATTN_FEATURE_ALIBI) out |= kFeatureAlibi;
-  if (bits & ATTN_FEATURE_SINKS) out |= kFeatureSinks;
-  if (bits & ATTN_FEATURE_RAGGED) out |= kFeatureRagged;
-  if (bits & ATTN_FEATURE_PAGED) out |= kFeaturePaged;
-  return out;
-}
+// The C ABI's dtype and feature bits are the SDK's own (attnbench/cpp_plugin.hpp
+// passes them through as they are): unknown bits are dropped.
+static_assert(ATTN_DTYPE_BIT(ATTN_F64) == dtype_bit(DType::f64) && ATTN_DTYPE_BIT(ATTN_F32) == dtype_bit(DType::f32) &&
+              ATTN_DTYPE_BIT(ATTN_F16) == dtype_bit(DType::f16) && ATTN_DTYPE_BIT(ATTN_BF16) == dtype_bit(DType::bf16));
+constexpr bool same_bit(attn_feature c, Feature cpp) { return static_cast<unsigned>(c) == static_cast<unsigned>(cpp); }
+static_assert(same_bit(ATTN_FEATURE_WINDOW, kFeatureWindow) && same_bit(ATTN_FEATURE_SOFTCAP, kFeatureSoftcap) &&
+              same_bit(ATTN_FEATURE_ALIBI, kFeatureAlibi) && same_bit(ATTN_FEATURE_SINKS, kFeatureSinks) &&
+              same_bit(ATTN_FEATURE_RAGGED, kFeatureRagged) && same_bit(ATTN_FEATURE_PAGED, kFeaturePaged));
+unsigned dtypes_of(std::uint32_t bits) { return bits & kAllDTypes; }
+unsigned features_of(std::uint32_t bits) { return bits & kAllFeatures; }
 
 void copy_strides(std::int64_t* to, const Dims4& from) {
   for (int a = 0; a < 4; ++a) to[a] = from[a];
@@ -235,7 +225,7 @@ std::vector<LoadedBackend> load_plugin_library(const std::string& path) {
     attn_backend b{};
     std::memcpy(&b, at, known);
     if (version == 1) {
-      b.dtypes = ATTN_DTYPE_BIT(ATTN_F64) | ATTN_DTYPE_BIT(ATTN_F32) | ATTN_DTYPE_BIT(ATTN_F16) | ATTN_DTYPE_BIT(ATTN_BF16);
+      b.dtypes = kAllDTypes;
       b.features = 0;
       b.plan_has_lse = nullptr;
     }

@@ -3,10 +3,8 @@
 #include <fmt/format.h>
 
 #include <chrono>
-#include <cstring>
-#include <string_view>
-#include <tuple>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "core/float_state.hpp"
@@ -81,57 +79,81 @@ BackwardRun run_backward(const Backend& backend, const CaseData& data, const std
     backward->run();
   }
   run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  run.dq = dq.canonical();
-  run.dk = dk.canonical();
-  run.dv = dv.canonical();
-  if (with_bias) run.dbias = dbias.canonical();
-  run.dsinks.assign(dsinks.begin(), dsinks.end());
+  run.got.dq = dq.canonical();
+  run.got.dk = dk.canonical();
+  run.got.dv = dv.canonical();
+  if (with_bias) run.got.dbias = dbias.canonical();
+  run.got.dsinks = std::move(dsinks);
   return run;
 }
 
-std::string backward_differences(const BackwardRun& a, const BackwardRun& b, bool dq_may_vary) {
-  for (auto [name, x, y] : {std::tuple{"dq", &a.dq, &b.dq}, std::tuple{"dk", &a.dk, &b.dk}, std::tuple{"dv", &a.dv, &b.dv},
-                            std::tuple{"dbias", &a.dbias, &b.dbias}, std::tuple{"dsinks", &a.dsinks, &b.dsinks}}) {
-    if (dq_may_vary && std::string_view(name) == "dq") continue;
-    if (x->size() != y->size()) return fmt::format("{} has {} and {} elements", name, x->size(), y->size());
-    for (std::size_t e = 0; e < x->size(); ++e) {
+std::vector<GradientPart> gradient_parts(const Problem& p) {
+  return {{"dq", {p.q_batch(), p.heads_q, p.seq_q, p.head_dim}, &ReferenceGradients::dq, &FixtureGradients::dq},
+          {"dk", {p.kv_batch(), p.heads_kv, p.kv_seq(), p.head_dim}, &ReferenceGradients::dk, &FixtureGradients::dk},
+          {"dv", {p.kv_batch(), p.heads_kv, p.kv_seq(), p.head_dim_v}, &ReferenceGradients::dv, &FixtureGradients::dv},
+          {"dbias", {p.bias.batch, p.bias.heads, p.bias.rows, p.seq_k}, &ReferenceGradients::dbias, &FixtureGradients::dbias},
+          {"dsinks", {1, 1, 1, p.heads_q}, &ReferenceGradients::dsinks, &FixtureGradients::dsinks}};
+}
+
+GradientTruth gradient_truth(const CaseData& data, const std::vector<double>& dout, bool bias_gradient,
+                             const ReferenceResult& forward, const ReferenceStats& stats) {
+  const Problem& p = data.problem;
+  const GradientPrecision precision = gradient_precision(p.dtype);
+  GradientErrors errors;
+  GradientTruth t;
+  t.value = reference_backward(data, dout, forward, stats, bias_gradient, &precision, &errors);
+  const double terms = static_cast<double>(std::max(p.seq_k, p.q_batch() * p.heads_q * p.seq_q));
+  t.bound.dq = gradient_bounds(p.dtype, errors.dq, terms);
+  t.bound.dk = gradient_bounds(p.dtype, errors.dk, terms);
+  t.bound.dv = gradient_bounds(p.dtype, errors.dv, terms);
+  t.bound.dbias = gradient_bounds(p.dtype, errors.dbias, terms);
+  t.bound.dsinks = gradient_bounds(p.dtype, errors.dsinks, terms);
+  return t;
+}
+
+std::string backward_differences(const Problem& p, const BackwardRun& a, const BackwardRun& b, bool dq_may_vary) {
+  for (const GradientPart& part : gradient_parts(p)) {
+    if (dq_may_vary && part.values == &ReferenceGradients::dq) continue;
+    const std::vector<double>& x = a.got.*part.values;
+    const std::vector<double>& y = b.got.*part.values;
+    if (x.size() != y.size()) return fmt::format("{} has {} and {} elements", part.name, x.size(), y.size());
+    for (std::size_t e = 0; e < x.size(); ++e) {
       // Bit for bit: NaN against NaN is equal, -0 against 0 is not.
-      if (std::memcmp(&(*x)[e], &(*y)[e], sizeof(double)) != 0) {
-        return fmt::format("{} differs at flat index {} ({:.17g} and {:.17g})", name, e, (*x)[e], (*y)[e]);
+      if (std::memcmp(&x[e], &y[e], sizeof(double)) != 0) {
+        return fmt::format("{} differs at flat index {} ({:.17g} and {:.17g})", part.name, e, x[e], y[e]);
       }
     }
   }
   return {};
 }
 
-std::string gradients_beyond(DType dtype, const ReferenceGradients& truth) {
-  const double largest = largest_finite(dtype);
-  for (auto [name, values] : {std::pair{"dq", &truth.dq}, std::pair{"dk", &truth.dk}, std::pair{"dv", &truth.dv},
-                              std::pair{"dbias", &truth.dbias}, std::pair{"dsinks", &truth.dsinks}}) {
-    for (double x : *values) {
+std::string gradients_beyond(const Problem& p, const ReferenceGradients& truth) {
+  const double largest = largest_finite(p.dtype);
+  for (const GradientPart& part : gradient_parts(p)) {
+    for (double x : truth.*part.values) {
       if (!std::isfinite(x) || std::fabs(x) > largest) {
-        return fmt::format("its true {} holds {:.3g}, beyond {}'s range: no {} result can be right", name, x,
-                           dtype_name(dtype), dtype_name(dtype));
+        return fmt::format("its true {} holds {:.3g}, beyond {}'s range: no {} result can be right", part.name, x,
+                           dtype_name(p.dtype), dtype_name(p.dtype));
       }
     }
   }
   return {};
 }
 
-Comparison compare_gradients(const Problem& p, const ReferenceGradients& truth, const GradientErrors& errors,
-                             const BackwardRun& got) {
+Comparison compare_gradients(const Problem& p, const GradientTruth& truth, const BackwardRun& run) {
   Comparison c;
   c.compared = true;
-  const double terms = static_cast<double>(std::max(p.seq_k, p.q_batch() * p.heads_q * p.seq_q));
   std::string first_failure;
-  auto check = [&](const char* what, const Dims4& shape, const std::vector<double>& want, const std::vector<double>& error,
-                   const std::vector<double>& have) {
-    if (want.empty()) return;
+  std::size_t elements = 0, informative = 0;
+  for (const GradientPart& part : gradient_parts(p)) {
+    const std::vector<double>& want = truth.value.*part.values;
+    const std::vector<double>& bound = truth.bound.*part.values;
+    const std::vector<double>& have = run.got.*part.values;
+    if (want.empty()) continue;
     if (have.size() != want.size()) {
-      c.fail(fmt::format("{} has {} elements, expected {}", what, have.size(), want.size()));
-      return;
+      c.fail(fmt::format("{} has {} elements, expected {}", part.name, have.size(), want.size()));
+      continue;
     }
-    const std::vector<double> bound = gradient_bounds(p.dtype, error, terms);
     for (std::size_t e = 0; e < want.size(); ++e) {
       const double x = have[e];
       double ratio;
@@ -144,31 +166,28 @@ Comparison compare_gradients(const Problem& p, const ReferenceGradients& truth, 
         if (want[e] != 0) c.max_rel_error = std::max(c.max_rel_error, diff / std::fabs(want[e]));
         ratio = bound[e] > 0 ? diff / bound[e] : (diff > 0 ? std::numeric_limits<double>::infinity() : 0.0);
       }
+      // As for out: an element tells something when its truth stands out of its bound, or must be exactly 0.
+      ++elements;
+      informative += std::fabs(want[e]) > bound[e] || want[e] == 0.0;
       if (ratio > 1.0 && first_failure.empty()) {
         Dims4 at{};
         std::size_t rest = e;
         for (int a = 3; a >= 0; --a) {
-          const auto extent = static_cast<std::size_t>(std::max<std::int64_t>(shape[a], 1));
+          const auto extent = static_cast<std::size_t>(std::max<std::int64_t>(part.shape[a], 1));
           at[a] = static_cast<std::int64_t>(rest % extent);
           rest /= extent;
         }
-        first_failure = fmt::format("{}[{},{},{},{}] is {:.6g}, expected {:.6g} (bound {:.3g})", what, at[0], at[1], at[2],
-                                    at[3], x, want[e], bound[e]);
+        first_failure = fmt::format("{}[{},{},{},{}] is {:.6g}, expected {:.6g} (bound {:.3g})", part.name, at[0], at[1],
+                                    at[2], at[3], x, want[e], bound[e]);
       }
-      if (ratio > c.worst_ratio || c.worst_index < 0) {
+      if (ratio > c.worst_ratio) {
         c.worst_ratio = ratio;
         c.bound_at_worst = bound[e];
-        c.worst_index = static_cast<std::int64_t>(e);
       }
     }
-  };
-  check("dq", {p.q_batch(), p.heads_q, p.seq_q, p.head_dim}, truth.dq, errors.dq, got.dq);
-  check("dk", {p.kv_batch(), p.heads_kv, p.kv_seq(), p.head_dim}, truth.dk, errors.dk, got.dk);
-  check("dv", {p.kv_batch(), p.heads_kv, p.kv_seq(), p.head_dim_v}, truth.dv, errors.dv, got.dv);
-  check("dbias", {p.bias.batch, p.bias.heads, p.bias.rows, p.seq_k}, truth.dbias, errors.dbias, got.dbias);
-  check("dsinks", {1, 1, 1, p.heads_q}, truth.dsinks, errors.dsinks, got.dsinks);
-  c.worst_index = -1;  // the coordinates are in the reason: a gradient's index is not one of out
-  c.informative_fraction = 1.0;
+  }
+  // worst_index stays -1: a gradient's element is not one of out; the reason names it.
+  c.informative_fraction = elements > 0 ? static_cast<double>(informative) / static_cast<double>(elements) : 0.0;
   if (!first_failure.empty()) c.fail(first_failure);
   return c;
 }

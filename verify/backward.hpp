@@ -10,15 +10,34 @@
 
 #include "attnbench/backend.hpp"
 #include "core/case_data.hpp"
+#include "fixtures/fixture.hpp"
 #include "reference/backward.hpp"
 #include "verify/compare.hpp"
 
 namespace attn {
 
+// The five gradients by name, with their shapes: every place that walks
+// them (the golden check, the judgement, determinism) walks this list.
+struct GradientPart {
+  const char* name;
+  Dims4 shape;
+  std::vector<double> ReferenceGradients::*values;
+  std::vector<double> FixtureGradients::*stored;  // the fixture's golden of it
+};
+std::vector<GradientPart> gradient_parts(const Problem& problem);
+
+// The float64 gradients of a case and the a-priori bound of each element
+// (docs/verification/tolerance.md, "Gradients"), computed once per fixture.
+struct GradientTruth {
+  ReferenceGradients value;
+  ReferenceGradients bound;  // the same shapes
+};
+GradientTruth gradient_truth(const CaseData& data, const std::vector<double>& dout, bool bias_gradient,
+                             const ReferenceResult& forward, const ReferenceStats& stats);
+
 struct BackwardRun {
-  // Canonical row-major, widened from the dtype; dbias and dsinks empty when not asked.
-  std::vector<double> dq, dk, dv, dbias, dsinks;
-  double seconds = 0;  // forward and backward, prepare and run
+  ReferenceGradients got;  // canonical row-major, widened from the dtype; dbias and dsinks empty when not asked
+  double seconds = 0;      // forward and backward, prepare and run
 };
 
 // Throws whatever the backend throws (attn::Unsupported: SKIP).
@@ -28,15 +47,14 @@ BackwardRun run_backward(const Backend& backend, const CaseData& data, const std
 // Non-empty when a true gradient is not a finite number of the dtype (a case
 // whose values are near the dtype's largest): no backend can return it, so
 // its backward is SKIP with this reason.
-std::string gradients_beyond(DType dtype, const ReferenceGradients& truth);
+std::string gradients_beyond(const Problem& problem, const ReferenceGradients& truth);
 
 // "" when two runs' gradients are identical bit for bit (dq aside when it
 // may vary), else which gradient differs first and where.
-std::string backward_differences(const BackwardRun& a, const BackwardRun& b, bool dq_may_vary);
+std::string backward_differences(const Problem& problem, const BackwardRun& a, const BackwardRun& b, bool dq_may_vary);
 
-// Every element of every gradient within its bound; a NaN or infinity fails.
-// The worst element is reported by its gradient and coordinates.
-Comparison compare_gradients(const Problem& problem, const ReferenceGradients& truth, const GradientErrors& errors,
-                             const BackwardRun& got);
+// Every element of every gradient within its bound; a NaN or infinity fails,
+// naming the gradient and the element.
+Comparison compare_gradients(const Problem& problem, const GradientTruth& truth, const BackwardRun& run);
 
 }  // namespace attn

@@ -167,10 +167,25 @@ struct Judgement {
   std::vector<double> probe_want; // per row, what V = 1 gives: 1, less the sink's share (empty: 1)
   CaseData probe;                 // V replaced by ones
   std::vector<std::vector<double>> probe_baselines;
-  // Version 3: the float64 gradients and their error magnitudes, computed when a backend first needs them.
-  std::optional<ReferenceGradients> gradients;
-  std::optional<GradientErrors> gradient_errors;
+  // Version 3: the float64 gradients and their bounds, computed once per fixture.
+  std::optional<GradientTruth> gradients;
 };
+
+// Runs `work`, which fills `c`: a backend's Unsupported (values it refuses,
+// found only once it saw them) makes it SKIP with the reason, any other
+// exception a FAIL that names it.
+template <typename Work>
+void judge(Comparison& c, Work&& work) {
+  try {
+    work();
+  } catch (const Unsupported& e) {
+    c = Comparison{};
+    c.verdict = Verdict::skip;
+    c.reason = e.what();
+  } catch (const std::exception& e) {
+    c.fail(fmt::format("backend threw: {}", e.what()));
+  }
+}
 
 Comparison run_one(const Backend& backend, const Fixture& fixture, const Judgement& j, const CaseData& probe_case,
                    const RunOptions& options) {
@@ -190,7 +205,7 @@ Comparison run_one(const Backend& backend, const Fixture& fixture, const Judgeme
                            &j.measured, &j.baselines, j.tolerance.empty() ? nullptr : &fixture.out,
                            j.tolerance.empty() ? nullptr : &j.tolerance});
   }
-  try {
+  judge(c, [&] {
     BackendRun run = run_backend(backend, fixture.data, options);
     const std::vector<Convention> conventions = conventions_of(backend, fixture.problem());
     ConventionOutcome followed;
@@ -209,13 +224,7 @@ Comparison run_one(const Backend& backend, const Fixture& fixture, const Judgeme
                 j.probe_want);
     if (!probe.guard_damage.empty()) c.fail("normalisation probe: " + probe.guard_damage);
     c.conclude(followed);
-  } catch (const Unsupported& e) {  // values the backend refuses, found only once it saw them
-    c = Comparison{};
-    c.verdict = Verdict::skip;
-    c.reason = e.what();
-  } catch (const std::exception& e) {
-    c.fail(fmt::format("backend threw: {}", e.what()));
-  }
+  });
   return c;
 }
 
@@ -286,7 +295,7 @@ void verify_layer(const std::filesystem::path& file, const BackendRefs& backends
           record(std::move(outcome), on_outcome, summary);
           continue;
         }
-        try {
+        judge(outcome.comparison, [&] {
           LayerRun run;
           if (runs_own_layers(*backends[b])) {
             // The framework's own layer: y alone, no guard bands (it returns a new array).
@@ -306,13 +315,7 @@ void verify_layer(const std::filesystem::path& file, const BackendRefs& backends
                                                tolerance.empty() ? nullptr : &tolerance});
           if (!run.guard_damage.empty()) outcome.comparison.fail(run.guard_damage);
           outcome.comparison.conclude(run.conventions);
-        } catch (const Unsupported& e) {
-          outcome.comparison = Comparison{};
-          outcome.comparison.verdict = Verdict::skip;
-          outcome.comparison.reason = e.what();
-        } catch (const std::exception& e) {
-          outcome.comparison.fail(fmt::format("backend threw: {}", e.what()));
-        }
+        });
         outcome.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       }
       record(std::move(outcome), on_outcome, summary);
@@ -321,26 +324,12 @@ void verify_layer(const std::filesystem::path& file, const BackendRefs& backends
 }
 
 // Version 3: the golden gradients are checked like `out`, each element within
-// the a-priori bound of a backward in the case's dtype (the first-order error
-// reference_backward measures, times C).
-void check_golden_gradients(const Fixture& fixture, const Judgement& j) {
-  const Problem& p = fixture.problem();
-  const FixtureGradients& g = *fixture.gradients;
-  const GradientPrecision precision = gradient_precision(p.dtype);
-  GradientErrors errors;
-  const ReferenceGradients truth =
-      reference_backward(fixture.data, g.dout, j.truth, j.stats, g.bias_requires_grad, &precision, &errors);
-  const double terms = static_cast<double>(std::max(p.seq_k, p.q_batch() * p.heads_q * p.seq_q));
-  auto check = [&](std::string_view what, const Dims4& shape, const std::vector<double>& stored,
-                   const std::vector<double>& want, const std::vector<double>& error) {
-    check_golden(fixture.header, what, shape, stored, want, gradient_bounds(p.dtype, error, terms), nullptr,
-                 "the gradient of sum(dout * out)");
-  };
-  check("dq", {p.q_batch(), p.heads_q, p.seq_q, p.head_dim}, g.dq, truth.dq, errors.dq);
-  check("dk", {p.kv_batch(), p.heads_kv, p.kv_seq(), p.head_dim}, g.dk, truth.dk, errors.dk);
-  check("dv", {p.kv_batch(), p.heads_kv, p.kv_seq(), p.head_dim_v}, g.dv, truth.dv, errors.dv);
-  if (g.bias_requires_grad) check("dbias", {p.bias.batch, p.bias.heads, p.bias.rows, p.seq_k}, g.dbias, truth.dbias, errors.dbias);
-  if (p.sinks) check("dsinks", {1, 1, 1, p.heads_q}, g.dsinks, truth.dsinks, errors.dsinks);
+// the a-priori bound of a backward in the case's dtype.
+void check_golden_gradients(const Fixture& fixture, const GradientTruth& truth) {
+  for (const GradientPart& part : gradient_parts(fixture.problem())) {
+    check_golden(fixture.header, part.name, part.shape, fixture.gradients.value().*part.stored, truth.value.*part.values,
+                 truth.bound.*part.values, nullptr, "the gradient of sum(dout * out)");
+  }
 }
 
 void verify_sdpa(const Fixture& fixture, const BackendRefs& backends,
@@ -361,7 +350,15 @@ void verify_sdpa(const Fixture& fixture, const BackendRefs& backends,
     check_golden(fixture.header, "lse", {problem.q_batch(), problem.heads_q, problem.seq_q, 1}, *fixture.lse, j.truth.lse,
                  j.bounds.lse);
   }
-  if (fixture.gradients && !trusted_golden) check_golden_gradients(fixture, j);
+  // The float64 gradients, once: for the golden check, and for every backend that runs the backward.
+  auto gradient_truth_of = [&]() -> const GradientTruth& {
+    if (!j.gradients) {
+      j.gradients = gradient_truth(fixture.data, fixture.gradients->dout, fixture.gradients->bias_requires_grad, j.truth,
+                                   j.stats);
+    }
+    return *j.gradients;
+  };
+  if (fixture.gradients && !trusted_golden) check_golden_gradients(fixture, gradient_truth_of());
   // The rest is only computed when someone runs.
   if (anyone_runs(backends, problem, configs)) {
     std::vector<char> counts(j.stats.visible.size());
@@ -426,41 +423,28 @@ void verify_sdpa(const Fixture& fixture, const BackendRefs& backends,
         outcome.comparison.reason = "does not implement the backward pass (format version 3)";
       } else {
         const auto start = std::chrono::steady_clock::now();
-        try {
-          if (!j.gradients) {
-            const GradientPrecision precision = gradient_precision(problem.dtype);
-            j.gradient_errors.emplace();
-            j.gradients = reference_backward(fixture.data, fixture.gradients->dout, j.truth, j.stats,
-                                             fixture.gradients->bias_requires_grad, &precision, &*j.gradient_errors);
-          }
-          if (const std::string beyond = gradients_beyond(problem.dtype, *j.gradients); !beyond.empty()) {
-            throw Unsupported(beyond);
-          }
+        judge(outcome.comparison, [&] {
+          const GradientTruth& truth = gradient_truth_of();
+          if (const std::string beyond = gradients_beyond(problem, truth.value); !beyond.empty()) throw Unsupported(beyond);
           const BackwardRun run = run_backward(*backends[b], laid_out.data, fixture.gradients->dout,
                                                fixture.gradients->bias_requires_grad, run_options);
-          outcome.comparison = compare_gradients(problem, *j.gradients, *j.gradient_errors, run);
+          outcome.comparison = compare_gradients(problem, truth, run);
           // Determinism, a verdict of its own: the same run again, and the
           // first run of this layout at another thread count, bit for bit.
           const BackwardRun again = run_backward(*backends[b], laid_out.data, fixture.gradients->dout,
                                                  fixture.gradients->bias_requires_grad, run_options);
           const bool dq_may_vary = backends[b]->capabilities().nondeterministic_dq;
-          if (std::string why = backward_differences(run, again, dq_may_vary); !why.empty()) {
+          if (std::string why = backward_differences(problem, run, again, dq_may_vary); !why.empty()) {
             outcome.comparison.fail(fmt::format("not deterministic: {} between two runs at {} threads", why, config.threads));
           }
           const auto key = std::make_pair(b, static_cast<int>(laid_out.problem().layout));
           if (const auto first = first_backward.find(key); first == first_backward.end()) {
             first_backward.emplace(key, run);
-          } else if (std::string why = backward_differences(first->second, run, dq_may_vary); !why.empty()) {
+          } else if (std::string why = backward_differences(problem, first->second, run, dq_may_vary); !why.empty()) {
             outcome.comparison.fail(fmt::format("not deterministic: {} at {} threads against the first thread count",
                                                 why, config.threads));
           }
-        } catch (const Unsupported& e) {
-          outcome.comparison = Comparison{};
-          outcome.comparison.verdict = Verdict::skip;
-          outcome.comparison.reason = e.what();
-        } catch (const std::exception& e) {
-          outcome.comparison.fail(fmt::format("backend threw: {}", e.what()));
-        }
+        });
         outcome.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       }
       record(std::move(outcome), on_outcome, summary);

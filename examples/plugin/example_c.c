@@ -5,7 +5,12 @@
  * keep one batch entry per tensor row (sliding windows, softcap, ALiBi, sinks;
  * not ragged or paged layouts) the simplest way: per row, scores in double,
  * max-subtracted softmax, weights times V, the result rounded once.
- * Build it against an installed attnbench (see CMakeLists.txt here). */
+ * Build it against an installed attnbench (see CMakeLists.txt here).
+ *
+ * The version 2 additions are read through the helpers below, so the same
+ * source also builds against a plugin ABI version 1 header, as a plugin
+ * written before version 2 was: it then implements format version 1 only
+ * (cmake.installed_package builds it both ways). */
 #include <attnbench/plugin.h>
 #include <math.h>
 #include <stdlib.h>
@@ -69,6 +74,34 @@ static void store(int32_t dtype, void* base, int64_t at, double x) {
   }
 }
 
+#if ATTN_PLUGIN_ABI_VERSION >= 2
+/* The diagonal that causal, windows and ALiBi are measured from. */
+static int top_left_diagonal(const attn_problem* p) {
+  return p->causal == ATTN_CAUSAL_TOP_LEFT || (p->causal == ATTN_CAUSAL_NONE && p->align == ATTN_ALIGN_TOP_LEFT);
+}
+/* Distances from the diagonal: a window up to INT64_MAX cannot overflow. */
+static int window_shows(const attn_problem* p, int64_t diag, int64_t j) {
+  return (p->window_left < 0 || diag - j <= p->window_left) && (p->window_right < 0 || j - diag <= p->window_right);
+}
+static double capped(const attn_problem* p, double score) {
+  return p->softcap > 0 ? p->softcap * tanh(score / p->softcap) : score;
+}
+static double alibi(const attn_problem* p, const attn_io* io, int64_t h, int64_t diag, int64_t j) {
+  return p->alibi ? -io->alibi_slopes[h] * fabs((double)(diag - j)) : 0.0;
+}
+/* A sink is one more logit in the denominator that carries no value. */
+static double sink_of(const attn_problem* p, const attn_io* io, int64_t h) { return p->sinks ? io->sinks[h] : -INFINITY; }
+#else
+static int top_left_diagonal(const attn_problem* p) { return p->causal == ATTN_CAUSAL_TOP_LEFT; }
+static int window_shows(const attn_problem* p, int64_t diag, int64_t j) { (void)p, (void)diag, (void)j; return 1; }
+static double capped(const attn_problem* p, double score) { (void)p; return score; }
+static double alibi(const attn_problem* p, const attn_io* io, int64_t h, int64_t diag, int64_t j) {
+  (void)p, (void)io, (void)h, (void)diag, (void)j;
+  return 0.0;
+}
+static double sink_of(const attn_problem* p, const attn_io* io, int64_t h) { (void)p, (void)io, (void)h; return -INFINITY; }
+#endif
+
 typedef struct plan {
   attn_problem p;
   attn_io io;
@@ -114,18 +147,12 @@ static int32_t run(void* opaque, const char** error) {
     for (int64_t h = 0; h < p->heads_q; ++h) {
       const int64_t g = h / group;
       for (int64_t i = 0; i < p->seq_q; ++i) {
-        /* The diagonal that causal, windows and ALiBi are measured from. */
-        const int top_left = p->causal == ATTN_CAUSAL_TOP_LEFT || (p->causal == ATTN_CAUSAL_NONE && p->align == ATTN_ALIGN_TOP_LEFT);
-        const int64_t diag = top_left ? i : i + p->seq_k - p->seq_q;
-        /* A sink is one more logit in the denominator that carries no value. */
-        const double sink = p->sinks ? io->sinks[h] : -INFINITY;
+        const int64_t diag = top_left_diagonal(p) ? i : i + p->seq_k - p->seq_q;
+        const double sink = sink_of(p, io, h);
         double top = sink;
         for (int64_t j = 0; j < p->seq_k; ++j) {
-          int visible = j < kv_len;
+          int visible = j < kv_len && window_shows(p, diag, j);
           if (p->causal != ATTN_CAUSAL_NONE) visible = visible && j <= diag;
-          /* Distances from the diagonal: a window up to INT64_MAX cannot overflow. */
-          if (p->window_left >= 0) visible = visible && diag - j <= p->window_left;
-          if (p->window_right >= 0) visible = visible && j - diag <= p->window_right;
           if (visible && io->mask) {
             const int64_t* s = io->mask_strides;
             visible = io->mask[b * s[0] + h * s[1] + i * s[2] + j * s[3]] != 0;
@@ -139,9 +166,7 @@ static int32_t run(void* opaque, const char** error) {
               dot += load(p->dtype, io->q.data, b * qs[0] + h * qs[1] + i * qs[2] + d * qs[3]) *
                      load(p->dtype, io->k.data, b * ks[0] + g * ks[1] + j * ks[2] + d * ks[3]);
             }
-            score = p->scale * dot;
-            if (p->softcap > 0) score = p->softcap * tanh(score / p->softcap);
-            if (p->alibi) score -= io->alibi_slopes[h] * fabs((double)(diag - j));
+            score = capped(p, p->scale * dot) + alibi(p, io, h, diag, j);
             if (io->bias.data) {
               const int64_t* s = io->bias.strides;
               score += load(p->dtype, io->bias.data, b * s[0] + h * s[1] + i * s[2] + j * s[3]);
@@ -187,7 +212,7 @@ static void destroy(void* opaque) {
 static const attn_backend backends[] = {{
     .name = "example-c",
     .description = "a plain C plugin: scores in double, max-subtracted softmax, one rounding",
-    .capabilities = "every dtype, mask, bias, kv_len, causal alignment and GQA; window, softcap, ALiBi, sinks; lse",
+    .capabilities = "every dtype, mask, bias, kv_len, causal alignment and GQA; window, softcap, ALiBi, sinks (ABI 2); lse",
     .user = NULL,
     .available = available,
     .supports = supports,
@@ -195,9 +220,11 @@ static const attn_backend backends[] = {{
     .run = run,
     .destroy = destroy,
     .has_lse = 1,
+#if ATTN_PLUGIN_ABI_VERSION >= 2
     .dtypes = ATTN_DTYPE_BIT(ATTN_F64) | ATTN_DTYPE_BIT(ATTN_F32) | ATTN_DTYPE_BIT(ATTN_F16) | ATTN_DTYPE_BIT(ATTN_BF16),
     .features = ATTN_FEATURE_WINDOW | ATTN_FEATURE_SOFTCAP | ATTN_FEATURE_ALIBI | ATTN_FEATURE_SINKS,
     .plan_has_lse = NULL, /* every plan writes lse */
+#endif
 }};
 
 static const attn_plugin plugin = {ATTN_PLUGIN_ABI_VERSION, sizeof(attn_backend), 1, backends};

@@ -24,22 +24,41 @@ void store(const MutableTensorView& v, std::int64_t at, double x) {
   else store_float(v, at, static_cast<float>(x));
 }
 
+// The float64 sums of every gradient (canonical row-major) and one row's
+// visible keys, scores and cap slopes (exact copies of the A values); made
+// in prepare, zeroed by each run.
+struct Sums {
+  std::vector<double> dq, dk, dv, dbias, dsinks;
+  std::vector<std::int64_t> keys;
+  std::vector<double> score, slope;
+  Sums(const Problem& p, const BackwardIO& io)
+      : dq(static_cast<std::size_t>(p.q_elements())),
+        dk(static_cast<std::size_t>(p.k_elements())),
+        dv(static_cast<std::size_t>(p.v_elements())),
+        dbias(io.dbias.empty() ? 0 : static_cast<std::size_t>(p.broadcast_elements(p.bias))),
+        dsinks(static_cast<std::size_t>(p.heads_q)) {
+    keys.reserve(static_cast<std::size_t>(p.seq_k));
+    score.reserve(static_cast<std::size_t>(p.seq_k));
+    slope.reserve(static_cast<std::size_t>(p.seq_k));
+  }
+  void clear() {
+    for (auto* sums : {&dq, &dk, &dv, &dbias, &dsinks}) std::fill(sums->begin(), sums->end(), 0.0);
+  }
+};
+
 // A is the score arithmetic: double for float64 cases, float otherwise (as the forward).
 template <typename A>
-void naive_backward(const Problem& p, const BackwardIO& io) {
+void naive_backward(const Problem& p, const BackwardIO& io, Sums& sums) {
   const AttentionIO& f = io.forward;
   const SequenceMap seq = f.sequences(p);
   const TensorView out{f.out.data, f.out.dtype, f.out.shape, f.out.strides};
-  const std::size_t dk_size = static_cast<std::size_t>(p.k_elements()), dv_size = static_cast<std::size_t>(p.v_elements());
-  std::vector<double> dq(static_cast<std::size_t>(p.q_elements()), 0.0), dk(dk_size, 0.0), dv(dv_size, 0.0);
-  std::vector<double> dbias(io.dbias.empty() ? 0 : static_cast<std::size_t>(p.broadcast_elements(p.bias)), 0.0);
-  std::vector<double> dsinks(static_cast<std::size_t>(p.heads_q), 0.0);
+  sums.clear();
+  std::vector<double>&dq = sums.dq, &dk = sums.dk, &dv = sums.dv, &dbias = sums.dbias, &dsinks = sums.dsinks;
   auto canonical = [](std::int64_t b, std::int64_t h, std::int64_t s, std::int64_t d, std::int64_t heads, std::int64_t seq_len,
                       std::int64_t width) { return static_cast<std::size_t>(((b * heads + h) * seq_len + s) * width + d); };
   const A scale = static_cast<A>(p.scale), cap = static_cast<A>(p.softcap);
-  std::vector<std::int64_t> keys;
-  std::vector<A> score, slope;
-  std::vector<double> prob;
+  std::vector<std::int64_t>& keys = sums.keys;
+  std::vector<double>&score = sums.score, &slope = sums.slope;
   for (std::int64_t e = 0; e < p.batch; ++e) {
     const std::int64_t q_len = seq.q_len(e);
     for (std::int64_t h = 0; h < p.heads_q; ++h) {
@@ -69,16 +88,16 @@ void naive_backward(const Problem& p, const BackwardIO& io) {
           }
           if (f.alibi_slopes) s += alibi_term(static_cast<A>(f.alibi_slopes[h]), row.diag, j);
           keys.push_back(j);
-          score.push_back(s + bias);
-          slope.push_back(cap_slope);
+          score.push_back(static_cast<double>(A{s + bias}));  // the A value, exactly
+          slope.push_back(static_cast<double>(cap_slope));
         }
         if (keys.empty()) continue;  // no visible key: dQ stays 0, nothing else receives anything
         // P recomputed from the scores: max, sum (with the sink) and lse in float64.
         const double sink = f.sinks ? static_cast<double>(f.sinks[h]) : -std::numeric_limits<double>::infinity();
         double top = sink;
-        for (A s : score) top = std::max(top, static_cast<double>(s));
+        for (double s : score) top = std::max(top, s);
         double sum = 0;
-        for (A s : score) sum += std::exp(static_cast<double>(s) - top);
+        for (double s : score) sum += std::exp(s - top);
         if (f.sinks) sum += std::exp(sink - top);
         const double lse = top + std::log(sum);
         // D from this backend's own forward output.
@@ -89,13 +108,13 @@ void naive_backward(const Problem& p, const BackwardIO& io) {
         for (std::size_t n = 0; n < keys.size(); ++n) {
           const std::int64_t j = keys[n];
           const SequenceMap::Key key = seq.key(e, j);
-          const double pj = std::exp(static_cast<double>(score[n]) - lse);
+          const double pj = std::exp(score[n] - lse);
           double dp = 0;
           for (std::int64_t d = 0; d < p.head_dim_v; ++d) {
             dp += load(io.dout, io.dout.offset(tb, h, ts, d)) * load(f.v, f.v.offset(key.b, g, key.s, d));
           }
           const double ds = pj * (dp - delta);
-          const double dx = ds * static_cast<double>(slope[n]) * p.scale;
+          const double dx = ds * slope[n] * p.scale;
           for (std::int64_t d = 0; d < p.head_dim; ++d) {
             dq[canonical(tb, h, ts, d, p.heads_q, p.seq_q, p.head_dim)] += dx * load(f.k, f.k.offset(key.b, g, key.s, d));
             dk[canonical(key.b, g, key.s, d, p.heads_kv, p.kv_seq(), p.head_dim)] += dx * load(f.q, f.q.offset(tb, h, ts, d));
@@ -140,15 +159,16 @@ void naive_backward(const Problem& p, const BackwardIO& io) {
 
 class NaiveBackwardPlan final : public BackwardPlan {
  public:
-  NaiveBackwardPlan(const Problem& p, const BackwardIO& io) : problem_(p), io_(io) {}
+  NaiveBackwardPlan(const Problem& p, const BackwardIO& io) : problem_(p), io_(io), sums_(p, io) {}
   void run() override {
-    if (problem_.dtype == DType::f64) naive_backward<double>(problem_, io_);
-    else naive_backward<float>(problem_, io_);
+    if (problem_.dtype == DType::f64) naive_backward<double>(problem_, io_, sums_);
+    else naive_backward<float>(problem_, io_, sums_);
   }
 
  private:
   Problem problem_;
   BackwardIO io_;
+  Sums sums_;
 };
 
 }  // namespace

@@ -139,26 +139,6 @@ inline void destroy(void* plan) { delete static_cast<HeldPlan*>(plan); }
 
 inline std::int32_t plan_has_lse(void* plan) { return static_cast<HeldPlan*>(plan)->plan->has_lse() ? 1 : 0; }
 
-inline std::uint32_t c_dtypes(unsigned dtypes) {
-  std::uint32_t out = 0;
-  if (dtypes & dtype_bit(DType::f64)) out |= ATTN_DTYPE_BIT(ATTN_F64);
-  if (dtypes & dtype_bit(DType::f32)) out |= ATTN_DTYPE_BIT(ATTN_F32);
-  if (dtypes & dtype_bit(DType::f16)) out |= ATTN_DTYPE_BIT(ATTN_F16);
-  if (dtypes & dtype_bit(DType::bf16)) out |= ATTN_DTYPE_BIT(ATTN_BF16);
-  return out;
-}
-
-inline std::uint32_t c_features(unsigned features) {
-  std::uint32_t out = 0;
-  if (features & kFeatureWindow) out |= ATTN_FEATURE_WINDOW;
-  if (features & kFeatureSoftcap) out |= ATTN_FEATURE_SOFTCAP;
-  if (features & kFeatureAlibi) out |= ATTN_FEATURE_ALIBI;
-  if (features & kFeatureSinks) out |= ATTN_FEATURE_SINKS;
-  if (features & kFeatureRagged) out |= ATTN_FEATURE_RAGGED;
-  if (features & kFeaturePaged) out |= ATTN_FEATURE_PAGED;
-  return out;
-}
-
 using Factory = std::unique_ptr<Backend> (*)();
 
 inline const attn_plugin* make_plugin(std::vector<Factory> factories) {
@@ -188,8 +168,9 @@ inline const attn_plugin* make_plugin(std::vector<Factory> factories) {
     b.run = &run;
     b.destroy = &destroy;
     b.has_lse = h.declared.lse ? 1 : 0;
-    b.dtypes = c_dtypes(h.declared.dtypes);
-    b.features = c_features(h.declared.features);
+    // The C ABI's dtype and feature bits are the SDK's (attn checks it when built).
+    b.dtypes = h.declared.dtypes;
+    b.features = h.declared.features;
     b.plan_has_lse = &plan_has_lse;  // the plan's own answer, as in the tree
     table.push_back(b);
   }

@@ -13,6 +13,14 @@ source_dir=$1 build_dir=$2 work=$3
 rm -rf "$work" && mkdir -p "$work"
 prefix=$work/prefix
 fail() { echo "FAILED: $*" >&2; exit 1; }
+# expect_exit CODE OUTPUT COMMAND...: runs COMMAND with its output in OUTPUT,
+# and fails (showing the output's end) unless it exits CODE.
+expect_exit() {
+  local want=$1 output=$2; shift 2
+  local code=0
+  "$@" > "$output" 2>&1 || code=$?
+  [ "$code" -eq "$want" ] || { tail -20 "$output"; fail "$(basename "$1") ${2:-} exited $code, not $want ($output)"; }
+}
 
 cmake --install "$build_dir" --prefix "$prefix" > "$work/install.log"
 attn=$prefix/bin/attn
@@ -56,12 +64,8 @@ grep -q '^example-cpp  *yes' "$work/list.txt" || fail "attn list does not show e
 ATTN_PLUGINS="$c_plugin:$cpp_plugin" "$attn" list | grep -q '^example-cpp' || fail "ATTN_PLUGINS loads nothing"
 
 # Verified over the installed standard suite (the default fixtures of an installed attn).
-set +e
-"$attn" verify --plugin "$c_plugin" --plugin "$cpp_plugin" -b example-c,example-cpp -t smoke -q --json "$work/verify.json" \
-  > "$work/verify.txt" 2>&1
-rc=$?
-set -e
-[ $rc -eq 0 ] || { tail -20 "$work/verify.txt"; fail "attn verify of the plugins exited $rc"; }
+expect_exit 0 "$work/verify.txt" \
+  "$attn" verify --plugin "$c_plugin" --plugin "$cpp_plugin" -b example-c,example-cpp -t smoke -q --json "$work/verify.json"
 /usr/bin/python3 - "$work/verify.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
@@ -76,12 +80,8 @@ PY
 # ABI version 2 carries what each backend declares: its version 2 features run
 # (example-c: window, softcap, ALiBi, sinks; example-cpp: window, softcap) and
 # pass, with lse judged; the rest SKIP with the feature named.
-set +e
-"$attn" verify --plugin "$c_plugin" --plugin "$cpp_plugin" -b example-c,example-cpp -t window,softcap,alibi,sinks -q \
-  --json "$work/v2.json" > "$work/v2.txt" 2>&1
-rc=$?
-set -e
-[ $rc -eq 0 ] || { tail -20 "$work/v2.txt"; fail "attn verify of the plugins over version 2 cases exited $rc"; }
+expect_exit 0 "$work/v2.txt" "$attn" verify --plugin "$c_plugin" --plugin "$cpp_plugin" -b example-c,example-cpp \
+  -t window,softcap,alibi,sinks -q --json "$work/v2.json"
 /usr/bin/python3 - "$work/v2.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
@@ -104,17 +104,26 @@ for b in ("example-c", "example-cpp"):
 print("version 2 features through plugins:", d["summary"]["per_backend"])
 PY
 
-# A plugin built against ABI version 1 keeps loading: every dtype, lse per
-# backend (two backends, so attn steps through backends[] by the version 1
-# size), version 2 cases SKIP with the reason.
-"${CC:-cc}" -shared -fPIC -O1 -I"$source_dir/tests/plugins/abi_v1" -o "$work/libv1.so" \
-  "$source_dir/tests/plugins/abi_v1/example_c_v1.c" -lm
-set +e
-"$attn" verify --plugin "$work/libv1.so" -b example-c-v1,example-c-v1-nolse -t smoke,softcap -q --json "$work/v1.json" \
-  > "$work/v1.txt" 2>&1
-rc=$?
-set -e
-[ $rc -eq 0 ] || { tail -20 "$work/v1.txt"; fail "attn verify of the ABI version 1 plugin exited $rc"; }
+# A plugin built against ABI version 1 keeps loading: example_c.c compiled
+# against the version 1 header (tests/plugins/abi_v1), renamed and given a
+# second backend without lse (so attn must step through backends[] by the
+# version 1 size): every dtype, lse per backend, version 2 cases SKIP.
+/usr/bin/python3 - "$source_dir/examples/plugin/example_c.c" "$work/v1.c" <<'PY'
+import re, sys
+s = open(sys.argv[1]).read()
+entry = re.search(r"static const attn_backend backends\[\] = \{(\{.*?\n\})\};", s, re.S)
+assert entry, "no backends[] table in example_c.c"
+first = entry.group(1).replace('"example-c"', '"example-c-v1"')
+second = first.replace('"example-c-v1"', '"example-c-v1-nolse"').replace(".has_lse = 1", ".has_lse = 0")
+assert second != first and ".has_lse = 0" in second
+s = s.replace(entry.group(0), "static const attn_backend backends[] = {" + first + ", " + second + "};")
+assert "sizeof(attn_backend), 1, backends" in s
+s = s.replace("sizeof(attn_backend), 1, backends", "sizeof(attn_backend), 2, backends")
+open(sys.argv[2], "w").write(s)
+PY
+"${CC:-cc}" -std=c99 -Wall -Werror -shared -fPIC -O1 -I"$source_dir/tests/plugins/abi_v1" -o "$work/libv1.so" "$work/v1.c" -lm
+expect_exit 0 "$work/v1.txt" \
+  "$attn" verify --plugin "$work/libv1.so" -b example-c-v1,example-c-v1-nolse -t smoke,softcap -q --json "$work/v1.json"
 /usr/bin/python3 - "$work/v1.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
@@ -145,11 +154,7 @@ PY
 # Refusals, each exit 2 with the reason.
 expect_refusal() {  # expect_refusal PATTERN COMMAND...
   local pattern=$1; shift
-  set +e
-  "$@" > "$work/refusal.txt" 2>&1
-  local code=$?
-  set -e
-  [ $code -eq 2 ] || { cat "$work/refusal.txt"; fail "$* exited $code, not 2"; }
+  expect_exit 2 "$work/refusal.txt" "$@"
   grep -q -- "$pattern" "$work/refusal.txt" || { cat "$work/refusal.txt"; fail "no '$pattern' in the refusal"; }
 }
 cc=${CC:-cc}
@@ -167,11 +172,7 @@ expect_refusal "is taken by plugin" "$attn" list --plugin "$c_plugin" --plugin "
 sed 's/d \* ks\[3\]/d * ks[2]/; s/j \* ks\[2\]/j * ks[3]/' "$source_dir/examples/plugin/example_c.c" > "$work/broken.c"
 cmp -s "$work/broken.c" "$source_dir/examples/plugin/example_c.c" && fail "the broken patch did not apply"
 "$cc" -shared -fPIC -O1 -I"$prefix/include" -o "$work/libbroken.so" "$work/broken.c" -lm
-set +e
-"$attn" verify --plugin "$work/libbroken.so" -b example-c -t smoke -q > "$work/broken.txt" 2>&1
-rc=$?
-set -e
-[ $rc -eq 1 ] || { cat "$work/broken.txt"; fail "the transposed-K plugin exited $rc, not 1"; }
+expect_exit 1 "$work/broken.txt" "$attn" verify --plugin "$work/libbroken.so" -b example-c -t smoke -q
 grep -q "FAIL" "$work/broken.txt" || fail "the transposed-K plugin has no FAIL"
 # A wrong lse must FAIL through the C ABI: the C++ plugin writes lse + 1.
 sed 's/total > 0 ? top + std::log(total)/total > 0 ? top + std::log(total) + 1.0/' \
@@ -183,10 +184,6 @@ cp "$work/wrong_lse.cpp" "$work/wrong_lse/example_cpp.cpp"
 cmake -S "$work/wrong_lse" -B "$work/wrong_lse/build" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release \
   > "$work/wrong_lse.log" && cmake --build "$work/wrong_lse/build" --target attn_example_cpp >> "$work/wrong_lse.log" \
   || { cat "$work/wrong_lse.log"; fail "build of the wrong-lse plugin"; }
-set +e
-"$attn" verify --plugin "$work/wrong_lse/build/libattn_example_cpp.so" -b example-cpp -t smoke -q > "$work/wrong_lse.txt" 2>&1
-rc=$?
-set -e
-[ $rc -eq 1 ] || { cat "$work/wrong_lse.txt"; fail "the wrong-lse plugin exited $rc, not 1"; }
+expect_exit 1 "$work/wrong_lse.txt" "$attn" verify --plugin "$work/wrong_lse/build/libattn_example_cpp.so" -b example-cpp -t smoke -q
 grep -q "lse" "$work/wrong_lse.txt" || { cat "$work/wrong_lse.txt"; fail "the wrong-lse FAIL does not name lse"; }
 echo "installed package: OK"

@@ -1,6 +1,6 @@
 /* TEST ONLY: the plugin ABI version 1 header exactly as plugins were built
  * against it (include/attnbench/plugin.h before version 2). The cmake.installed_package
- * test builds tests/plugins/abi_v1/example_c_v1.c against it to prove that such
+ * test builds examples/plugin/example_c.c against it to prove that such
  * plugins keep loading. Never edit. */
 /* attnbench plugin ABI, version 1: a shared library that provides attention
  * backends to `attn` at run time (`attn ... --plugin PATH.so`, or the
