@@ -53,10 +53,10 @@ ReferenceGradients reference_backward(const CaseData& data, const std::vector<do
   ReferenceGradients g;
   g.dq.assign(data.q.size(), 0.0);
   // Error magnitudes, and the sums of |terms| and term counts whose rounding they add at the end.
-  std::vector<double> e_dq, e_dk, e_dv, e_db, e_ds, m_dk, m_dv, m_db, m_ds;
+  std::vector<double> e_dq, e_dk, e_dv, e_db, e_ds, m_dq_all, m_dk, m_dv, m_db, m_ds;
   std::vector<std::int64_t> n_dk, n_db;
   if (track) {
-    e_dq.assign(g.dq.size(), 0.0);
+    e_dq.assign(g.dq.size(), 0.0), m_dq_all.assign(g.dq.size(), 0.0);
     e_dk.assign(dk.size(), 0.0), m_dk.assign(dk.size(), 0.0), n_dk.assign(dk.size() / static_cast<std::size_t>(std::max<std::int64_t>(d_qk, 1)), 0);
     e_dv.assign(dv.size(), 0.0), m_dv.assign(dv.size(), 0.0);
     e_db.assign(dbias.size(), 0.0), m_db.assign(dbias.size(), 0.0), n_db.assign(dbias.size(), 0);
@@ -181,7 +181,9 @@ ReferenceGradients reference_backward(const CaseData& data, const std::vector<do
         for (std::int64_t d = 0; d < d_qk; ++d) {
           const auto e = static_cast<std::size_t>(row * d_qk + d);
           g.dq[e] = dq_row[static_cast<std::size_t>(d)].value();
-          if (track) e_dq[e] += sqrt_n * ua * m_dq[static_cast<std::size_t>(d)] + u * std::fabs(g.dq[e]);
+          if (!track) continue;
+          e_dq[e] += sqrt_n * ua * m_dq[static_cast<std::size_t>(d)] + u * std::fabs(g.dq[e]);
+          m_dq_all[e] = m_dq[static_cast<std::size_t>(d)];
         }
         if (p.sinks) {
           // A sink's logit: d lse / d sink = P_sink, so dsink = -sum_i P_sink,i D_i.
@@ -221,7 +223,8 @@ ReferenceGradients reference_backward(const CaseData& data, const std::vector<do
     for (std::size_t e = 0; e < e_ds.size(); ++e) {
       e_ds[e] += std::sqrt(std::max(rows_per_head, 1.0)) * ua * m_ds[e] + u * std::fabs(g.dsinks[e]);
     }
-    *errors = {std::move(e_dq), std::move(e_dk), std::move(e_dv), std::move(e_db), std::move(e_ds)};
+    *errors = {std::move(e_dq), std::move(e_dk), std::move(e_dv), std::move(e_db), std::move(e_ds),
+               {std::move(m_dq_all), std::move(m_dk), std::move(m_dv), std::move(m_db), std::move(m_ds)}};
   }
   return g;
 }

@@ -35,6 +35,9 @@ struct GradientPrecision {
 // difference. Same shapes as ReferenceGradients.
 struct GradientErrors {
   std::vector<double> dq, dk, dv, dbias, dsinks;
+  // Per element, the sum of the |terms| summed into it: what a plain
+  // implementation rounds its partial sums at (the measured bound's floor).
+  ReferenceGradients magnitude;
 };
 
 // dout has the shape of out. `forward` and `stats` are reference_attention's

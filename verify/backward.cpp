@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "core/float_state.hpp"
+#include "verify/backward_baseline.hpp"
 #include "verify/tolerance.hpp"
 
 namespace attn {
@@ -108,7 +109,46 @@ GradientTruth gradient_truth(const CaseData& data, const std::vector<double>& do
   t.bound.dv = gradient_bounds(p.dtype, errors.dv, terms);
   t.bound.dbias = gradient_bounds(p.dtype, errors.dbias, terms);
   t.bound.dsinks = gradient_bounds(p.dtype, errors.dsinks, terms);
+  t.magnitude = std::move(errors.magnitude);
   return t;
+}
+
+namespace {
+
+// The terms count the subnormal allowance is taken over (as gradient_truth's).
+double summed_terms(const Problem& p) {
+  return static_cast<double>(std::max(p.seq_k, p.q_batch() * p.heads_q * p.seq_q));
+}
+
+}  // namespace
+
+void measure_gradients(GradientTruth& truth, const CaseData& data, const std::vector<double>& dout,
+                       const std::vector<double>& out, bool bias_gradient) {
+  const Problem& p = data.problem;
+  const std::vector<ReferenceGradients> family = baseline_backward_family(data, dout, out, bias_gradient);
+  const double u = unit_roundoff(p.dtype), ratio = accumulation_roundoff(p.dtype) / u;
+  truth.measured.clear();
+  for (const GradientPart& part : gradient_parts(p)) {
+    const std::vector<double>& want = truth.value.*part.values;
+    // What the floor is a unit roundoff (of the dtype) of: the result itself,
+    // and the summed magnitude at the accumulation's roundoff.
+    std::vector<double> magnitude(want.size());
+    const std::vector<double>& summed = truth.magnitude.*part.values;
+    for (std::size_t e = 0; e < want.size(); ++e) {
+      magnitude[e] = std::fabs(want[e]) + (e < summed.size() ? ratio * summed[e] : 0.0);
+    }
+    std::vector<std::vector<double>> plain;
+    bool finite = true;
+    for (const ReferenceGradients& g : family) {
+      const std::vector<double>& x = g.*part.values;
+      for (double v : x) finite = finite && std::isfinite(v);
+      if (x.size() == want.size()) plain.push_back(x);
+    }
+    const std::vector<char> every(want.size(), 1);
+    MeasuredLimit m = measured_limit(p.dtype, want, plain, magnitude, 1, every, static_cast<std::int64_t>(summed_terms(p)));
+    if (!finite) m.baseline_max = m.baseline_rms = std::numeric_limits<double>::infinity();
+    truth.measured.push_back(m);
+  }
 }
 
 std::string backward_differences(const Problem& p, const BackwardRun& a, const BackwardRun& b, bool dq_may_vary) {
@@ -143,26 +183,50 @@ std::string gradients_beyond(const Problem& p, const ReferenceGradients& truth) 
 Comparison compare_gradients(const Problem& p, const GradientTruth& truth, const BackwardRun& run) {
   Comparison c;
   c.compared = true;
-  std::string first_failure;
+  std::string first_failure, measured_failure;
   std::size_t elements = 0, informative = 0;
-  for (const GradientPart& part : gradient_parts(p)) {
+  const std::vector<GradientPart> parts = gradient_parts(p);
+  for (std::size_t index = 0; index < parts.size(); ++index) {
+    const GradientPart& part = parts[index];
     const std::vector<double>& want = truth.value.*part.values;
     const std::vector<double>& bound = truth.bound.*part.values;
     const std::vector<double>& have = run.got.*part.values;
     if (want.empty()) continue;
+    GradientScore score;
+    score.name = part.name;
     if (have.size() != want.size()) {
       c.fail(fmt::format("{} has {} elements, expected {}", part.name, have.size(), want.size()));
+      c.gradients.push_back(std::move(score));
       continue;
     }
+    auto coordinates = [&](std::size_t e) {
+      Dims4 at{};
+      for (int a = 3; a >= 0; --a) {
+        const auto extent = static_cast<std::size_t>(std::max<std::int64_t>(part.shape[a], 1));
+        at[a] = static_cast<std::int64_t>(e % extent);
+        e /= extent;
+      }
+      return at;
+    };
+    double dot = 0, got_squares = 0, want_squares = 0, error_squares = 0;
+    std::int64_t last_row = -1;
+    const auto width = static_cast<std::size_t>(std::max<std::int64_t>(part.shape[3], 1));
     for (std::size_t e = 0; e < want.size(); ++e) {
       const double x = have[e];
       double ratio;
       if (!std::isfinite(x)) {
-        ++(std::isnan(x) ? c.nan_elements : c.infinite_elements);
+        ++(std::isnan(x) ? score.nan_elements : score.infinite_elements);
+        if (static_cast<std::int64_t>(e / width) != last_row) ++score.nonfinite_rows;
+        last_row = static_cast<std::int64_t>(e / width);
+        if (score.nonfinite_at.size() < 8) score.nonfinite_at.push_back(coordinates(e));
         ratio = std::numeric_limits<double>::infinity();
       } else {
         const double diff = std::fabs(x - want[e]);
-        c.max_abs_error = std::max(c.max_abs_error, diff);
+        score.max_abs_error = std::max(score.max_abs_error, diff);
+        error_squares += diff * diff;
+        dot += x * want[e];
+        got_squares += x * x;
+        want_squares += want[e] * want[e];
         if (want[e] != 0) c.max_rel_error = std::max(c.max_rel_error, diff / std::fabs(want[e]));
         ratio = bound[e] > 0 ? diff / bound[e] : (diff > 0 ? std::numeric_limits<double>::infinity() : 0.0);
       }
@@ -170,13 +234,7 @@ Comparison compare_gradients(const Problem& p, const GradientTruth& truth, const
       ++elements;
       informative += std::fabs(want[e]) > bound[e] || want[e] == 0.0;
       if (ratio > 1.0 && first_failure.empty()) {
-        Dims4 at{};
-        std::size_t rest = e;
-        for (int a = 3; a >= 0; --a) {
-          const auto extent = static_cast<std::size_t>(std::max<std::int64_t>(part.shape[a], 1));
-          at[a] = static_cast<std::int64_t>(rest % extent);
-          rest /= extent;
-        }
+        const Dims4 at = coordinates(e);
         first_failure = fmt::format("{}[{},{},{},{}] is {:.6g}, expected {:.6g} (bound {:.3g})", part.name, at[0], at[1],
                                     at[2], at[3], x, want[e], bound[e]);
       }
@@ -184,11 +242,55 @@ Comparison compare_gradients(const Problem& p, const GradientTruth& truth, const
         c.worst_ratio = ratio;
         c.bound_at_worst = bound[e];
       }
+      score.worst_ratio = std::max(score.worst_ratio, ratio);
     }
+    const std::int64_t nonfinite = score.nan_elements + score.infinite_elements;
+    c.nan_elements += score.nan_elements;
+    c.infinite_elements += score.infinite_elements;
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    score.rms_error = std::sqrt(error_squares / static_cast<double>(want.size()));
+    if (nonfinite > 0) {
+      score.cosine = score.norm_ratio = nan;
+    } else if (want_squares > 0) {
+      score.norm_ratio = std::sqrt(got_squares / want_squares);
+      score.cosine = got_squares > 0 ? dot / std::sqrt(got_squares * want_squares) : 0.0;
+    } else if (got_squares > 0) {
+      score.cosine = 0, score.norm_ratio = std::numeric_limits<double>::infinity();
+    }
+    c.max_abs_error = std::max(c.max_abs_error, score.max_abs_error);
+    c.rms_error = std::max(c.rms_error, score.rms_error);
+    // The measured bound, as for out (verify/compare.cpp, check 3), per gradient.
+    if (index < truth.measured.size() && nonfinite == 0) {
+      const MeasuredLimit& m = truth.measured[index];
+      const double over_max = score.max_abs_error / m.reference_max(), over_rms = score.rms_error / m.reference_rms();
+      const double k = m.factor, max_limit = ToleranceConstants::baseline_max_share * k;
+      score.baseline_max_ratio = over_max;
+      score.baseline_rms_ratio = over_rms;
+      score.baseline_ratio = std::max(over_max / ToleranceConstants::baseline_max_share, over_rms);
+      if (!c.baseline_ratio || *score.baseline_ratio > *c.baseline_ratio) {
+        c.baseline_ratio = score.baseline_ratio;
+        c.baseline_max_ratio = over_max;
+        c.baseline_rms_ratio = over_rms;
+      }
+      if (measured_failure.empty() && over_rms > k) {
+        measured_failure = fmt::format("{}: RMS error {:.3g} is {:.1f}x the least accurate plain backward's {:.3g} (limit {}x)",
+                                       part.name, score.rms_error, over_rms, m.reference_rms(), k);
+      } else if (measured_failure.empty() && over_max > max_limit) {
+        measured_failure = fmt::format("{}: max error {:.3g} is {:.1f}x the least accurate plain backward's {:.3g} (limit {}x)",
+                                       part.name, score.max_abs_error, over_max, m.reference_max(), max_limit);
+      }
+    }
+    if (nonfinite > 0) {
+      const Dims4& at = score.nonfinite_at.front();
+      c.fail(fmt::format("{} holds {} NaN and {} infinite values in {} rows, first at [{},{},{},{}]", part.name,
+                         score.nan_elements, score.infinite_elements, score.nonfinite_rows, at[0], at[1], at[2], at[3]));
+    }
+    c.gradients.push_back(std::move(score));
   }
   // worst_index stays -1: a gradient's element is not one of out; the reason names it.
   c.informative_fraction = elements > 0 ? static_cast<double>(informative) / static_cast<double>(elements) : 0.0;
-  if (!first_failure.empty()) c.fail(first_failure);
+  if (!first_failure.empty() && c.nan_elements + c.infinite_elements == 0) c.fail(first_failure);
+  if (!measured_failure.empty()) c.fail(measured_failure);
   return c;
 }
 

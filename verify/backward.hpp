@@ -13,6 +13,7 @@
 #include "fixtures/fixture.hpp"
 #include "reference/backward.hpp"
 #include "verify/compare.hpp"
+#include "verify/tolerance.hpp"
 
 namespace attn {
 
@@ -30,10 +31,23 @@ std::vector<GradientPart> gradient_parts(const Problem& problem);
 // (docs/verification/tolerance.md, "Gradients"), computed once per fixture.
 struct GradientTruth {
   ReferenceGradients value;
-  ReferenceGradients bound;  // the same shapes
+  ReferenceGradients bound;      // the same shapes
+  ReferenceGradients magnitude;  // per element: the sum of |terms| summed into it
+  // The measured bound of each gradient, in the order of gradient_parts (empty
+  // until measure_gradients ran; then one per part, unused for absent parts).
+  std::vector<MeasuredLimit> measured;
 };
 GradientTruth gradient_truth(const CaseData& data, const std::vector<double>& dout, bool bias_gradient,
                              const ReferenceResult& forward, const ReferenceStats& stats);
+
+// The measured bound (verify/backward_baseline.hpp): the plain backwards'
+// max and RMS errors per gradient, floored at one rounding of the result
+// plus one of the accumulation at the summed magnitude. `out` is a plain
+// forward's output in the dtype. A plain backward whose gradient is not
+// finite (scores beyond float32) measures nothing: that gradient keeps only
+// its a-priori bound.
+void measure_gradients(GradientTruth& truth, const CaseData& data, const std::vector<double>& dout,
+                       const std::vector<double>& out, bool bias_gradient);
 
 struct BackwardRun {
   ReferenceGradients got;  // canonical row-major, widened from the dtype; dbias and dsinks empty when not asked
@@ -53,8 +67,10 @@ std::string gradients_beyond(const Problem& problem, const ReferenceGradients& t
 // may vary), else which gradient differs first and where.
 std::string backward_differences(const Problem& problem, const BackwardRun& a, const BackwardRun& b, bool dq_may_vary);
 
-// Every element of every gradient within its bound; a NaN or infinity fails,
-// naming the gradient and the element.
+// Every element of every gradient within its bound, and (when measured) each
+// gradient's max and RMS error within k times the plain backwards'; a NaN or
+// infinity fails, naming the gradient and the element. Fills the per-gradient
+// scores: errors, budgets, direction and where the non-finite values are.
 Comparison compare_gradients(const Problem& problem, const GradientTruth& truth, const BackwardRun& run);
 
 }  // namespace attn

@@ -22,6 +22,21 @@ enum class Verdict { pass, fail, skip, mistrusted, differs };
 std::string_view verdict_name(Verdict verdict);
 inline std::string_view format_as(Verdict verdict) { return verdict_name(verdict); }
 
+// One gradient's figures in a backward outcome (docs/verification/tolerance.md, "Gradients").
+struct GradientScore {
+  std::string name;                    // dq, dk, dv, dbias or dsinks
+  double max_abs_error = 0, rms_error = 0;  // over its finite elements
+  double worst_ratio = 0;              // max |error| / a-priori bound (inf for a non-finite element)
+  std::optional<double> baseline_ratio;  // the measured budget: 1 = at the limit
+  double baseline_max_ratio = 0, baseline_rms_ratio = 0;  // max and RMS error over the plain backwards'
+  // Direction against the truth: cosine of the angle and ||got|| / ||truth||
+  // (both 1 when both are zero; NaN when undefined: a non-finite result).
+  double cosine = 1, norm_ratio = 1;
+  std::int64_t nan_elements = 0, infinite_elements = 0;
+  std::int64_t nonfinite_rows = 0;     // distinct [b, h, i] holding a NaN or an infinity
+  std::vector<Dims4> nonfinite_at;     // the first few of them, element coordinates
+};
+
 struct Comparison {
   Verdict verdict = Verdict::pass;
   std::string reason;             // why FAIL, SKIP, MISTRUSTED or DIFFERS (every failed check, "; " between)
@@ -47,6 +62,8 @@ struct Comparison {
   BiasTest probe_bias;
   // The fixture's own atol/rtol against its stored out, when it has them.
   std::optional<double> fixture_ratio;  // max of |got - out| / (atol + rtol |out|)
+  // A backward outcome's gradients, each on its own (the fields above hold the worst of them).
+  std::vector<GradientScore> gradients;
 
   void fail(std::string why);  // marks FAIL and appends the reason
   // After every check: a PASS whose empty rows followed a declared convention

@@ -271,6 +271,25 @@ void write_json(const VerifySummary& summary, const std::filesystem::path& path,
         r["probe_bias"] = bias_json(c.probe_bias);
       }
       if (c.fixture_ratio) r["error_over_fixture_tolerance"] = finite_or_null(*c.fixture_ratio);
+      if (!c.gradients.empty()) {
+        nlohmann::json gradients = nlohmann::json::array();
+        for (const GradientScore& g : c.gradients) {
+          gradients.push_back({{"name", g.name},
+                               {"max_abs_error", finite_or_null(g.max_abs_error)},
+                               {"rms_error", finite_or_null(g.rms_error)},
+                               {"error_over_bound", finite_or_null(g.worst_ratio)},
+                               {"error_over_baseline", g.baseline_ratio ? finite_or_null(*g.baseline_ratio) : nlohmann::json(nullptr)},
+                               {"max_error_over_baseline", g.baseline_ratio ? finite_or_null(g.baseline_max_ratio) : nlohmann::json(nullptr)},
+                               {"rms_error_over_baseline", g.baseline_ratio ? finite_or_null(g.baseline_rms_ratio) : nlohmann::json(nullptr)},
+                               {"cosine", finite_or_null(g.cosine)},
+                               {"norm_ratio", finite_or_null(g.norm_ratio)},
+                               {"nan", g.nan_elements},
+                               {"inf", g.infinite_elements},
+                               {"nonfinite_rows", g.nonfinite_rows},
+                               {"nonfinite_at", g.nonfinite_at}});
+        }
+        r["gradients"] = std::move(gradients);
+      }
     }
     if (!o.warning.empty()) r["warning"] = o.warning;
     results.push_back(std::move(r));
