@@ -29,6 +29,7 @@ struct VerifyArgs {
   bool fail_on_mistrusted = false;
   std::string shard;
   std::string outputs, outputs_name = "outputs";
+  std::vector<std::string> directions;
 };
 }  // namespace
 
@@ -68,9 +69,16 @@ Runner add_verify_command(CLI::App& app) {
                   "attn merge combines the shards' --json files");
   cmd->add_option("--outputs", args->outputs,
                   "Judge results another tool wrote: DIR/<fixture name>.h5 holding `out` (and optionally `lse`), or `y` "
-                  "for a layer case, in the fixture format's conventions; a missing file is SKIP. Alone it judges only "
-                  "these; with -b, those backends too")
+                  "for a layer case, and for a version 3 case `dq`, `dk`, `dv` (`dbias`, `dsinks` where it has them), in "
+                  "the fixture format's conventions; a missing file is SKIP. Alone it judges only these; with -b, those "
+                  "backends too")
       ->check(CLI::ExistingDirectory);
+  cmd->add_option("--direction", args->directions,
+                  "Judge these directions: forward (out, lse, y) and backward (the gradients of format version 3 cases); "
+                  "default both where a fixture has them")
+      ->allow_extra_args(false)
+      ->delimiter(',')
+      ->check(CLI::IsMember({"forward", "backward"}));
   cmd->add_option("--outputs-name", args->outputs_name, "The name the --outputs results carry (default: outputs)");
   cmd->footer("Exit status: 0 when at least one case ran and nothing failed; 1 when something FAILED, when every "
               "case was skipped (unless --allow-all-skipped) or, with --fail-on-mistrusted, when a result was "
@@ -110,6 +118,11 @@ Runner add_verify_command(CLI::App& app) {
     std::string shard_source;
     options.shard = shard_from(args->shard, &shard_source);
     options.tags = args->tags;
+    if (!args->directions.empty()) {
+      const auto& d = args->directions;
+      options.forward = std::find(d.begin(), d.end(), "forward") != d.end();
+      options.backward = std::find(d.begin(), d.end(), "backward") != d.end();
+    }
     options.thread_counts = args->threads;
     for (const auto& layout : args->layouts) options.layouts.push_back(layout == "bshd" ? Layout::bshd : Layout::bhsd);
     if (!args->quiet) print_outcome_header(stdout);

@@ -111,6 +111,73 @@ TEST_F(Outside, PyNumpyPassesAndShowsItsConvention) {
       << shown.output;
 }
 
+// Its backward (the function differentiated by hand): PASS, or DIFFERS where
+// rows with no visible key pass dO / seq_k to dV; two classic slips patched
+// into it FAIL, naming the gradient. --direction backward judges only gradients.
+TEST_F(Outside, PyNumpyBackwardPassesAndItsSlipsFail) {
+  const std::string folder = kGolden + "/backward";
+  const fs::path json = dir_ / "backward.json";
+  auto r = run_attn("verify -b py-numpy --direction backward -q --json " + json.string() + " " + folder);
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::ifstream in(json);
+  const auto doc = nlohmann::json::parse(in);
+  int passed = 0, differs = 0;
+  for (const auto& result : doc.at("results")) {
+    EXPECT_EQ(result.at("direction"), "backward") << result.dump();
+    EXPECT_NE(result.at("verdict"), "FAIL") << result.dump();
+    passed += result.at("verdict") == "PASS";
+    if (result.at("verdict") == "DIFFERS") {
+      ++differs;
+      EXPECT_NE(result.at("reason").get<std::string>().find("reaches dV of every key"), std::string::npos) << result.dump();
+    }
+  }
+  EXPECT_GE(passed, 12);
+  EXPECT_EQ(differs, 4);  // gqa_causal_br_q33_k17 in every dtype: 64 empty rows
+
+  const std::string source = read_text(kAdapters + "/py_numpy.py");
+  const fs::path no_rowsum = write("no_rowsum.py", patched(patched(source, "NAME = \"py-numpy\"", "NAME = \"py-no-rowsum\""),
+                                                           "dS = weights * (dW - (dW * weights).sum(axis=-1, keepdims=True))",
+                                                           "dS = weights * dW"));
+  r = run_attn("verify --plugin " + no_rowsum.string() + " -b py-no-rowsum " + folder + "/basic_q17_k33_f32.h5");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("FAIL (dq"), std::string::npos) << r.output;
+  const fs::path first_head = write("first_head.py", patched(patched(source, "NAME = \"py-numpy\"", "NAME = \"py-first-head\""),
+                                                             "ac.store(problem, io.dv, ac.sum_kv_groups(problem, dV))",
+                                                             "ac.store(problem, io.dv, dV[:, ::problem.heads_q // problem.heads_kv])"));
+  r = run_attn("verify --plugin " + first_head.string() + " -b py-first-head " + folder + "/mqa_causal_tl_q17_k33_f32.h5");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("FAIL (dv"), std::string::npos) << r.output;
+  // Forward only: the same file gives no backward result.
+  r = run_attn("verify --plugin " + first_head.string() + " -b py-first-head --direction forward " + folder +
+               "/mqa_causal_tl_q17_k33_f32.h5");
+  EXPECT_EQ(r.code, 0) << r.output;
+}
+
+// Gradients another tool wrote (dq, dk, dv beside out) are judged too.
+TEST_F(Outside, RecordedGradientsAreJudged) {
+  const std::string fixture = "backward/basic_q17_k33_f32";
+  const fs::path out = dir_ / "out";
+  fs::create_directories(out / "backward");
+  auto write_outputs = [&](const std::string& change) {
+    const std::string py = "/usr/bin/python3 -c \"import h5py, numpy as np; g = h5py.File('" + kGolden + "/" + fixture +
+                           ".h5', 'r'); f = h5py.File('" + (out / fixture).string() + ".h5', 'w'); " +
+                           "[f.create_dataset(n, data=g[n][()]) for n in ('out', 'dq', 'dk', 'dv')]; " + change + "\"";
+    ASSERT_EQ(std::system(py.c_str()), 0) << py;
+  };
+  write_outputs("");
+  auto r = run_attn("verify " + kGolden + "/" + fixture + ".h5 --outputs " + out.string() + " --direction backward");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("PASS"), std::string::npos) << r.output;
+  write_outputs("f['dk'][0, 1, 2, 3] += 0.01");
+  r = run_attn("verify " + kGolden + "/" + fixture + ".h5 --outputs " + out.string());
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("dk[0,1,2,3]"), std::string::npos) << r.output;
+  write_outputs("del f['dv']");
+  r = run_attn("verify " + kGolden + "/" + fixture + ".h5 --outputs " + out.string());
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("holds some gradients but not dv"), std::string::npos) << r.output;
+}
+
 TEST_F(Outside, ListShowsThePythonBackends) {
   auto r = run_attn_env("ATTN_PYTHON_VENV=", "list");
   ASSERT_EQ(r.code, 0) << r.output;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -178,6 +179,45 @@ std::string gradients_beyond(const Problem& p, const ReferenceGradients& truth) 
     }
   }
   return {};
+}
+
+ConventionalGradients conventional_gradients(const std::vector<Convention>& conventions, const CaseData& data,
+                                             const std::vector<double>& dout, const GradientTruth& truth) {
+  ConventionalGradients c;
+  const Problem& p = data.problem;
+  const auto mean_v = std::find_if(conventions.begin(), conventions.end(),
+                                   [](const Convention& x) { return x.kind == ConventionKind::empty_rows_mean_v; });
+  if (mean_v == conventions.end() || p.ragged || p.paged() || p.seq_k == 0) return c;
+  c.why = mean_v->why;
+  c.truth = truth;
+  std::vector<double> added(truth.value.dv.size(), 0.0), count(truth.value.dv.size(), 0.0);
+  ReferenceRowView view;
+  const double share = 1.0 / static_cast<double>(p.seq_k);
+  for (std::int64_t row = 0; row < p.rows(); ++row) {
+    const std::int64_t i = row % p.seq_q, bh = row / p.seq_q, b = bh / p.heads_q, h = bh % p.heads_q;
+    reference_row_view(data, b, h, i, view);
+    if (!view.visible.empty()) continue;
+    ++c.rows;
+    const std::int64_t g = h / p.group_size();
+    for (std::int64_t j = 0; j < p.seq_k; ++j)
+      for (std::int64_t d = 0; d < p.head_dim_v; ++d) {
+        const auto e = static_cast<std::size_t>(((b * p.heads_kv + g) * p.seq_k + j) * p.head_dim_v + d);
+        const double term = share * dout[static_cast<std::size_t>(row * p.head_dim_v + d)];
+        c.truth.value.dv[e] += term;
+        added[e] += std::fabs(term);
+        ++count[e];
+      }
+  }
+  if (c.rows == 0) return c;
+  const double u = unit_roundoff(p.dtype), u_acc = accumulation_roundoff(p.dtype);
+  for (std::size_t e = 0; e < added.size(); ++e) {
+    if (count[e] == 0) continue;
+    // Rounding the new terms (and the result they move) as any other sum of them.
+    c.truth.bound.dv[e] += ToleranceConstants::safety_factor * (u * std::fabs(c.truth.value.dv[e]) +
+                                                                 (u + std::sqrt(count[e]) * u_acc) * added[e]);
+    c.truth.magnitude.dv[e] += added[e];
+  }
+  return c;
 }
 
 Comparison compare_gradients(const Problem& p, const GradientTruth& truth, const BackwardRun& run) {

@@ -45,7 +45,55 @@ RecordedOutput read_file(const std::filesystem::path& file, const std::string& d
   return r;
 }
 
+// Every gradient of `wanted`, or none (false).
+bool read_gradient_file(const std::filesystem::path& file, std::vector<RecordedGradient>& wanted) {
+  const std::string shown = printable(file.string());
+  h5::File f = h5::File::open_read(file);
+  std::vector<std::string> missing;
+  for (const RecordedGradient& g : wanted) {
+    if (!f.dataset_info(g.name)) missing.push_back(g.name);
+  }
+  if (missing.size() == wanted.size()) return false;
+  if (!missing.empty()) {
+    throw InputError(fmt::format("{}: holds some gradients but not {} (a backward outputs file holds every gradient of its case)",
+                                 shown, fmt::join(missing, ", ")));
+  }
+  for (RecordedGradient& g : wanted) {
+    auto info = f.dataset_info(g.name);
+    if (info->kind != h5::DatasetInfo::Kind::floating) {
+      throw InputError(fmt::format("{}: `{}` is {}, not floating point", shown, g.name, info->type_text));
+    }
+    if (info->dims != g.dims) {
+      throw InputError(fmt::format("{}: `{}` has shape {}, but the fixture's is {}", shown, g.name, dims_text(info->dims),
+                                   dims_text(g.dims)));
+    }
+    std::int64_t count = 1;
+    for (std::int64_t d : g.dims) count *= d;
+    g.values = f.read_doubles(g.name, count);
+  }
+  f.check_unchanged();
+  return true;
+}
+
 }  // namespace
+
+bool RecordedOutputs::read_gradients(const std::string& fixture_name, std::vector<RecordedGradient>& wanted) const {
+  const std::filesystem::path file = file_for(fixture_name);
+  std::error_code ec;
+  if (!std::filesystem::exists(std::filesystem::symlink_status(file, ec))) return false;
+  const std::string trouble = run_sandboxed(
+      [&] {
+        std::vector<RecordedGradient> copy = wanted;
+        (void)read_gradient_file(file, copy);
+      },
+      SandboxLimits::from_environment());
+  if (!trouble.empty()) {
+    const std::string shown = printable(file.string());
+    throw InputError(trouble.rfind(file.string() + ":", 0) == 0 ? printable(trouble)
+                                                                 : fmt::format("{}: reading it {}", shown, trouble));
+  }
+  return read_gradient_file(file, wanted);
+}
 
 RecordedOutputs::RecordedOutputs(std::filesystem::path dir, std::string name)
     : dir_(std::move(dir)),

@@ -22,6 +22,15 @@ struct RecordedOutput {
   std::optional<std::vector<double>> lse;  // sdpa only
 };
 
+// A format version 3 case's gradients in an outputs file: `dq`, `dk`, `dv`
+// (and `dbias`, `dsinks` where the case has them), each in the shape of the
+// fixture's golden of it, any float type.
+struct RecordedGradient {
+  std::string name;
+  std::vector<std::int64_t> dims;
+  std::vector<double> values;  // filled by read_gradients
+};
+
 // Whatever the files hold is judged: every dtype and addition is "declared".
 class RecordedOutputs final : public Backend, private BackendExtensions {
  public:
@@ -45,6 +54,10 @@ class RecordedOutputs final : public Backend, private BackendExtensions {
   // shape `dataset` must have; lse is read when present (sdpa).
   std::optional<RecordedOutput> read(const std::string& fixture_name, const std::string& dataset,
                                      const std::vector<std::int64_t>& dims) const;
+  // The gradients `wanted` names (with their shapes): false when there is no
+  // file or it holds none of them (SKIP); InputError when it holds some but
+  // not all, or a wrong shape or type.
+  bool read_gradients(const std::string& fixture_name, std::vector<RecordedGradient>& wanted) const;
 
  private:
   std::filesystem::path dir_;

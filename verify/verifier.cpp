@@ -253,6 +253,7 @@ void verify_layer(const std::filesystem::path& file, const BackendRefs& backends
   bounds.out = derive_layer_bounds(fixture.data, reference);
   check_golden(fixture.header, "y", {problem.batch, 1, problem.seq_q, fixture.header.model_dim}, fixture.y, reference.y,
                bounds.out);
+  if (!options.forward) return;  // a layer case has no backward here
   if (anyone_runs(backends, problem, configs, fixture.header.model_dim)) {
     const std::vector<char> counts(every_row.size(), 1);
     baseline = {baseline_layer(fixture.data, options.run.threads)};
@@ -403,7 +404,7 @@ void verify_sdpa(const Fixture& fixture, const BackendRefs& backends,
     const std::vector<Status> support = support_of(backends, laid_out.problem());
     RunOptions run_options = options.run;
     run_options.threads = config.threads;
-    for (std::size_t b = 0; b < backends.size(); ++b) {
+    for (std::size_t b = 0; b < backends.size() && options.forward; ++b) {
       CaseOutcome outcome{std::string(backends[b]->name()), fixture.header.path, fixture.header.name,
                           laid_out.problem().to_string(), {}, 0, warning, config};
       if (const RecordedOutputs* recorded = recorded_outputs_of(*backends[b])) outcome.arguments = recorded->arguments();
@@ -417,16 +418,42 @@ void verify_sdpa(const Fixture& fixture, const BackendRefs& backends,
       }
       record(std::move(outcome), on_outcome, summary);
     }
-    if (!fixture.gradients) continue;
+    if (!fixture.gradients || !options.backward) continue;
     // Version 3: each backend's gradients, after its forward results, in the same run configuration.
     for (std::size_t b = 0; b < backends.size(); ++b) {
-      if (recorded_outputs_of(*backends[b])) continue;  // results files hold no gradients
       CaseOutcome outcome{std::string(backends[b]->name()), fixture.header.path, fixture.header.name,
                           laid_out.problem().to_string(), {}, 0, warning, config};
       outcome.direction = "backward";
+      const RecordedOutputs* recorded = recorded_outputs_of(*backends[b]);
+      if (recorded) outcome.arguments = recorded->arguments();
       if (!support[b].ok) {
         outcome.comparison.verdict = Verdict::skip;
         outcome.comparison.reason = support[b].reason;
+      } else if (recorded) {
+        // Another tool's gradients: judged by every check but determinism (one run).
+        std::vector<RecordedGradient> wanted;
+        for (const GradientPart& part : gradient_parts(problem)) {
+          if (((*fixture.gradients).*part.stored).empty()) continue;
+          std::vector<std::int64_t> dims(part.shape.begin(), part.shape.end());
+          if (part.values == &ReferenceGradients::dsinks) dims = {problem.heads_q};
+          wanted.push_back({part.name, dims, {}});
+        }
+        if (const std::string beyond = gradients_beyond(problem, measured_gradient_truth().value); !beyond.empty()) {
+          outcome.comparison.verdict = Verdict::skip;
+          outcome.comparison.reason = beyond;
+        } else if (!recorded->read_gradients(fixture.header.name, wanted)) {  // InputError: exit 2
+          outcome.comparison.verdict = Verdict::skip;
+          outcome.comparison.reason = fmt::format("no gradients (dq, dk, dv) in {}",
+                                                  printable(recorded->file_for(fixture.header.name).string()));
+        } else {
+          BackwardRun run;
+          for (const RecordedGradient& g : wanted) {
+            for (const GradientPart& part : gradient_parts(problem)) {
+              if (g.name == part.name) run.got.*part.values = g.values;
+            }
+          }
+          outcome.comparison = compare_gradients(problem, measured_gradient_truth(), run);
+        }
       } else if (!backends[b]->capabilities().backward) {
         outcome.comparison.verdict = Verdict::skip;
         outcome.comparison.reason = "does not implement the backward pass (format version 3)";
@@ -438,6 +465,22 @@ void verify_sdpa(const Fixture& fixture, const BackendRefs& backends,
           const BackwardRun run = run_backward(*backends[b], laid_out.data, fixture.gradients->dout,
                                                fixture.gradients->bias_requires_grad, run_options);
           outcome.comparison = compare_gradients(problem, truth, run);
+          if (outcome.comparison.verdict == Verdict::fail) {
+            // A declared convention on rows with no visible key: DIFFERS when the gradients are its.
+            const ConventionalGradients conventional =
+                conventional_gradients(conventions_of(*backends[b], problem), laid_out.data, fixture.gradients->dout, truth);
+            if (conventional.rows > 0) {
+              Comparison as_declared = compare_gradients(problem, conventional.truth, run);
+              if (as_declared.verdict == Verdict::pass) {
+                as_declared.verdict = Verdict::differs;
+                as_declared.reason = fmt::format(
+                    "{} rows with no visible key weigh every key 1/seq_k, so their dO / seq_k reaches dV of every key "
+                    "(declared: {}); the format passes them nothing",
+                    conventional.rows, conventional.why);
+                outcome.comparison = std::move(as_declared);
+              }
+            }
+          }
           // Determinism, a verdict of its own: the same run again, and the
           // first run of this layout at another thread count, bit for bit.
           const BackwardRun again = run_backward(*backends[b], laid_out.data, fixture.gradients->dout,
@@ -445,6 +488,12 @@ void verify_sdpa(const Fixture& fixture, const BackendRefs& backends,
           const bool dq_may_vary = backends[b]->capabilities().nondeterministic_dq;
           if (std::string why = backward_differences(problem, run, again, dq_may_vary); !why.empty()) {
             outcome.comparison.fail(fmt::format("not deterministic: {} between two runs at {} threads", why, config.threads));
+          } else if (dq_may_vary) {
+            // Declared: reported, not failed.
+            if (std::string dq = backward_differences(problem, run, again, false); !dq.empty()) {
+              outcome.comparison.reason += fmt::format("{}{} between two runs (declared non-deterministic dQ accumulation)",
+                                                       outcome.comparison.reason.empty() ? "" : "; ", dq);
+            }
           }
           const auto key = std::make_pair(b, static_cast<int>(laid_out.problem().layout));
           if (const auto first = first_backward.find(key); first == first_backward.end()) {

@@ -30,6 +30,10 @@ struct VerifyOptions {
   std::vector<Layout> layouts;
   // Run only this shard's (fixture, backend) units (core/shard.hpp).
   std::optional<Shard> shard;
+  // Which directions to judge (attn verify --direction): forward (out, lse,
+  // y) and backward (the gradients of version 3 cases). The golden files are
+  // checked either way.
+  bool forward = true, backward = true;
 };
 
 // One (threads, layout) pair of a run.

@@ -250,15 +250,16 @@ py::array_t<T> copied(const std::vector<T>& values, std::vector<py::ssize_t> sha
   return array;
 }
 
-class PythonPlan final : public Plan {
+// A Python run() behind a plan (Plan or BackwardPlan), with the views it reads.
+template <typename Base>
+class PythonRun : public Base {
  public:
-  PythonPlan(py::object run, bool has_lse, std::string name) : run_(std::move(run)), has_lse_(has_lse), name_(std::move(name)) {}
-  ~PythonPlan() override {
+  PythonRun(py::object run, py::object io, std::string name) : run_(std::move(run)), io_(std::move(io)), name_(std::move(name)) {}
+  ~PythonRun() override {
     py::gil_scoped_acquire gil;
     run_ = py::object();
     io_ = py::object();
   }
-  void set_io(py::object io) { io_ = std::move(io); }
   void run() override {
     FloatStateGuard floats;
     py::gil_scoped_acquire gil;
@@ -268,14 +269,54 @@ class PythonPlan final : public Plan {
       throw Error(fmt::format("{}: {}", name_, python_error(e)));
     }
   }
-  bool has_lse() const override { return has_lse_; }
 
  private:
   py::object run_;
   py::object io_;  // the views, alive as long as the plan
-  bool has_lse_;
   std::string name_;
 };
+
+class PythonPlan final : public PythonRun<Plan> {
+ public:
+  PythonPlan(py::object run, py::object io, bool has_lse, std::string name)
+      : PythonRun<Plan>(std::move(run), std::move(io), std::move(name)), has_lse_(has_lse) {}
+  bool has_lse() const override { return has_lse_; }
+
+ private:
+  bool has_lse_;
+};
+
+// The forward's inputs as numpy views (attn_common.py documents them); `out`
+// writeable for the forward, read-only for the backward.
+py::dict input_views(const Problem& p, const AttentionIO& io, bool out_writeable, bool with_lse) {
+  const std::size_t elem = dtype_size(p.dtype);
+  py::object dt = numpy_dtype(p.dtype);
+  py::dict views;
+  views["q"] = view(io.q.data, dt, dims(io.q.shape), dims(io.q.strides), elem, false);
+  views["k"] = view(io.k.data, dt, dims(io.k.shape), dims(io.k.strides), elem, false);
+  views["v"] = view(io.v.data, dt, dims(io.v.shape), dims(io.v.strides), elem, false);
+  views["out"] = view(io.out.data, dt, dims(io.out.shape), dims(io.out.strides), elem, out_writeable);
+  views["mask"] = py::none();
+  if (!io.mask.empty()) {
+    views["mask"] = view(io.mask.data, py::dtype::of<std::uint8_t>(), dims(p.batch, p.heads_q, p.seq_q, p.seq_k),
+                         dims(io.mask.strides), 1, false);
+  }
+  views["bias"] = py::none();
+  if (!io.bias.empty()) {
+    views["bias"] = view(io.bias.data, dt, dims(p.batch, p.heads_q, p.seq_q, p.seq_k), dims(io.bias.strides), elem, false);
+  }
+  views["kv_len"] = py::none();
+  if (io.kv_len != nullptr) {
+    views["kv_len"] = view(io.kv_len, py::dtype::of<std::int64_t>(), {static_cast<py::ssize_t>(p.batch)}, {1},
+                           sizeof(std::int64_t), false);
+  }
+  views["lse"] = py::none();
+  if (io.lse != nullptr && with_lse) {
+    views["lse"] = view(io.lse, py::dtype::of<double>(), {static_cast<py::ssize_t>(p.rows())}, {1}, sizeof(double),
+                        out_writeable);
+  }
+  return views;
+}
 
 // DTYPES, optional: the dtypes a backend computes in (names as in the
 // format); all four when absent.
@@ -312,6 +353,7 @@ class PythonBackend final : public Backend, private BackendExtensions {
       description_ = py::str(module.attr("DESCRIPTION"));
       dtypes_ = declared_dtypes(module);
       has_lse_ = py::hasattr(module, "HAS_LSE") && py::bool_(module.attr("HAS_LSE"));
+      has_backward_ = py::hasattr(module, "prepare_backward");
       runs_layers_ = py::hasattr(module, "layer");
     } catch (py::error_already_set& e) {
       unavailable_ = fmt::format("{} cannot be loaded: {}", printable(file_.string()), python_error(e));
@@ -330,7 +372,7 @@ class PythonBackend final : public Backend, private BackendExtensions {
   std::string_view name() const override { return name_; }
   std::string_view description() const override { return description_; }
   // No format version 2 addition: the bridge passes none of their fields.
-  Capabilities capabilities() const override { return {dtypes_, 0, has_lse_}; }
+  Capabilities capabilities() const override { return {dtypes_, 0, has_lse_, has_backward_}; }
   const BackendExtensions* extensions() const override { return this; }
   const std::string& load_error() const { return unavailable_; }
 
@@ -446,39 +488,41 @@ class PythonBackend final : public Backend, private BackendExtensions {
     FloatStateGuard floats;
     py::gil_scoped_acquire gil;
     try {
-      const std::size_t elem = dtype_size(p.dtype);
-      py::object dt = numpy_dtype(p.dtype);
-      py::dict views;
-      views["q"] = view(io.q.data, dt, dims(io.q.shape), dims(io.q.strides), elem, false);
-      views["k"] = view(io.k.data, dt, dims(io.k.shape), dims(io.k.strides), elem, false);
-      views["v"] = view(io.v.data, dt, dims(io.v.shape), dims(io.v.strides), elem, false);
-      views["out"] = view(io.out.data, dt, dims(io.out.shape), dims(io.out.strides), elem, true);
-      views["mask"] = py::none();
-      if (!io.mask.empty()) {
-        views["mask"] = view(io.mask.data, py::dtype::of<std::uint8_t>(), dims(p.batch, p.heads_q, p.seq_q, p.seq_k),
-                             dims(io.mask.strides), 1, false);
-      }
-      views["bias"] = py::none();
-      if (!io.bias.empty()) {
-        views["bias"] = view(io.bias.data, dt, dims(p.batch, p.heads_q, p.seq_q, p.seq_k), dims(io.bias.strides), elem,
-                             false);
-      }
-      views["kv_len"] = py::none();
-      if (io.kv_len != nullptr) {
-        views["kv_len"] = view(io.kv_len, py::dtype::of<std::int64_t>(), {static_cast<py::ssize_t>(p.batch)}, {1},
-                               sizeof(std::int64_t), false);
-      }
-      views["lse"] = py::none();
-      if (io.lse != nullptr && has_lse_) {
-        views["lse"] = view(io.lse, py::dtype::of<double>(), {static_cast<py::ssize_t>(p.rows())}, {1}, sizeof(double), true);
-      }
-      py::object io_object = py::module_::import("types").attr("SimpleNamespace")(**views);
+      py::object io_object = py::module_::import("types").attr("SimpleNamespace")(**input_views(p, io, true, has_lse_));
       py::object run = module_->attr("prepare")(problem_object(p), io_object, options.threads);
-      auto plan = std::make_unique<PythonPlan>(std::move(run), has_lse_, name_);
-      plan->set_io(std::move(io_object));
-      return plan;
+      return std::make_unique<PythonPlan>(std::move(run), std::move(io_object), has_lse_, name_);
     } catch (py::error_already_set& e) {
       throw Error(fmt::format("{}: prepare failed: {}", name_, python_error(e)));
+    }
+  }
+  // Format version 3: prepare_backward(problem, io, threads) -> run, with
+  // supports_backward(problem) -> None | str (optional) saying what it skips.
+  std::unique_ptr<BackwardPlan> prepare_backward(const Problem& p, const BackwardIO& io,
+                                                 const RunOptions& options) const override {
+    if (!unavailable_.empty()) throw Error(unavailable_);
+    if (!has_backward_) throw Unsupported("defines no prepare_backward (format version 3)");
+    FloatStateGuard floats;
+    py::gil_scoped_acquire gil;
+    try {
+      if (py::hasattr(*module_, "supports_backward")) {
+        py::object why = module_->attr("supports_backward")(problem_object(p));
+        if (!why.is_none()) throw Unsupported(std::string(py::str(why)));
+      }
+      const std::size_t elem = dtype_size(p.dtype);
+      py::object dt = numpy_dtype(p.dtype);
+      py::dict views = input_views(p, io.forward, false, io.forward.lse != nullptr);
+      views["dout"] = view(io.dout.data, dt, dims(io.dout.shape), dims(io.dout.strides), elem, false);
+      views["dq"] = view(io.dq.data, dt, dims(io.dq.shape), dims(io.dq.strides), elem, true);
+      views["dk"] = view(io.dk.data, dt, dims(io.dk.shape), dims(io.dk.strides), elem, true);
+      views["dv"] = view(io.dv.data, dt, dims(io.dv.shape), dims(io.dv.strides), elem, true);
+      views["dbias"] = io.dbias.empty() ? py::object(py::none())
+                                        : py::object(view(io.dbias.data, dt, dims(io.dbias.shape), dims(io.dbias.strides),
+                                                          elem, true));
+      py::object io_object = py::module_::import("types").attr("SimpleNamespace")(**views);
+      py::object run = module_->attr("prepare_backward")(problem_object(p), io_object, options.threads);
+      return std::make_unique<PythonRun<BackwardPlan>>(std::move(run), std::move(io_object), name_);
+    } catch (py::error_already_set& e) {
+      throw Error(fmt::format("{}: prepare_backward failed: {}", name_, python_error(e)));
     }
   }
 
@@ -488,6 +532,7 @@ class PythonBackend final : public Backend, private BackendExtensions {
   unsigned dtypes_ = kAllDTypes;
   std::string unavailable_;
   bool has_lse_ = false;
+  bool has_backward_ = false;
   bool runs_layers_ = false;
   std::unique_ptr<py::object> module_;
 };

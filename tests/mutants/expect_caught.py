@@ -45,6 +45,10 @@ def main():
     os.makedirs(out, exist_ok=True)
     report = os.path.join(out, os.path.basename(folder) + ".json")
     mutants = ",".join(name for name, _ in pairs)
+    # Mutants of naive's backward (bwd_*) compute naive's own forward: only their
+    # gradients can FAIL, so only those are judged (make verify judges both).
+    if all(name.startswith("bwd_") for name, _ in pairs):
+        args = [*args, "--direction", "backward"]
     run = subprocess.run([cli, "verify", folder, "--backend", mutants, *args, "--quiet", "--json", report],
                          capture_output=True, text=True)
     if run.returncode != 1:
@@ -53,6 +57,10 @@ def main():
         results = json.load(f)["results"]
     for name, witness in pairs:
         failed = sorted({r["fixture"] for r in results if r["backend"] == name and r["verdict"] == "FAIL"})
+        forward = sorted({r["fixture"] for r in results if r["backend"] == name and r["verdict"] == "FAIL"
+                          and r.get("direction", "forward") == "forward"})
+        if name.startswith("bwd_") and forward:
+            sys.exit(f"{name}: its forward FAILs on {forward}; a backward mutant must break only the backward")
         if witness not in failed:
             sys.exit(f"{name}: its own fixture {witness} does not FAIL it under make verify's options "
                      f"(failing: {failed})")

@@ -12,6 +12,11 @@ A Python backend is one file (see py_numpy.py for a complete one) defining
                                          codes: empty_rows_mean_v, empty_rows_nan, empty_rows_unmasked
     prepare(problem, io, threads) -> run everything untimed; run() computes io.out (timed)
     HAS_LSE = False                      optional; True when run() also fills io.lse
+    prepare_backward(problem, io, threads) -> run
+                                         optional, format version 3 (docs/format/v3.md): the
+                                         gradients of sum(dout * out); run() (timed) writes
+                                         io.dq, io.dk, io.dv and io.dbias when it is not None
+    supports_backward(problem) -> None | str   optional: None, or why it has no backward here
 
 `problem` has batch, heads_q, heads_kv, seq_q, seq_k, head_dim, head_dim_v, scale,
 causal ("none", "top_left", "bottom_right"), dtype ("float64", "float32", "float16",
@@ -24,6 +29,12 @@ attend, [batch, heads_q, seq_q, seq_k] with stride 0 on broadcast axes, or None)
 (same shape, in the dtype, or None), kv_len (int64 [batch] or None) and lse (float64
 [batch * heads_q * seq_q] or None). bfloat16 arrives as raw uint16 bits: use
 bf16_to_f32() and store(), or view the bits in your framework.
+
+The backward's `io` holds the forward's views, with `out` (and `lse` when HAS_LSE) now
+read-only and holding this backend's own forward results, plus dout (read-only, out's
+shape), dq, dk, dv (write every element: shapes of q, k and v; dK and dV summed over the
+query heads of a group) and dbias (None, or write it: the bias's stored shape
+[bb, bh, bq, seq_k], summed over its broadcast axes).
 
 Format version 2 (docs/format/v2.md: windows, softcap, ALiBi, sinks, packed and
 paged KV) is not passed to Python backends: the bridge declares none of it, so attn
@@ -143,6 +154,15 @@ def repeat_kv(problem, x, axis=1):
     """GQA as a user writes it without native support: each kv head repeated."""
     group = problem.heads_q // problem.heads_kv
     return x if group == 1 else np.repeat(x, group, axis=axis)
+
+
+def sum_kv_groups(problem, x, axis=1):
+    """The inverse of repeat_kv for gradients: each kv head's sum over its query heads."""
+    group = problem.heads_q // problem.heads_kv
+    if group == 1:
+        return x
+    shape = x.shape[:axis] + (problem.heads_kv, group) + x.shape[axis + 1:]
+    return x.reshape(shape).sum(axis=axis + 1)
 
 
 def layer_shape_reason(problem, model_dim, framework):

@@ -7,12 +7,16 @@
     output = weights @ V
 
 in float64, as the document runs it (its inputs come from np.random.randn), with the result
-rounded to the case's dtype. The textbook has no bias,
+rounded to the case's dtype. Its backward (format version 3) is that function differentiated
+by hand, the textbook way: dV = W^T dO, dW = dO V^T, dS = W (dW - rowsum(dW W)) (the
+softmax's own backward), zero where np.where put the constant -1e9, then dQ = dS K / sqrt(d_k)
+and dK = dS^T Q / sqrt(d_k), summed over the repeated heads of a group. The textbook has no bias,
 no scale other than 1/sqrt(d_k), no GQA and no causal flag: causal and kv_len become part
 of the mask and GQA repeats the kv heads, as a user of the function would write them; a
 bias or another scale is SKIP. A row whose keys are all hidden gets -1e9 everywhere and so
-the mean of V, where the format gives 0: the verdict shows it (DIFFERS). (Run in float16
-instead, -1e9 would be -inf and such a row NaN.)
+the mean of V, where the format gives 0: the verdict shows it (DIFFERS); in the backward
+such a row's uniform weights pass dO / seq_k to the dV of every key, where the format passes
+nothing (DIFFERS too). (Run in float16 instead, -1e9 would be -inf and such a row NaN.)
 """
 
 import numpy as np
@@ -71,5 +75,44 @@ def prepare(problem, io, threads):
     def run():
         output, _ = scaled_dot_product_attention(Q, K, V, mask)
         ac.store(problem, io.out, output)
+
+    return run
+
+
+def supports_backward(problem):
+    return None  # everything supports() accepts
+
+
+def scaled_dot_product_attention_backward(Q, K, V, mask, dO):
+    """The gradients of sum(dO * output) for the function above, by hand."""
+    d_k = Q.shape[-1]
+    scale = np.sqrt(d_k).astype(Q.dtype)
+    scores = Q @ K.transpose(0, 1, 3, 2) / scale
+    if mask is not None:
+        scores = np.where(mask == 0, Q.dtype.type(-1e9), scores)
+    weights = softmax(scores, axis=-1)
+    dV = weights.transpose(0, 1, 3, 2) @ dO
+    dW = dO @ V.transpose(0, 1, 3, 2)
+    dS = weights * (dW - (dW * weights).sum(axis=-1, keepdims=True))
+    if mask is not None:
+        dS = np.where(mask == 0, Q.dtype.type(0), dS)  # the constant -1e9 passes nothing back
+    dQ = dS @ K / scale
+    dK = dS.transpose(0, 1, 3, 2) @ Q / scale
+    return dQ, dK, dV
+
+
+def prepare_backward(problem, io, threads):
+    dtype = np.float64
+    Q = ac.load(problem, io.q).astype(dtype)
+    K = ac.repeat_kv(problem, ac.load(problem, io.k).astype(dtype))
+    V = ac.repeat_kv(problem, ac.load(problem, io.v).astype(dtype))
+    dO = ac.load(problem, io.dout).astype(dtype)
+    mask = ac.attend(problem, io).astype(np.uint8) if ac.hides_anything(problem) else None
+
+    def run():
+        dQ, dK, dV = scaled_dot_product_attention_backward(Q, K, V, mask, dO)
+        ac.store(problem, io.dq, dQ)
+        ac.store(problem, io.dk, ac.sum_kv_groups(problem, dK))
+        ac.store(problem, io.dv, ac.sum_kv_groups(problem, dV))
 
     return run
