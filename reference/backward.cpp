@@ -53,20 +53,21 @@ ReferenceGradients reference_backward(const CaseData& data, const std::vector<do
   ReferenceGradients g;
   g.dq.assign(data.q.size(), 0.0);
   // Error magnitudes, and the sums of |terms| and term counts whose rounding they add at the end.
-  std::vector<double> e_dq, e_dk, e_dv, e_db, e_ds, m_dq_all, m_dk, m_dv, m_db, m_ds;
+  std::vector<double> e_dq, e_dk, e_dv, e_db, e_ds, m_dk, m_dv, m_db, m_ds;
+  std::vector<double> c_dq_all, c_dk, c_db;  // the magnitudes (GradientErrors::magnitude) where dS's terms count before cancelling
   std::vector<std::int64_t> n_dk, n_db;
   if (track) {
-    e_dq.assign(g.dq.size(), 0.0), m_dq_all.assign(g.dq.size(), 0.0);
-    e_dk.assign(dk.size(), 0.0), m_dk.assign(dk.size(), 0.0), n_dk.assign(dk.size() / static_cast<std::size_t>(std::max<std::int64_t>(d_qk, 1)), 0);
+    e_dq.assign(g.dq.size(), 0.0), c_dq_all.assign(g.dq.size(), 0.0);
+    e_dk.assign(dk.size(), 0.0), m_dk.assign(dk.size(), 0.0), c_dk.assign(dk.size(), 0.0), n_dk.assign(dk.size() / static_cast<std::size_t>(std::max<std::int64_t>(d_qk, 1)), 0);
     e_dv.assign(dv.size(), 0.0), m_dv.assign(dv.size(), 0.0);
-    e_db.assign(dbias.size(), 0.0), m_db.assign(dbias.size(), 0.0), n_db.assign(dbias.size(), 0);
+    e_db.assign(dbias.size(), 0.0), m_db.assign(dbias.size(), 0.0), c_db.assign(dbias.size(), 0.0), n_db.assign(dbias.size(), 0);
     e_ds.assign(dsinks.size(), 0.0), m_ds.assign(dsinks.size(), 0.0);
   }
 
   ReferenceRowView view;
   std::vector<double> prob, dscore, dx, tanh_x, abs_dp, gap;
   std::vector<CompensatedSum> dq_row(static_cast<std::size_t>(d_qk));
-  std::vector<double> m_dq(static_cast<std::size_t>(d_qk));
+  std::vector<double> m_dq(static_cast<std::size_t>(d_qk)), c_dq(static_cast<std::size_t>(d_qk));
   for (std::int64_t b = 0; b < p.q_batch(); ++b) {
     for (std::int64_t h = 0; h < p.heads_q; ++h) {
       for (std::int64_t i = 0; i < p.seq_q; ++i) {
@@ -117,6 +118,7 @@ ReferenceGradients reference_backward(const CaseData& data, const std::vector<do
         }
         for (auto& s : dq_row) s = CompensatedSum{};
         std::fill(m_dq.begin(), m_dq.end(), 0.0);
+        std::fill(c_dq.begin(), c_dq.end(), 0.0);
         // The forward's error of O, which D inherits (the forward bound's terms).
         const double score_error = (sqrt_d + 2.0) * ua * stats.score_magnitude[static_cast<std::size_t>(row)];
         const double sqrt_n = std::sqrt(static_cast<double>(n));
@@ -161,11 +163,16 @@ ReferenceGradients reference_backward(const CaseData& data, const std::vector<do
             e_x = e_s * slope + std::fabs(dscore[t]) * 2.0 * std::fabs(tanh_x[t]) * slope * score_error / p.softcap;
           }
           const double scale = std::fabs(p.scale);
+          // The magnitude dS is rounded at before dP and D cancel: P (|dP| + |D|).
+          const double slope = p.softcap != 0 ? 1.0 - tanh_x[t] * tanh_x[t] : 1.0;
+          const double before = scale * prob[t] * (abs_dp[t] + std::fabs(D)) * slope;
           for (std::int64_t d = 0; d < d_qk; ++d) {
             e_dq[static_cast<std::size_t>(row * d_qk + d)] += scale * e_x * std::fabs(k[d]);
             m_dq[static_cast<std::size_t>(d)] += std::fabs(sx * k[d]);
+            c_dq[static_cast<std::size_t>(d)] += std::max(std::fabs(sx * k[d]), before * std::fabs(k[d]));
             e_dk[k_off + static_cast<std::size_t>(d)] += scale * e_x * std::fabs(q[d]);
             m_dk[k_off + static_cast<std::size_t>(d)] += std::fabs(sx * q[d]);
+            c_dk[k_off + static_cast<std::size_t>(d)] += std::max(std::fabs(sx * q[d]), before * std::fabs(q[d]));
           }
           ++n_dk[k_off / static_cast<std::size_t>(d_qk)];
           for (std::int64_t d = 0; d < d_v; ++d) {
@@ -175,6 +182,7 @@ ReferenceGradients reference_backward(const CaseData& data, const std::vector<do
           if (!dbias.empty()) {
             e_db[bias_at] += e_s;
             m_db[bias_at] += std::fabs(dscore[t]);
+            c_db[bias_at] += std::max(std::fabs(dscore[t]), prob[t] * (abs_dp[t] + std::fabs(D)));
             ++n_db[bias_at];
           }
         }
@@ -183,7 +191,7 @@ ReferenceGradients reference_backward(const CaseData& data, const std::vector<do
           g.dq[e] = dq_row[static_cast<std::size_t>(d)].value();
           if (!track) continue;
           e_dq[e] += sqrt_n * ua * m_dq[static_cast<std::size_t>(d)] + u * std::fabs(g.dq[e]);
-          m_dq_all[e] = m_dq[static_cast<std::size_t>(d)];
+          c_dq_all[e] = c_dq[static_cast<std::size_t>(d)];
         }
         if (p.sinks) {
           // A sink's logit: d lse / d sink = P_sink, so dsink = -sum_i P_sink,i D_i.
@@ -224,7 +232,7 @@ ReferenceGradients reference_backward(const CaseData& data, const std::vector<do
       e_ds[e] += std::sqrt(std::max(rows_per_head, 1.0)) * ua * m_ds[e] + u * std::fabs(g.dsinks[e]);
     }
     *errors = {std::move(e_dq), std::move(e_dk), std::move(e_dv), std::move(e_db), std::move(e_ds),
-               {std::move(m_dq_all), std::move(m_dk), std::move(m_dv), std::move(m_db), std::move(m_ds)}};
+               {std::move(c_dq_all), std::move(c_dk), std::move(m_dv), std::move(c_db), std::move(m_ds)}};
   }
   return g;
 }

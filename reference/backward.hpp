@@ -35,8 +35,9 @@ struct GradientPrecision {
 // difference. Same shapes as ReferenceGradients.
 struct GradientErrors {
   std::vector<double> dq, dk, dv, dbias, dsinks;
-  // Per element, the sum of the |terms| summed into it: what a plain
-  // implementation rounds its partial sums at (the measured bound's floor).
+  // Per element, the sum of the |terms| summed into it, each dS term taken
+  // at P (|dP| + |D|), the size dP and D are rounded at before they cancel:
+  // what a plain implementation rounds at (the measured bound's floor).
   ReferenceGradients magnitude;
 };
 

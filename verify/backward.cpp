@@ -217,6 +217,22 @@ ConventionalGradients conventional_gradients(const std::vector<Convention>& conv
                                                                  (u + std::sqrt(count[e]) * u_acc) * added[e]);
     c.truth.magnitude.dv[e] += added[e];
   }
+  // The plain backwards follow the format, not the convention: dV's measured
+  // floor is raised to one rounding of the conventional values it now holds.
+  const std::vector<GradientPart> parts = gradient_parts(p);
+  for (std::size_t index = 0; index < c.truth.measured.size() && index < parts.size(); ++index) {
+    if (parts[index].values != &ReferenceGradients::dv) continue;
+    double top = 0, squares = 0;
+    for (std::size_t e = 0; e < added.size(); ++e) {
+      const double m = std::fabs(c.truth.value.dv[e]) + (u_acc / u) * c.truth.magnitude.dv[e];
+      top = std::max(top, m);
+      squares += m * m;
+    }
+    MeasuredLimit& m = c.truth.measured[index];
+    const double floor = ToleranceConstants::baseline_floor * u;
+    m.floor_max = std::max(m.floor_max, floor * top);
+    m.floor_rms = std::max(m.floor_rms, floor * std::sqrt(squares / static_cast<double>(std::max<std::size_t>(added.size(), 1))));
+  }
   return c;
 }
 
