@@ -75,6 +75,25 @@ struct BackendV1 {
 };
 static_assert(offsetof(BackendV1, has_lse) == offsetof(attn_backend, has_lse));
 static_assert(sizeof(BackendV1) < sizeof(attn_backend));
+// And as version 2 laid it out: version 3 appended the backward pass.
+struct BackendV2 {
+  BackendV1 v1;
+  std::uint32_t dtypes, features;
+  std::int32_t (*plan_has_lse)(void*);
+};
+static_assert(offsetof(BackendV2, plan_has_lse) == offsetof(attn_backend, plan_has_lse));
+static_assert(sizeof(BackendV2) < sizeof(attn_backend));
+static_assert(offsetof(attn_backend, prepare_backward) == sizeof(BackendV2));
+
+// The size of attn_backend in each version this attn speaks (0: not one).
+std::size_t backend_size(std::uint32_t version) {
+  switch (version) {
+    case 1: return sizeof(BackendV1);
+    case 2: return sizeof(BackendV2);
+    case ATTN_PLUGIN_ABI_VERSION: return sizeof(attn_backend);
+    default: return 0;
+  }
+}
 
 // The C ABI's dtype and feature bits are the SDK's own (attnbench/cpp_plugin.hpp
 // passes them through as they are): unknown bits are dropped.
@@ -113,6 +132,51 @@ class PluginPlan final : public Plan {
   std::string name_;
 };
 
+class PluginBackwardPlan final : public BackwardPlan {
+ public:
+  PluginBackwardPlan(const attn_backend* b, void* plan, std::string name) : b_(b), plan_(plan), name_(std::move(name)) {}
+  ~PluginBackwardPlan() override {
+    if (b_->destroy_backward != nullptr) b_->destroy_backward(plan_);
+  }
+  void run() override {
+    const char* error = nullptr;
+    if (b_->run_backward(plan_, &error) != 0) {
+      throw Error(fmt::format("plugin backend {}: backward run failed: {}", name_,
+                              error ? plugin_text(error) : "(no reason given)"));
+    }
+  }
+
+ private:
+  const attn_backend* b_;
+  void* plan_;
+  std::string name_;
+};
+
+attn_io io_to_c(const AttentionIO& io) {
+  attn_io cio{};
+  cio.q.data = io.q.data;
+  copy_strides(cio.q.strides, io.q.strides);
+  cio.k.data = io.k.data;
+  copy_strides(cio.k.strides, io.k.strides);
+  cio.v.data = io.v.data;
+  copy_strides(cio.v.strides, io.v.strides);
+  cio.mask = io.mask.data;
+  copy_strides(cio.mask_strides, io.mask.strides);
+  cio.bias.data = io.bias.data;
+  copy_strides(cio.bias.strides, io.bias.strides);
+  cio.kv_len = io.kv_len;
+  cio.out = io.out.data;
+  copy_strides(cio.out_strides, io.out.strides);
+  cio.lse = io.lse;
+  cio.alibi_slopes = io.alibi_slopes;
+  cio.sinks = io.sinks;
+  cio.cu_seqlens_q = io.cu_seqlens_q;
+  cio.cu_seqlens_k = io.cu_seqlens_k;
+  cio.page_table = io.page_table;
+  cio.seq_lens = io.seq_lens;
+  return cio;
+}
+
 class PluginBackend final : public Backend {
  public:
   PluginBackend(const attn_backend* b, std::string path)
@@ -127,7 +191,8 @@ class PluginBackend final : public Backend {
   std::string_view description() const override { return description_; }
   // Read from the declaration (version 1: every dtype, no version 2 addition).
   Capabilities capabilities() const override {
-    return {dtypes_of(b_->dtypes), features_of(b_->features), b_->has_lse != 0};
+    return {dtypes_of(b_->dtypes), features_of(b_->features), b_->has_lse != 0, b_->prepare_backward != nullptr,
+            b_->nondeterministic_dq != 0};
   }
   Status available() const override {
     if (b_->available == nullptr) return Status::yes();
@@ -143,33 +208,39 @@ class PluginBackend final : public Backend {
   std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& options) const override {
     std::string text = p.to_string();
     attn_problem c = to_c(p, text);
-    attn_io cio{};
-    cio.q.data = io.q.data;
-    copy_strides(cio.q.strides, io.q.strides);
-    cio.k.data = io.k.data;
-    copy_strides(cio.k.strides, io.k.strides);
-    cio.v.data = io.v.data;
-    copy_strides(cio.v.strides, io.v.strides);
-    cio.mask = io.mask.data;
-    copy_strides(cio.mask_strides, io.mask.strides);
-    cio.bias.data = io.bias.data;
-    copy_strides(cio.bias.strides, io.bias.strides);
-    cio.kv_len = io.kv_len;
-    cio.out = io.out.data;
-    copy_strides(cio.out_strides, io.out.strides);
-    cio.lse = io.lse;
-    cio.alibi_slopes = io.alibi_slopes;
-    cio.sinks = io.sinks;
-    cio.cu_seqlens_q = io.cu_seqlens_q;
-    cio.cu_seqlens_k = io.cu_seqlens_k;
-    cio.page_table = io.page_table;
-    cio.seq_lens = io.seq_lens;
+    attn_io cio = io_to_c(io);
     const char* error = nullptr;
     void* plan = b_->prepare(b_->user, &c, &cio, options.threads, &error);
     if (plan == nullptr) {
       throw Error(fmt::format("plugin backend {}: prepare failed: {}", name_, error ? plugin_text(error) : "(no reason given)"));
     }
     return std::make_unique<PluginPlan>(b_, plan, name_);
+  }
+  std::unique_ptr<BackwardPlan> prepare_backward(const Problem& p, const BackwardIO& io,
+                                                 const RunOptions& options) const override {
+    if (b_->prepare_backward == nullptr) throw Unsupported("its plugin declares no backward pass (plugin ABI version 3)");
+    std::string text = p.to_string();
+    attn_problem c = to_c(p, text);
+    attn_backward_io cio{};
+    cio.forward = io_to_c(io.forward);
+    cio.dout.data = io.dout.data;
+    copy_strides(cio.dout.strides, io.dout.strides);
+    cio.dq = io.dq.data;
+    copy_strides(cio.dq_strides, io.dq.strides);
+    cio.dk = io.dk.data;
+    copy_strides(cio.dk_strides, io.dk.strides);
+    cio.dv = io.dv.data;
+    copy_strides(cio.dv_strides, io.dv.strides);
+    cio.dbias = io.dbias.empty() ? nullptr : io.dbias.data;
+    copy_strides(cio.dbias_strides, io.dbias.strides);
+    cio.dsinks = io.dsinks;
+    const char* error = nullptr;
+    void* plan = b_->prepare_backward(b_->user, &c, &cio, options.threads, &error);
+    if (plan == nullptr) {
+      throw Error(fmt::format("plugin backend {}: prepare_backward failed: {}", name_,
+                              error ? plugin_text(error) : "(no reason given)"));
+    }
+    return std::make_unique<PluginBackwardPlan>(b_, plan, name_);
   }
 
  private:
@@ -197,16 +268,16 @@ std::vector<LoadedBackend> load_plugin_library(const std::string& path) {
                             "attn_plugin_get; see include/attnbench/plugin.h)",
                             shown));
   }
-  // Version 2 appended to version 1's structures: attn speaks both.
+  // Each version appended to the last one's structures: attn speaks them all.
   const std::uint32_t version = version_fn();
-  if (version != 1 && version != ATTN_PLUGIN_ABI_VERSION) {
-    throw Error(fmt::format("plugin {}: built for plugin ABI version {}, but this attn speaks versions 1 and {}; "
+  if (backend_size(version) == 0) {
+    throw Error(fmt::format("plugin {}: built for plugin ABI version {}, but this attn speaks versions 1 to {}; "
                             "rebuild it against this attnbench's attnbench/plugin.h",
                             shown, version, ATTN_PLUGIN_ABI_VERSION));
   }
   const attn_plugin* plugin = get_fn();
   if (plugin == nullptr) throw Error(fmt::format("plugin {}: attn_plugin_get() returned nothing", shown));
-  const std::size_t known = version == 1 ? sizeof(BackendV1) : sizeof(attn_backend);
+  const std::size_t known = backend_size(version);
   if (plugin->abi_version != version || plugin->backend_size != known) {
     throw Error(fmt::format("plugin {}: its declaration says ABI version {} with backends of {} bytes; its "
                             "attn_plugin_abi_version() says {}, whose backends take {} bytes",
@@ -217,7 +288,7 @@ std::vector<LoadedBackend> load_plugin_library(const std::string& path) {
   }
   // Each declaration, copied into this version's layout (plugins stay loaded,
   // so the copies may point into them): version 1 declares every dtype, no
-  // version 2 feature and lse per backend.
+  // version 2 feature and lse per backend; versions 1 and 2 no backward.
   static std::deque<attn_backend> declared;
   std::vector<LoadedBackend> loaded;
   for (std::int32_t i = 0; i < plugin->count; ++i) {
@@ -228,6 +299,10 @@ std::vector<LoadedBackend> load_plugin_library(const std::string& path) {
       b.dtypes = kAllDTypes;
       b.features = 0;
       b.plan_has_lse = nullptr;
+    }
+    if (b.prepare_backward != nullptr && b.run_backward == nullptr) {
+      throw Error(fmt::format("plugin {}: backend {} has prepare_backward but no run_backward", shown,
+                              plugin_text(b.name, 64)));
     }
     if (b.name == nullptr || b.supports == nullptr || b.prepare == nullptr || b.run == nullptr) {
       throw Error(fmt::format("plugin {}: backend {} lacks a name, supports, prepare or run", shown, i));

@@ -1,9 +1,10 @@
 // example-cpp: a C++ backend written exactly as an in-tree one (a subclass of
-// attn::Backend, attnbench/backend.hpp), built out of tree against the installed
+// attn::Backend, attnbench/backend.hpp), forward and backward, built out of tree against the installed
 // package and loaded by `attn --plugin`. attnbench/cpp_plugin.hpp turns it into
 // the C ABI; nothing C++ crosses the boundary.
 #include <attnbench/cpp_plugin.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -71,6 +72,112 @@ class ExamplePlan final : public attn::Plan {
   std::vector<double> scores_;
 };
 
+// The backward pass (format version 3): the textbook gradient in double, P
+// recomputed per row from the scores, D from this backend's own forward
+// output, dK and dV summed over the query heads of a group.
+class ExampleBackwardPlan final : public attn::BackwardPlan {
+ public:
+  ExampleBackwardPlan(const attn::Problem& p, const attn::BackwardIO& io)
+      : p_(p), io_(io), f_(io.forward),
+        dk_(static_cast<std::size_t>(p.k_elements())), dv_(static_cast<std::size_t>(p.v_elements())),
+        dbias_(io.dbias.empty() ? 0 : static_cast<std::size_t>(p.broadcast_elements(p.bias))),
+        weight_(static_cast<std::size_t>(p.seq_k)), slope_(static_cast<std::size_t>(p.seq_k)),
+        dq_(static_cast<std::size_t>(p.head_dim)) {}
+
+  void run() override {
+    for (auto* sums : {&dk_, &dv_, &dbias_}) std::fill(sums->begin(), sums->end(), 0.0);
+    const std::int64_t group = p_.heads_q / p_.heads_kv;
+    for (std::int64_t b = 0; b < p_.batch; ++b) {
+      const std::int64_t kv_len = f_.kv_len ? f_.kv_len[b] : p_.seq_k;
+      for (std::int64_t h = 0; h < p_.heads_q; ++h) {
+        for (std::int64_t i = 0; i < p_.seq_q; ++i) row(b, h, h / group, i, kv_len);
+      }
+    }
+    for (std::int64_t b = 0; b < p_.batch; ++b)
+      for (std::int64_t g = 0; g < p_.heads_kv; ++g)
+        for (std::int64_t j = 0; j < p_.seq_k; ++j) {
+          for (std::int64_t d = 0; d < p_.head_dim; ++d) {
+            attn::store_float(io_.dk, io_.dk.offset(b, g, j, d), static_cast<float>(dk_[at(b, g, j, d, p_.heads_kv, p_.seq_k, p_.head_dim)]));
+          }
+          for (std::int64_t d = 0; d < p_.head_dim_v; ++d) {
+            attn::store_float(io_.dv, io_.dv.offset(b, g, j, d), static_cast<float>(dv_[at(b, g, j, d, p_.heads_kv, p_.seq_k, p_.head_dim_v)]));
+          }
+        }
+    const attn::BroadcastShape& s = p_.bias;
+    for (std::int64_t b = 0; b < s.batch && !dbias_.empty(); ++b)
+      for (std::int64_t h = 0; h < s.heads; ++h)
+        for (std::int64_t i = 0; i < s.rows; ++i)
+          for (std::int64_t j = 0; j < p_.seq_k; ++j) {
+            attn::store_float(io_.dbias, io_.dbias.offset(b, h, i, j), static_cast<float>(dbias_[at(b, h, i, j, s.heads, s.rows, p_.seq_k)]));
+          }
+  }
+
+ private:
+  static std::size_t at(std::int64_t a, std::int64_t b, std::int64_t c, std::int64_t d, std::int64_t nb, std::int64_t nc,
+                        std::int64_t nd) {
+    return static_cast<std::size_t>(((a * nb + b) * nc + c) * nd + d);
+  }
+  double in(const attn::TensorView& t, std::int64_t a, std::int64_t b, std::int64_t c, std::int64_t d) const {
+    return static_cast<double>(attn::load_float(t, t.offset(a, b, c, d)));
+  }
+
+  void row(std::int64_t b, std::int64_t h, std::int64_t g, std::int64_t i, std::int64_t kv_len) {
+    const attn::Problem::KeyRange keys = p_.key_range(i, p_.seq_q, p_.seq_k, kv_len);
+    const attn::TensorView out{f_.out.data, f_.out.dtype, f_.out.shape, f_.out.strides};
+    double top = -std::numeric_limits<double>::infinity();
+    for (std::int64_t j = 0; j < p_.seq_k; ++j) {
+      double s = -std::numeric_limits<double>::infinity(), slope = 1;
+      if (j >= keys.lo && j < keys.hi && (f_.mask.empty() || f_.mask.at(b, h, i, j) != 0)) {
+        double dot = 0;
+        for (std::int64_t d = 0; d < p_.head_dim; ++d) dot += in(f_.q, b, h, i, d) * in(f_.k, b, g, j, d);
+        s = p_.scale * dot;
+        if (p_.softcap > 0) {
+          const double t = std::tanh(s / p_.softcap);
+          s = p_.softcap * t;
+          slope = 1 - t * t;  // the cap's derivative at the scaled score
+        }
+        if (!f_.bias.empty()) s += in(f_.bias, b, h, i, j);
+      }
+      weight_[static_cast<std::size_t>(j)] = s;
+      slope_[static_cast<std::size_t>(j)] = slope;
+      top = std::max(top, s);
+    }
+    std::fill(dq_.begin(), dq_.end(), 0.0);
+    if (std::isfinite(top)) {  // a row with no visible key has dQ 0 and gives nothing
+      double total = 0;
+      for (double& w : weight_) total += (w = std::exp(w - top));
+      double delta = 0;  // D = dO . O, from this backend's own forward output
+      for (std::int64_t d = 0; d < p_.head_dim_v; ++d) delta += in(io_.dout, b, h, i, d) * in(out, b, h, i, d);
+      for (std::int64_t j = 0; j < p_.seq_k; ++j) {
+        const double pj = weight_[static_cast<std::size_t>(j)] / total;
+        if (pj == 0) continue;
+        double dp = 0;
+        for (std::int64_t d = 0; d < p_.head_dim_v; ++d) {
+          dp += in(io_.dout, b, h, i, d) * in(f_.v, b, g, j, d);
+          dv_[at(b, g, j, d, p_.heads_kv, p_.seq_k, p_.head_dim_v)] += pj * in(io_.dout, b, h, i, d);
+        }
+        const double ds = pj * (dp - delta), dx = ds * slope_[static_cast<std::size_t>(j)] * p_.scale;
+        for (std::int64_t d = 0; d < p_.head_dim; ++d) {
+          dq_[static_cast<std::size_t>(d)] += dx * in(f_.k, b, g, j, d);
+          dk_[at(b, g, j, d, p_.heads_kv, p_.seq_k, p_.head_dim)] += dx * in(f_.q, b, h, i, d);
+        }
+        if (!dbias_.empty()) {  // summed over the bias's broadcast axes
+          const attn::BroadcastShape& s = p_.bias;
+          dbias_[at(s.batch == 1 ? 0 : b, s.heads == 1 ? 0 : h, s.rows == 1 ? 0 : i, j, s.heads, s.rows, p_.seq_k)] += ds;
+        }
+      }
+    }
+    for (std::int64_t d = 0; d < p_.head_dim; ++d) {
+      attn::store_float(io_.dq, io_.dq.offset(b, h, i, d), static_cast<float>(dq_[static_cast<std::size_t>(d)]));
+    }
+  }
+
+  attn::Problem p_;
+  attn::BackwardIO io_;
+  attn::AttentionIO f_;
+  std::vector<double> dk_, dv_, dbias_, weight_, slope_, dq_;
+};
+
 class ExampleBackend final : public attn::Backend {
  public:
   std::string_view name() const override { return "example-cpp"; }
@@ -81,12 +188,16 @@ class ExampleBackend final : public attn::Backend {
   // additions (sliding windows, softcap), and lse.
   attn::Capabilities capabilities() const override {
     return {attn::dtype_bit(attn::DType::f32) | attn::dtype_bit(attn::DType::f16) | attn::dtype_bit(attn::DType::bf16),
-            attn::kFeatureWindow | attn::kFeatureSoftcap, true};
+            attn::kFeatureWindow | attn::kFeatureSoftcap, true, /*backward=*/true};
   }
   attn::Status supports(const attn::Problem&) const override { return attn::Status::yes(); }
   std::unique_ptr<attn::Plan> prepare(const attn::Problem& p, const attn::AttentionIO& io,
                                       const attn::RunOptions&) const override {
     return std::make_unique<ExamplePlan>(p, io);
+  }
+  std::unique_ptr<attn::BackwardPlan> prepare_backward(const attn::Problem& p, const attn::BackwardIO& io,
+                                                       const attn::RunOptions&) const override {
+    return std::make_unique<ExampleBackwardPlan>(p, io);
   }
 };
 

@@ -32,6 +32,11 @@ struct HeldPlan {
   std::unique_ptr<Plan> plan;
 };
 
+struct HeldBackwardPlan {
+  Held* held;
+  std::unique_ptr<BackwardPlan> plan;
+};
+
 inline Problem problem_of(const attn_problem& c) {
   Problem p;
   p.batch = c.batch;
@@ -139,6 +144,48 @@ inline void destroy(void* plan) { delete static_cast<HeldPlan*>(plan); }
 
 inline std::int32_t plan_has_lse(void* plan) { return static_cast<HeldPlan*>(plan)->plan->has_lse() ? 1 : 0; }
 
+inline MutableTensorView gradient_of(void* data, const Problem& p, const Dims4& shape, const std::int64_t* strides) {
+  return {data, p.dtype, shape, dims_of(strides)};
+}
+
+inline void* prepare_backward(void* user, const attn_problem* c, const attn_backward_io* cio, std::int32_t threads,
+                              const char** error) {
+  auto* h = static_cast<Held*>(user);
+  try {
+    Problem p = problem_of(*c);
+    RunOptions options;
+    options.threads = threads;
+    BackwardIO io;
+    io.forward = io_of(p, cio->forward);
+    io.dout = {cio->dout.data, p.dtype, {p.q_batch(), p.heads_q, p.seq_q, p.head_dim_v}, dims_of(cio->dout.strides)};
+    io.dq = gradient_of(cio->dq, p, {p.q_batch(), p.heads_q, p.seq_q, p.head_dim}, cio->dq_strides);
+    io.dk = gradient_of(cio->dk, p, {p.kv_batch(), p.heads_kv, p.kv_seq(), p.head_dim}, cio->dk_strides);
+    io.dv = gradient_of(cio->dv, p, {p.kv_batch(), p.heads_kv, p.kv_seq(), p.head_dim_v}, cio->dv_strides);
+    if (cio->dbias != nullptr) {
+      io.dbias = gradient_of(cio->dbias, p, {p.bias.batch, p.bias.heads, p.bias.rows, p.seq_k}, cio->dbias_strides);
+    }
+    io.dsinks = cio->dsinks;
+    auto plan = h->backend->prepare_backward(p, io, options);
+    return new HeldBackwardPlan{h, std::move(plan)};
+  } catch (const std::exception& e) {
+    *error = keep(h, e.what());
+    return nullptr;
+  }
+}
+
+inline std::int32_t run_backward(void* plan, const char** error) {
+  auto* hp = static_cast<HeldBackwardPlan*>(plan);
+  try {
+    hp->plan->run();
+    return 0;
+  } catch (const std::exception& e) {
+    *error = keep(hp->held, e.what());
+    return 1;
+  }
+}
+
+inline void destroy_backward(void* plan) { delete static_cast<HeldBackwardPlan*>(plan); }
+
 using Factory = std::unique_ptr<Backend> (*)();
 
 inline const attn_plugin* make_plugin(std::vector<Factory> factories) {
@@ -172,6 +219,12 @@ inline const attn_plugin* make_plugin(std::vector<Factory> factories) {
     b.dtypes = h.declared.dtypes;
     b.features = h.declared.features;
     b.plan_has_lse = &plan_has_lse;  // the plan's own answer, as in the tree
+    if (h.declared.backward) {
+      b.prepare_backward = &prepare_backward;
+      b.run_backward = &run_backward;
+      b.destroy_backward = &destroy_backward;
+    }
+    b.nondeterministic_dq = h.declared.nondeterministic_dq ? 1 : 0;
     table.push_back(b);
   }
   plugin.abi_version = ATTN_PLUGIN_ABI_VERSION;

@@ -1,4 +1,4 @@
-/* attnbench plugin ABI, version 2: a shared library that provides attention
+/* attnbench plugin ABI, version 3: a shared library that provides attention
  * backends to `attn` at run time (`attn ... --plugin PATH.so`, or the
  * ATTN_PLUGINS environment variable, ':'-separated).
  *
@@ -20,12 +20,14 @@
  * call into the same backend; attn copies them at once. attn calls a backend
  * from one thread at a time.
  *
- * Versions. Version 2 only appends: fields at the end of attn_problem, attn_io
- * and attn_backend (marked "version 2"), so a plugin built against version 1
- * keeps loading and reads the prefix it knows; attn gives it every dtype, lse
- * per backend and no version 2 addition (those cases SKIP). A version 2
- * backend declares its dtypes and format version 2 features, and may say per
- * plan whether it writes lse. */
+ * Versions. Each version only appends: fields at the end of attn_problem,
+ * attn_io and attn_backend (marked "version 2", "version 3"), so a plugin
+ * built against an earlier version keeps loading and reads the prefix it
+ * knows. Version 1: attn gives it every dtype, lse per backend and no version
+ * 2 addition (those cases SKIP). A version 2 backend declares its dtypes and
+ * format version 2 features, and may say per plan whether it writes lse. A
+ * version 3 backend may implement the backward pass (docs/format/v3.md);
+ * without it, or in earlier versions, gradient cases SKIP. */
 #ifndef ATTNBENCH_PLUGIN_H
 #define ATTNBENCH_PLUGIN_H
 
@@ -35,7 +37,7 @@
 extern "C" {
 #endif
 
-#define ATTN_PLUGIN_ABI_VERSION 2u
+#define ATTN_PLUGIN_ABI_VERSION 3u
 
 enum attn_dtype { ATTN_F64 = 0, ATTN_F32 = 1, ATTN_F16 = 2, ATTN_BF16 = 3 };
 enum attn_causal { ATTN_CAUSAL_NONE = 0, ATTN_CAUSAL_TOP_LEFT = 1, ATTN_CAUSAL_BOTTOM_RIGHT = 2 };
@@ -106,6 +108,24 @@ typedef struct attn_io {
   const int64_t* seq_lens;     /* [batch] when paged */
 } attn_io;
 
+/* Version 3: the backward pass of L = sum(dout * out) (docs/format/v3.md). */
+typedef struct attn_backward_io {
+  /* The forward's io, read-only here: out (and lse when this plan's forward
+   * wrote it, else NULL) hold this backend's own forward results. */
+  attn_io forward;
+  attn_tensor dout;          /* shape and strides of out, in the dtype */
+  void* dq;                  /* shape of q, in the dtype; every element written */
+  int64_t dq_strides[4];
+  void* dk;                  /* shape of k: summed over the query heads of each kv head */
+  int64_t dk_strides[4];
+  void* dv;                  /* shape of v, likewise */
+  int64_t dv_strides[4];
+  void* dbias;               /* [bias.batch, bias.heads, bias.rows, seq_k], summed over the
+                                broadcast axes; NULL when the bias needs no gradient */
+  int64_t dbias_strides[4];
+  double* dsinks;            /* [heads_q] when the problem has sinks, else NULL */
+} attn_backward_io;
+
 typedef struct attn_backend {
   const char* name;          /* unique, e.g. "mylib-flash" */
   const char* description;   /* one line */
@@ -128,6 +148,16 @@ typedef struct attn_backend {
   uint32_t features; /* enum attn_feature bits it implements; other version 2 cases SKIP */
   /* Whether this plan writes io.lse; NULL: has_lse for every plan. */
   int32_t (*plan_has_lse)(void* plan);
+  /* Version 3: the backward pass; prepare_backward NULL: none (gradient cases
+   * SKIP). As prepare, run and destroy, for a backward plan: prepare is untimed,
+   * run computes every gradient of io. */
+  void* (*prepare_backward)(void* user, const attn_problem* problem, const attn_backward_io* io, int32_t threads,
+                            const char** error);
+  int32_t (*run_backward)(void* plan, const char** error);
+  void (*destroy_backward)(void* plan);
+  /* Non-zero: its dQ may differ between runs (atomic accumulation), which is
+   * reported, not failed; dK, dV, dbias and dsinks must be bitwise identical. */
+  int32_t nondeterministic_dq;
 } attn_backend;
 
 typedef struct attn_plugin {

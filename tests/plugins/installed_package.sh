@@ -104,6 +104,39 @@ for b in ("example-c", "example-cpp"):
 print("version 2 features through plugins:", d["summary"]["per_backend"])
 PY
 
+# ABI version 3 carries the backward pass: example-cpp's gradients (the
+# textbook backward in double) pass every backward case it declares the
+# features of; example-c, which has none, is SKIP there with the reason.
+expect_exit 0 "$work/v3.txt" "$attn" verify --plugin "$c_plugin" --plugin "$cpp_plugin" -b example-c,example-cpp \
+  -t backward --direction backward -q --json "$work/v3.json"
+/usr/bin/python3 - "$work/v3.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+res = d["results"]
+cpp = [r for r in res if r["backend"] == "example-cpp"]
+assert sum(r["verdict"] == "PASS" for r in cpp) >= 10 and not any(r["verdict"] == "FAIL" for r in cpp), \
+    [(r["fixture"], r["verdict"], r["reason"]) for r in cpp]
+assert all(r["direction"] == "backward" and r["gradients"] for r in cpp if r["verdict"] == "PASS")
+c = [r for r in res if r["backend"] == "example-c"]
+assert c and all(r["verdict"] == "SKIP" for r in c), c
+assert any("does not implement the backward pass" in r["reason"] for r in c), c
+print("version 3 backward through plugins:", d["summary"]["per_backend"])
+PY
+
+# A plugin built against ABI version 2 keeps loading (tests/plugins/abi_v2 is
+# that header, frozen): its forward passes, its gradient cases SKIP.
+"${CC:-cc}" -std=c99 -Wall -Werror -shared -fPIC -O1 -I"$source_dir/tests/plugins/abi_v2" -o "$work/libv2.so" \
+  "$source_dir/examples/plugin/example_c.c" -lm
+expect_exit 0 "$work/v2plugin.txt" "$attn" verify --plugin "$work/libv2.so" -b example-c \
+  "$prefix/share/attnbench/fixtures/golden/backward/softcap_f32.h5" --json "$work/v2plugin.json"
+/usr/bin/python3 - "$work/v2plugin.json" <<'PY'
+import json, sys
+res = json.load(open(sys.argv[1]))["results"]
+assert [r["verdict"] for r in res if r["direction"] == "forward"] == ["PASS"], res
+assert [r["verdict"] for r in res if r["direction"] == "backward"] == ["SKIP"], res
+print("ABI version 2 plugin: forward PASS, backward SKIP")
+PY
+
 # A plugin built against ABI version 1 keeps loading: example_c.c compiled
 # against the version 1 header (tests/plugins/abi_v1), renamed and given a
 # second backend without lse (so attn must step through backends[] by the
@@ -161,7 +194,7 @@ cc=${CC:-cc}
 sed 's/return ATTN_PLUGIN_ABI_VERSION; }/return 99; }/' "$source_dir/examples/plugin/example_c.c" > "$work/abi99.c"
 grep -q 'return 99; }' "$work/abi99.c" || fail "the ABI patch did not apply"
 "$cc" -shared -fPIC -O1 -I"$prefix/include" -o "$work/libabi99.so" "$work/abi99.c" -lm
-expect_refusal "built for plugin ABI version 99, but this attn speaks versions 1 and 2" "$attn" list --plugin "$work/libabi99.so"
+expect_refusal "built for plugin ABI version 99, but this attn speaks versions 1 to 3" "$attn" list --plugin "$work/libabi99.so"
 echo 'int not_a_plugin(void) { return 0; }' > "$work/plain.c"
 "$cc" -shared -fPIC -o "$work/libplain.so" "$work/plain.c"
 expect_refusal "not an attnbench plugin" "$attn" verify --plugin "$work/libplain.so"
@@ -174,10 +207,12 @@ cmp -s "$work/broken.c" "$source_dir/examples/plugin/example_c.c" && fail "the b
 "$cc" -shared -fPIC -O1 -I"$prefix/include" -o "$work/libbroken.so" "$work/broken.c" -lm
 expect_exit 1 "$work/broken.txt" "$attn" verify --plugin "$work/libbroken.so" -b example-c -t smoke -q
 grep -q "FAIL" "$work/broken.txt" || fail "the transposed-K plugin has no FAIL"
-# A wrong lse must FAIL through the C ABI: the C++ plugin writes lse + 1.
-sed 's/total > 0 ? top + std::log(total)/total > 0 ? top + std::log(total) + 1.0/' \
+# A wrong lse and a wrong backward must FAIL through the C ABI: the C++ plugin
+# patched to write lse + 1, and dV from P before its division by the sum.
+sed 's/total > 0 ? top + std::log(total)/total > 0 ? top + std::log(total) + 1.0/; s/+= pj \* in(io_.dout/+= weight_[static_cast<std::size_t>(j)] * in(io_.dout/' \
   "$source_dir/examples/plugin/example_cpp.cpp" > "$work/wrong_lse.cpp"
-cmp -s "$work/wrong_lse.cpp" "$source_dir/examples/plugin/example_cpp.cpp" && fail "the lse patch did not apply"
+[ "$(diff "$work/wrong_lse.cpp" "$source_dir/examples/plugin/example_cpp.cpp" | grep -c '^<')" -eq 2 ] \
+  || fail "the lse and dV patches did not both apply"
 mkdir -p "$work/wrong_lse"
 cp "$source_dir/examples/plugin/CMakeLists.txt" "$source_dir/examples/plugin/example_c.c" "$work/wrong_lse/"
 cp "$work/wrong_lse.cpp" "$work/wrong_lse/example_cpp.cpp"
@@ -186,4 +221,7 @@ cmake -S "$work/wrong_lse" -B "$work/wrong_lse/build" -G Ninja -DCMAKE_PREFIX_PA
   || { cat "$work/wrong_lse.log"; fail "build of the wrong-lse plugin"; }
 expect_exit 1 "$work/wrong_lse.txt" "$attn" verify --plugin "$work/wrong_lse/build/libattn_example_cpp.so" -b example-cpp -t smoke -q
 grep -q "lse" "$work/wrong_lse.txt" || { cat "$work/wrong_lse.txt"; fail "the wrong-lse FAIL does not name lse"; }
+expect_exit 1 "$work/wrong_dv.txt" "$attn" verify --plugin "$work/wrong_lse/build/libattn_example_cpp.so" -b example-cpp \
+  "$prefix/share/attnbench/fixtures/golden/backward/basic_q17_k33_f32.h5" --direction backward -q
+grep -q "FAIL (dv" "$work/wrong_dv.txt" || { cat "$work/wrong_dv.txt"; fail "the wrong-dV FAIL does not name dv"; }
 echo "installed package: OK"
