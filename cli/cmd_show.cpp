@@ -1,5 +1,6 @@
-// attn show FILE --weights | --heatmap OUT.png: the attention weights of a
-// case (sdpa or a whole layer), from the reference or a backend.
+// attn show FILE --weights | --heatmap OUT.png | --gradient dp|ds: the
+// attention weights of a case (sdpa or a whole layer), from the reference or a
+// backend, or a version 3 case's dP or dS from the reference.
 #include <fmt/format.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -25,7 +26,7 @@ namespace attn::cli {
 namespace {
 
 struct ShowArgs {
-  std::string file, heatmap, backend;
+  std::string file, heatmap, backend, gradient;
   bool weights = false, all = false;
   std::int64_t batch = 0, head = -1;  // head -1: the table shows head 0, the heatmap every head
   int threads = 0;
@@ -98,7 +99,8 @@ void draw_heatmap(const ShowArgs& args, const FixtureHeader& header, const CaseD
 
 Runner add_show_command(CLI::App& app) {
   auto args = std::make_shared<ShowArgs>();
-  CLI::App* cmd = app.add_subcommand("show", "Show the attention weights of a case (sdpa or layer) as a table or a heatmap");
+  CLI::App* cmd = app.add_subcommand("show", "Show the attention weights of a case (sdpa or layer) as a table or a heatmap, "
+                                             "or a version 3 case's dP or dS");
   cmd->add_option("file", args->file, "Fixture file")->required();
   cmd->add_flag("--weights", args->weights, "Print the weights as a table (the default)");
   cmd->add_flag("--all", args->all, "Print every weight (by default a long case shows its first and last queries and keys)");
@@ -107,8 +109,31 @@ Runner add_show_command(CLI::App& app) {
   cmd->add_option("--head", args->head, "Query head (default: 0 for the table, all for the heatmap)");
   cmd->add_option("-b,--backend", args->backend, "Weights from this backend instead of the float64 reference");
   cmd->add_option("--threads", args->threads, "Threads for the backend, 1 to 256")->check(CLI::Range(1, 256));
+  cmd->add_option("--gradient", args->gradient,
+                  "Print a format version 3 case's dP = dO V^T or dS = P (dP - D) instead of the weights (float64 reference)")
+      ->check(CLI::IsMember({"dp", "ds"}));
   return [args]() {
     FixtureHeader header = read_fixture_header(args->file);
+    if (!args->gradient.empty()) {
+      if (!args->heatmap.empty() || (!args->backend.empty() && args->backend != "reference")) {
+        throw Error("--gradient prints the reference's dP or dS as a table: a backend returns only dQ, dK and dV, "
+                    "and the heatmap draws weights");
+      }
+      if (header.kind != FixtureKind::sdpa || !header.gradients) {
+        throw InputError(fmt::format("{}: --gradient needs a case with gradients (format version 3)", header.path.string()));
+      }
+      const Fixture fixture = read_fixture(header.path);
+      const std::int64_t head = std::max<std::int64_t>(args->head, 0);
+      const bool ds = args->gradient == "ds";
+      const std::string table = format_weights_table(
+          reference_gradient_view(fixture.data, fixture.gradients->dout, args->batch, head, ds ? GradientMatrix::ds : GradientMatrix::dp),
+          args->all ? 0 : 24, args->all ? 0 : 16);
+      fmt::print("{}: {}, batch {}, head {}, from the float64 reference (queries down, keys across; '-' = hidden)\n",
+                 header.name, ds ? "dS = P (dP - D), the gradient of the scores" : "dP = dO V^T, the gradient of the weights",
+                 args->batch, head);
+      fmt::print("{}", table);
+      return 0;
+    }
     const bool from_backend = !args->backend.empty() && args->backend != "reference";
     CaseData data = attention_inputs(header, from_backend);
     if (!args->heatmap.empty()) {

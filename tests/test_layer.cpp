@@ -17,6 +17,7 @@
 #include "reference/layer.hpp"
 #include "tests/declared.hpp"
 #include "verify/verifier.hpp"
+#include "verify/weights.hpp"
 
 using namespace attn;
 namespace fs = std::filesystem;
@@ -173,6 +174,53 @@ TEST(WeightsView, TableOfAHandMadeCaseMatchesHandValues) {
     EXPECT_NE(table.find(expected1), std::string::npos) << table << "\nexpected: " << expected1;
   }
   fs::remove_all(dir);
+}
+
+// attn show --gradient: dP is dO . v at every visible key, and each row of
+// dS = P (dP - D) sums to 0 (sum_j P_j dP_j = D, the weighted mean); hidden
+// keys are '-' and a backend's dS cannot be asked for.
+TEST(WeightsView, GradientViewsOfAVersion3Case) {
+  const Fixture f = read_fixture(kGolden / "backward/gqa_causal_br_q33_k17_f32.h5");
+  const Problem& p = f.problem();
+  for (std::int64_t h = 0; h < p.heads_q; ++h) {
+    const WeightsView dp = reference_gradient_view(f.data, f.gradients->dout, 0, h, GradientMatrix::dp);
+    const WeightsView ds = reference_gradient_view(f.data, f.gradients->dout, 0, h, GradientMatrix::ds);
+    const std::int64_t g = h / p.group_size();
+    int rows = 0;
+    for (std::int64_t i = 0; i < p.seq_q; ++i) {
+      double sum = 0, size = 0;
+      for (std::int64_t j = 0; j < p.seq_k; ++j) {
+        const auto e = static_cast<std::size_t>(i * p.seq_k + j);
+        if (ds.hidden[e]) {
+          EXPECT_EQ(ds.weights[e], 0.0);
+          continue;
+        }
+        double want = 0;
+        for (std::int64_t d = 0; d < p.head_dim_v; ++d) {
+          want += f.gradients->dout[static_cast<std::size_t>((h * p.seq_q + i) * p.head_dim_v + d)] *
+                  f.data.v[static_cast<std::size_t>((g * p.seq_k + j) * p.head_dim_v + d)];
+        }
+        EXPECT_NEAR(dp.weights[e], want, 1e-12 * (1 + std::fabs(want)));
+        sum += ds.weights[e];
+        size += std::fabs(ds.weights[e]);
+      }
+      if (size == 0) continue;
+      ++rows;
+      EXPECT_LE(std::fabs(sum), 1e-12 * size) << "head " << h << " row " << i;
+    }
+    // Bottom-right causal, 33 queries and 17 keys: 16 rows see nothing, and
+    // the next sees one key, whose dS is exactly 0 (P = 1, dP = D).
+    EXPECT_EQ(rows, 16);
+  }
+  int code = 0;
+  const std::string file = (kGolden / "backward/gqa_causal_br_q33_k17_f32.h5").string();
+  std::string table = run_cli("show " + file + " --gradient ds --head 1", &code);
+  EXPECT_EQ(code, 0) << table;
+  EXPECT_NE(table.find("dS = P (dP - D)"), std::string::npos) << table;
+  run_cli("show " + file + " --gradient ds -b naive", &code);
+  EXPECT_EQ(code, 2);  // a usage error
+  run_cli("show " + (kGolden / "basic/b1_h2_q4_k4_d8_f32.h5").string() + " --gradient dp", &code);
+  EXPECT_EQ(code, 2);
 }
 
 TEST(WeightsView, HeatmapIsARealPngOfTheExpectedSize) {

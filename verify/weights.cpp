@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+
 #include "attnbench/error.hpp"
 #include "reference/reference.hpp"
 #include "verify/run_case.hpp"
@@ -93,6 +95,32 @@ WeightsView backend_weights_view(const Backend& backend, const CaseData& data, s
   return view;
 }
 
+WeightsView reference_gradient_view(const CaseData& data, const std::vector<double>& dout, std::int64_t b, std::int64_t h,
+                                    GradientMatrix which) {
+  const Problem& p = data.problem;
+  check_indices(p, b, h);
+  if (static_cast<std::int64_t>(dout.size()) != p.out_elements()) throw InputError("the case holds no dout (format version 3)");
+  const ReferenceResult forward = reference_attention(data);
+  const std::vector<double> weights = weights_in_columns(data, b, h);
+  WeightsView view{p.seq_q, p.seq_k, std::vector<double>(static_cast<std::size_t>(p.seq_q * p.seq_k), 0.0), hidden_of(data, b, h)};
+  ReferenceRowView row;
+  for (std::int64_t i = 0; i < p.seq_q; ++i) {
+    const std::int64_t offset = key_column_offset(data, i);
+    if (offset < 0) continue;
+    reference_row_view(data, b, h, i, row);
+    const auto first = static_cast<std::size_t>(((b * p.heads_q + h) * p.seq_q + i) * p.head_dim_v);
+    double delta = 0;
+    for (std::int64_t d = 0; d < p.head_dim_v; ++d) delta += dout[first + d] * forward.out[first + d];
+    for (std::size_t t = 0; t < row.visible.size(); ++t) {
+      const auto e = static_cast<std::size_t>(i * p.seq_k + offset + row.visible[t]);
+      double dp = 0;
+      for (std::int64_t d = 0; d < p.head_dim_v; ++d) dp += dout[first + d] * row.v_rows[t][d];
+      view.weights[e] = which == GradientMatrix::dp ? dp : weights[e] * (dp - delta);
+    }
+  }
+  return view;
+}
+
 std::string format_weights_table(const WeightsView& view, std::int64_t max_queries, std::int64_t max_keys) {
   // Which indices to show along one axis: all, or the first and last halves
   // of the limit with a gap (-1) between them.
@@ -116,7 +144,7 @@ std::string format_weights_table(const WeightsView& view, std::int64_t max_queri
     const auto e = static_cast<std::size_t>(i * view.keys + j);
     if (view.hidden[e]) return fmt::format(" {:>7}", "-");
     const double w = view.weights[e];
-    return w == 0 || w >= 0.0005 ? fmt::format(" {:>7.3f}", w) : fmt::format(" {:>7.1e}", w);
+    return w == 0 || std::fabs(w) >= 0.0005 ? fmt::format(" {:>7.3f}", w) : fmt::format(" {:>7.1e}", w);
   };
   std::string out = "        ";
   for (std::int64_t j : cols) out += fmt::format(" {:>7}", j < 0 ? std::string("...") : fmt::format("k{}", j));
