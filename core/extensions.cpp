@@ -36,4 +36,9 @@ const RecordedOutputs* recorded_outputs_of(const Backend& backend) {
   return e ? e->recorded() : nullptr;
 }
 
+std::string thread_dependent_gradients_of(const Backend& backend) {
+  const BackendExtensions* e = backend.extensions();
+  return e ? e->thread_dependent_gradients() : std::string{};
+}
+
 }  // namespace attn

@@ -48,11 +48,17 @@ class BackendExtensions {
   virtual std::vector<double> run_layer(const LayerData& layer, const RunOptions& options) const;
   // Results another tool wrote, read instead of run (verify/recorded.hpp).
   virtual const RecordedOutputs* recorded() const { return nullptr; }
+  // Non-empty when the framework's gradients depend on the thread count (its
+  // GEMMs split their sums by it), in its own words: a backward that differs
+  // between thread counts, and only there, is then DIFFERS, not FAIL. Two
+  // runs at the same count must still agree bit for bit.
+  virtual std::string thread_dependent_gradients() const { return {}; }
 };
 
 // The same questions asked of any backend (none of these without extensions).
 std::vector<Convention> conventions_of(const Backend& backend, const Problem& problem);
 bool runs_own_layers(const Backend& backend);
 const RecordedOutputs* recorded_outputs_of(const Backend& backend);
+std::string thread_dependent_gradients_of(const Backend& backend);
 
 }  // namespace attn

@@ -268,6 +268,22 @@ TEST_F(Outside, PyTorchVerifiesAndABrokenTorchAdapterFails) {
   r = run_attn_env(env, "verify --plugin " + write("torch_wt.py", untransposed).string() + " -b py-torch-wt " + kGolden +
                             "/layer/self_b2_s10_f32.h5");
   EXPECT_EQ(r.code, 1) << r.output;
+
+  // The backward: autograd through SDPA passes every backward case it can
+  // express, within the measured bound, at two thread counts (its declared
+  // thread-dependent sums DIFFERS, never FAIL); a dV from the wrong head FAILs.
+  const fs::path backward = dir_ / "backward.json";
+  r = run_attn_env(env, "verify -b py-torch " + kGolden + "/backward --direction backward --threads 1,2 -q --json " +
+                            backward.string());
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_GE(per_backend(backward, "py-torch").at("PASS").get<int>(), 30);
+  std::string first_dv = patched(source, "NAME = \"py-torch\"", "NAME = \"py-torch-dv\"");
+  first_dv = patched(first_dv, "for view, g in zip((io.dq, io.dk, io.dv, io.dbias), grads):",
+                     "for view, g in zip((io.dq, io.dk, io.dv, io.dbias), (grads[0], grads[1], grads[2].flip(2), *grads[3:])):");
+  r = run_attn_env(env, "verify --plugin " + write("torch_dv.py", first_dv).string() + " -b py-torch-dv " + kGolden +
+                            "/backward/basic_q17_k33_f32.h5 --direction backward");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("FAIL (dv"), std::string::npos) << r.output;
 }
 
 // The design document's TensorFlow function, where TensorFlow is importable:
@@ -289,7 +305,14 @@ TEST_F(Outside, PyTensorflowShowsItsConventionsAndFlushesSubnormals) {
                                  "/mask/fully_masked_rows_f16.h5");
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("DIFFERS (44 of 44 rows with no visible key give the mean of V"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("SKIP (the function casts d_k to float32"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("SKIP (does not implement float16 (it declares float32))"), std::string::npos) << r.output;
+  // Its backward (GradientTape): the additive -1e9 lets a fully hidden row's
+  // uniform weights differentiate the scores, a declared difference.
+  r = run_attn_env(env, "verify -b py-tensorflow " + kGolden + "/backward/gqa_causal_br_q33_k17_f32.h5 " + kGolden +
+                            "/backward/basic_q17_k33_f32.h5 --direction backward");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("reaches dQ and dK"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("PASS"), std::string::npos) << r.output;
   r = run_attn_env(env, "verify -b py-tensorflow " + kGolden + "/layer/self_b2_s10_f32.h5 " + kGolden +
                             "/layer/mask_cross_q3_k4_f32.h5");  // Keras MultiHeadAttention with the fixture's weights
   EXPECT_EQ(r.code, 0) << r.output;

@@ -181,59 +181,109 @@ std::string gradients_beyond(const Problem& p, const ReferenceGradients& truth) 
   return {};
 }
 
-ConventionalGradients conventional_gradients(const std::vector<Convention>& conventions, const CaseData& data,
-                                             const std::vector<double>& dout, const GradientTruth& truth) {
+namespace {
+
+// One way a framework's "mean of V" rows pass gradients (see backward.hpp).
+ConventionalGradients mean_v_gradients(const Convention& declared, const CaseData& data, const std::vector<double>& dout,
+                                       const GradientTruth& truth, bool additive) {
   ConventionalGradients c;
   const Problem& p = data.problem;
-  const auto mean_v = std::find_if(conventions.begin(), conventions.end(),
-                                   [](const Convention& x) { return x.kind == ConventionKind::empty_rows_mean_v; });
-  if (mean_v == conventions.end() || p.ragged || p.paged() || p.seq_k == 0) return c;
-  c.why = mean_v->why;
+  c.why = declared.why;
+  c.additive = additive;
   c.truth = truth;
-  std::vector<double> added(truth.value.dv.size(), 0.0), count(truth.value.dv.size(), 0.0);
+  // Per gradient, the |terms| added to each element and how many.
+  struct Added {
+    std::vector<double> ReferenceGradients::*values;
+    std::vector<double> abs, count;
+  };
+  std::vector<Added> added = {{&ReferenceGradients::dq, {}, {}}, {&ReferenceGradients::dk, {}, {}},
+                              {&ReferenceGradients::dv, {}, {}}};
+  for (Added& a : added) a.abs.assign((c.truth.value.*a.values).size(), 0.0), a.count.assign(a.abs.size(), 0.0);
+  auto add = [&](Added& a, std::size_t e, double term) {
+    (c.truth.value.*a.values)[e] += term;
+    a.abs[e] += std::fabs(term);
+    ++a.count[e];
+  };
   ReferenceRowView view;
-  const double share = 1.0 / static_cast<double>(p.seq_k);
+  const double n = static_cast<double>(p.seq_k);
+  std::vector<double> dp(static_cast<std::size_t>(p.seq_k));
   for (std::int64_t row = 0; row < p.rows(); ++row) {
     const std::int64_t i = row % p.seq_q, bh = row / p.seq_q, b = bh / p.heads_q, h = bh % p.heads_q;
     reference_row_view(data, b, h, i, view);
     if (!view.visible.empty()) continue;
     ++c.rows;
     const std::int64_t g = h / p.group_size();
-    for (std::int64_t j = 0; j < p.seq_k; ++j)
+    const double* dO = &dout[static_cast<std::size_t>(row * p.head_dim_v)];
+    const double* q = &data.q[static_cast<std::size_t>(row * p.head_dim)];
+    auto k_row = [&](std::int64_t j) { return static_cast<std::size_t>((b * p.heads_kv + g) * p.seq_k + j); };
+    double mean = 0;
+    for (std::int64_t j = 0; j < p.seq_k; ++j) {
+      double x = 0;
       for (std::int64_t d = 0; d < p.head_dim_v; ++d) {
-        const auto e = static_cast<std::size_t>(((b * p.heads_kv + g) * p.seq_k + j) * p.head_dim_v + d);
-        const double term = share * dout[static_cast<std::size_t>(row * p.head_dim_v + d)];
-        c.truth.value.dv[e] += term;
-        added[e] += std::fabs(term);
-        ++count[e];
+        x += dO[d] * data.v[k_row(j) * static_cast<std::size_t>(p.head_dim_v) + static_cast<std::size_t>(d)];
+        add(added[2], k_row(j) * static_cast<std::size_t>(p.head_dim_v) + static_cast<std::size_t>(d), dO[d] / n);
       }
+      dp[static_cast<std::size_t>(j)] = x;
+      mean += x / n;
+    }
+    if (!additive) continue;
+    // Uniform weights on scores that still carry s_j: dS_j = (dP_j - mean dP) / n.
+    for (std::int64_t j = 0; j < p.seq_k; ++j) {
+      const double dx = p.scale * (dp[static_cast<std::size_t>(j)] - mean) / n;
+      for (std::int64_t d = 0; d < p.head_dim; ++d) {
+        const double k = data.k[k_row(j) * static_cast<std::size_t>(p.head_dim) + static_cast<std::size_t>(d)];
+        add(added[0], static_cast<std::size_t>(row * p.head_dim + d), dx * k);
+        add(added[1], k_row(j) * static_cast<std::size_t>(p.head_dim) + static_cast<std::size_t>(d), dx * q[d]);
+      }
+    }
   }
   if (c.rows == 0) return c;
   const double u = unit_roundoff(p.dtype), u_acc = accumulation_roundoff(p.dtype);
-  for (std::size_t e = 0; e < added.size(); ++e) {
-    if (count[e] == 0) continue;
-    // Rounding the new terms (and the result they move) as any other sum of them.
-    c.truth.bound.dv[e] += ToleranceConstants::safety_factor * (u * std::fabs(c.truth.value.dv[e]) +
-                                                                 (u + std::sqrt(count[e]) * u_acc) * added[e]);
-    c.truth.magnitude.dv[e] += added[e];
-  }
-  // The plain backwards follow the format, not the convention: dV's measured
-  // floor is raised to one rounding of the conventional values it now holds.
   const std::vector<GradientPart> parts = gradient_parts(p);
-  for (std::size_t index = 0; index < c.truth.measured.size() && index < parts.size(); ++index) {
-    if (parts[index].values != &ReferenceGradients::dv) continue;
-    double top = 0, squares = 0;
-    for (std::size_t e = 0; e < added.size(); ++e) {
-      const double m = std::fabs(c.truth.value.dv[e]) + (u_acc / u) * c.truth.magnitude.dv[e];
-      top = std::max(top, m);
-      squares += m * m;
+  for (Added& a : added) {
+    std::vector<double>& value = c.truth.value.*a.values;
+    std::vector<double>& bound = c.truth.bound.*a.values;
+    std::vector<double>& magnitude = c.truth.magnitude.*a.values;
+    for (std::size_t e = 0; e < value.size(); ++e) {
+      if (a.count[e] == 0) continue;
+      // Rounding the new terms (and the result they move) as any other sum of them.
+      bound[e] += ToleranceConstants::safety_factor * (u * std::fabs(value[e]) + (u + std::sqrt(a.count[e]) * u_acc) * a.abs[e]);
+      magnitude[e] += a.abs[e];
     }
-    MeasuredLimit& m = c.truth.measured[index];
-    const double floor = ToleranceConstants::baseline_floor * u;
-    m.floor_max = std::max(m.floor_max, floor * top);
-    m.floor_rms = std::max(m.floor_rms, floor * std::sqrt(squares / static_cast<double>(std::max<std::size_t>(added.size(), 1))));
+    // The plain backwards follow the format, not the convention: the measured
+    // floor is raised to one rounding of the conventional values it now holds.
+    for (std::size_t index = 0; index < c.truth.measured.size() && index < parts.size(); ++index) {
+      if (parts[index].values != a.values) continue;
+      double top = 0, squares = 0;
+      for (std::size_t e = 0; e < value.size(); ++e) {
+        const double m = std::fabs(value[e]) + (u_acc / u) * magnitude[e];
+        top = std::max(top, m);
+        squares += m * m;
+      }
+      MeasuredLimit& m = c.truth.measured[index];
+      const double floor = ToleranceConstants::baseline_floor * u;
+      m.floor_max = std::max(m.floor_max, floor * top);
+      m.floor_rms = std::max(m.floor_rms, floor * std::sqrt(squares / static_cast<double>(std::max<std::size_t>(value.size(), 1))));
+    }
   }
   return c;
+}
+
+}  // namespace
+
+std::vector<ConventionalGradients> conventional_gradients(const std::vector<Convention>& conventions, const CaseData& data,
+                                                          const std::vector<double>& dout, const GradientTruth& truth) {
+  const Problem& p = data.problem;
+  const auto mean_v = std::find_if(conventions.begin(), conventions.end(),
+                                   [](const Convention& x) { return x.kind == ConventionKind::empty_rows_mean_v; });
+  if (mean_v == conventions.end() || p.ragged || p.paged() || p.seq_k == 0) return {};
+  std::vector<ConventionalGradients> ways;
+  for (bool additive : {false, true}) {
+    ConventionalGradients c = mean_v_gradients(*mean_v, data, dout, truth, additive);
+    if (c.rows == 0) return {};
+    ways.push_back(std::move(c));
+  }
+  return ways;
 }
 
 Comparison compare_gradients(const Problem& p, const GradientTruth& truth, const BackwardRun& run) {

@@ -69,20 +69,24 @@ std::string gradients_beyond(const Problem& problem, const ReferenceGradients& t
 std::string backward_differences(const Problem& problem, const BackwardRun& a, const BackwardRun& b, bool dq_may_vary);
 
 // The gradients a declared convention gives (verify/conventions.hpp) where
-// it has a backward: empty_rows_mean_v weighs every key of a row with no
+// it has a backward. empty_rows_mean_v weighs every key of a row with no
 // visible key 1/seq_k, so that row's dO / seq_k reaches the dV of each of
-// them (its scores are the constant fill: dQ and dK receive nothing). The
-// truth so changed, with bounds widened by the added terms' rounding, and
-// how many rows it changed (0: no convention applies, nothing returned).
+// them; two ways, as frameworks hide keys: by a fill (np.where(mask, s,
+// -1e9): the scores are a constant, dQ and dK receive nothing) or additively
+// (s - 1e9: the uniform weights still differentiate the scores, so
+// dS_j = (dP_j - mean dP) / seq_k reaches dQ and dK too). Each is the truth so
+// changed, with bounds and measured floors widened by the added terms'
+// rounding; empty when no convention applies or no row has no visible key.
 // Dense K and V only (Python backends, the ones that declare conventions,
 // get no packed or paged case).
 struct ConventionalGradients {
   GradientTruth truth;
   std::int64_t rows = 0;
+  bool additive = false;
   std::string why;  // the declaration's own words
 };
-ConventionalGradients conventional_gradients(const std::vector<Convention>& conventions, const CaseData& data,
-                                             const std::vector<double>& dout, const GradientTruth& truth);
+std::vector<ConventionalGradients> conventional_gradients(const std::vector<Convention>& conventions, const CaseData& data,
+                                                          const std::vector<double>& dout, const GradientTruth& truth);
 
 // Every element of every gradient within its bound, and (when measured) each
 // gradient's max and RMS error within k times the plain backwards'; a NaN or

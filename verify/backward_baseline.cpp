@@ -36,6 +36,20 @@ ReferenceGradients run_formulation(const CaseData& data, const std::vector<doubl
   const bool with_bias = bias_gradient && p.bias.present;
   if (with_bias) acc.dbias.assign(data.bias.size(), A{0});
   if (p.sinks) acc.dsinks.assign(static_cast<std::size_t>(p.heads_q), A{0});
+  // The textbook's GQA: kv heads repeated for each query head (as a framework
+  // without native GQA does), so dK and dV are sums per query head, rounded to
+  // the dtype, then summed over the group in the dtype by the repeat's backward.
+  const std::int64_t group = p.group_size();
+  const bool per_head = textbook && group > 1;
+  std::vector<A> dk_heads(per_head ? data.k.size() * static_cast<std::size_t>(group) : 0);
+  std::vector<A> dv_heads(per_head ? data.v.size() * static_cast<std::size_t>(group) : 0);
+  // Row r of K or V (kv head g) as seen by query head h: its row among the repeated heads.
+  auto head_row = [&](std::size_t r, std::int64_t h) {
+    const auto seq = static_cast<std::size_t>(p.kv_seq());
+    const std::size_t s_ = r % seq, bg = r / seq;
+    const std::size_t bb = bg / static_cast<std::size_t>(p.heads_kv);
+    return (bb * static_cast<std::size_t>(p.heads_q) + static_cast<std::size_t>(h)) * seq + s_;
+  };
 
   ReferenceRowView view;
   std::vector<A> score, slope, prob, dx;
@@ -57,13 +71,20 @@ ReferenceGradients run_formulation(const CaseData& data, const std::vector<doubl
       }
       return sum;
     };
-    // The scores, as the forward's natural formulation computes them.
-    score.resize(static_cast<std::size_t>(n)), slope.resize(static_cast<std::size_t>(n));
-    const A sink = p.sinks ? static_cast<A>(data.sinks[static_cast<std::size_t>(h)]) : -std::numeric_limits<A>::infinity();
-    A top = sink;
-    for (std::int64_t t = 0; t < n; ++t) {
+    // The scores: the forward's (its natural formulation's, dot products in
+    // order), which give the max, the sum and lse; and this formulation's own
+    // recomputation of them, in its order (the same values but for reversed,
+    // whose different roundings meet the forward's lse, as a fused backward's
+    // tiles meet the forward kernel's).
+    auto score_of = [&](std::int64_t t, bool forward, A* slope_out) {
       const std::int64_t j = view.visible[static_cast<std::size_t>(t)];
-      A s = scale * dot(q, view.k_rows[static_cast<std::size_t>(t)], d_qk), c = 1;
+      const double* k = view.k_rows[static_cast<std::size_t>(t)];
+      A sum = 0;
+      for (std::int64_t e = 0; e < d_qk; ++e) {
+        const std::int64_t d = forward ? e : nth(e, d_qk);
+        sum += static_cast<A>(q[d]) * static_cast<A>(k[d]);
+      }
+      A s = scale * sum, c = 1;
       if (p.softcap != 0) {
         const A th = std::tanh(s / cap);
         s = cap * th;
@@ -76,9 +97,15 @@ ReferenceGradients run_formulation(const CaseData& data, const std::vector<doubl
             (((m.batch == 1 ? 0 : b) * m.heads + (m.heads == 1 ? 0 : h)) * m.rows + (m.rows == 1 ? 0 : i)) * p.seq_k + j;
         s += static_cast<A>(data.bias[static_cast<std::size_t>(at)]);
       }
-      score[static_cast<std::size_t>(t)] = s;
-      slope[static_cast<std::size_t>(t)] = c;
-      top = std::max(top, s);
+      if (slope_out) *slope_out = c;
+      return s;
+    };
+    score.resize(static_cast<std::size_t>(n)), slope.resize(static_cast<std::size_t>(n));
+    const A sink = p.sinks ? static_cast<A>(data.sinks[static_cast<std::size_t>(h)]) : -std::numeric_limits<A>::infinity();
+    A top = sink;
+    for (std::int64_t t = 0; t < n; ++t) {
+      score[static_cast<std::size_t>(t)] = score_of(t, true, &slope[static_cast<std::size_t>(t)]);
+      top = std::max(top, score[static_cast<std::size_t>(t)]);
     }
     prob.resize(static_cast<std::size_t>(n)), dx.resize(static_cast<std::size_t>(n));
     A l = 0;
@@ -108,6 +135,7 @@ ReferenceGradients run_formulation(const CaseData& data, const std::vector<doubl
       const A lse = top + static_cast<A>(std::log(static_cast<double>(l)));
       for (std::int64_t t = 0; t < n; ++t) {
         const auto at = static_cast<std::size_t>(t);
+        if (reversed) score[at] = score_of(t, false, &slope[at]);  // recomputed in its own order
         prob[at] = static_cast<A>(detmath::exp(static_cast<double>(score[at] - lse)));
       }
       p_sink = p.sinks ? static_cast<A>(detmath::exp(static_cast<double>(sink - lse))) : A{0};
@@ -130,11 +158,21 @@ ReferenceGradients run_formulation(const CaseData& data, const std::vector<doubl
       for (std::int64_t e = 0; e < d_qk; ++e) {
         const std::int64_t d = nth(e, d_qk);
         dq[d] += dx[at] * static_cast<A>(k[d]);
-        acc.dk[k_off + static_cast<std::size_t>(d)] += dx[at] * static_cast<A>(q[d]);
+        if (per_head) {
+          dk_heads[head_row(k_off / static_cast<std::size_t>(d_qk), h) * static_cast<std::size_t>(d_qk) + static_cast<std::size_t>(d)] +=
+              dx[at] * static_cast<A>(q[d]);
+        } else {
+          acc.dk[k_off + static_cast<std::size_t>(d)] += dx[at] * static_cast<A>(q[d]);
+        }
       }
       for (std::int64_t e = 0; e < d_v; ++e) {
         const std::int64_t d = nth(e, d_v);
-        acc.dv[v_off + static_cast<std::size_t>(d)] += prob[at] * static_cast<A>(dO[d]);
+        if (per_head) {
+          dv_heads[head_row(v_off / static_cast<std::size_t>(d_v), h) * static_cast<std::size_t>(d_v) + static_cast<std::size_t>(d)] +=
+              prob[at] * static_cast<A>(dO[d]);
+        } else {
+          acc.dv[v_off + static_cast<std::size_t>(d)] += prob[at] * static_cast<A>(dO[d]);
+        }
       }
       if (with_bias) {
         const BroadcastShape& m = p.bias;
@@ -156,6 +194,22 @@ ReferenceGradients run_formulation(const CaseData& data, const std::vector<doubl
   g.dq = finish(acc.dq, scale);
   g.dk = finish(acc.dk, scale);
   g.dv = finish(acc.dv, A{1});
+  if (per_head) {
+    // Each query head's share rounded to the dtype, then the group's sum in the dtype.
+    auto group_sum = [&](std::vector<double>& sums, const std::vector<A>& heads, std::int64_t width, A factor) {
+      for (std::size_t e = 0; e < sums.size(); ++e) {
+        const std::size_t r = e / static_cast<std::size_t>(width), d = e % static_cast<std::size_t>(width);
+        const std::int64_t g0 = static_cast<std::int64_t>((r / static_cast<std::size_t>(p.kv_seq())) % static_cast<std::size_t>(p.heads_kv));
+        A total = 0;
+        for (std::int64_t h = g0 * group; h < (g0 + 1) * group; ++h) {
+          total = R(total + R(factor * heads[head_row(r, h) * static_cast<std::size_t>(width) + d]));
+        }
+        sums[e] = static_cast<double>(total);
+      }
+    };
+    group_sum(g.dk, dk_heads, d_qk, scale);
+    group_sum(g.dv, dv_heads, d_v, A{1});
+  }
   g.dbias = finish(acc.dbias, A{1});
   g.dsinks = finish(acc.dsinks, A{1});
   return g;

@@ -354,6 +354,10 @@ class PythonBackend final : public Backend, private BackendExtensions {
       dtypes_ = declared_dtypes(module);
       has_lse_ = py::hasattr(module, "HAS_LSE") && py::bool_(module.attr("HAS_LSE"));
       has_backward_ = py::hasattr(module, "prepare_backward");
+      nondeterministic_dq_ = py::hasattr(module, "NONDETERMINISTIC_DQ") && py::bool_(module.attr("NONDETERMINISTIC_DQ"));
+      if (py::hasattr(module, "THREAD_DEPENDENT_GRADIENTS")) {
+        thread_dependent_ = py::str(module.attr("THREAD_DEPENDENT_GRADIENTS"));
+      }
       runs_layers_ = py::hasattr(module, "layer");
     } catch (py::error_already_set& e) {
       unavailable_ = fmt::format("{} cannot be loaded: {}", printable(file_.string()), python_error(e));
@@ -372,8 +376,9 @@ class PythonBackend final : public Backend, private BackendExtensions {
   std::string_view name() const override { return name_; }
   std::string_view description() const override { return description_; }
   // No format version 2 addition: the bridge passes none of their fields.
-  Capabilities capabilities() const override { return {dtypes_, 0, has_lse_, has_backward_}; }
+  Capabilities capabilities() const override { return {dtypes_, 0, has_lse_, has_backward_, nondeterministic_dq_}; }
   const BackendExtensions* extensions() const override { return this; }
+  std::string thread_dependent_gradients() const override { return thread_dependent_; }
   const std::string& load_error() const { return unavailable_; }
 
   Status available() const override {
@@ -533,6 +538,8 @@ class PythonBackend final : public Backend, private BackendExtensions {
   std::string unavailable_;
   bool has_lse_ = false;
   bool has_backward_ = false;
+  bool nondeterministic_dq_ = false;
+  std::string thread_dependent_;
   bool runs_layers_ = false;
   std::unique_ptr<py::object> module_;
 };

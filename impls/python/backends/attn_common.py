@@ -17,6 +17,10 @@ A Python backend is one file (see py_numpy.py for a complete one) defining
                                          gradients of sum(dout * out); run() (timed) writes
                                          io.dq, io.dk, io.dv and io.dbias when it is not None
     supports_backward(problem) -> None | str   optional: None, or why it has no backward here
+    NONDETERMINISTIC_DQ = False          optional; True when its dQ may differ between runs or
+                                         thread counts (reported, not failed; dK and dV may not)
+    THREAD_DEPENDENT_GRADIENTS = "why"   optional: its gradients differ between thread counts
+                                         (never between two runs at one count): DIFFERS, not FAIL
 
 `problem` has batch, heads_q, heads_kv, seq_q, seq_k, head_dim, head_dim_v, scale,
 causal ("none", "top_left", "bottom_right"), dtype ("float64", "float32", "float16",

@@ -99,6 +99,41 @@ def prepare(problem, io, threads):
     return run
 
 
+# The backward (format version 3): tf.GradientTape on the same function, dout as the output
+# gradient. The kv heads are repeated inside the tape (tf.repeat), so dk and dv come back summed
+# over each group's query heads. A row whose keys are all hidden has uniform weights on scores
+# that still carry q.k (the -1e9 is added, not filled in): its gradients reach dQ, dK and dV,
+# where the format passes nothing (DIFFERS, the declared convention).
+
+
+def supports_backward(problem):
+    return None  # everything supports() accepts
+
+
+def prepare_backward(problem, io, threads):
+    tf = _import()
+    query = tf.constant(np.asarray(io.q))
+    key = tf.constant(np.asarray(io.k))
+    value = tf.constant(np.asarray(io.v))
+    dout = tf.constant(np.asarray(io.dout))
+    group = problem.heads_q // problem.heads_kv
+    mask = None
+    if ac.hides_anything(problem):
+        mask = tf.constant((~ac.attend(problem, io)).astype(np.float32))
+
+    def run():
+        with tf.GradientTape() as tape:
+            tape.watch([query, key, value])
+            k, v = (key, value) if group == 1 else (tf.repeat(key, group, axis=1), tf.repeat(value, group, axis=1))
+            output, _ = scaled_dot_product_attention(tf, query, k, v, mask)
+        dq, dk, dv = tape.gradient(output, [query, key, value], output_gradients=dout)
+        io.dq[...] = dq.numpy()
+        io.dk[...] = dk.numpy()
+        io.dv[...] = dv.numpy()
+
+    return run
+
+
 # Layer cases: a Keras MultiHeadAttention layer (the document's Dense-projection layer) with the
 # fixture's weights, float32. Its attention_mask is [batch, seq_q, seq_k] (True = attend): a
 # mask that differs per head, and a bias, do not fit it.

@@ -9,6 +9,7 @@
 - A mask, kv_len, a causal rule together with one of them, or a bias becomes the one attn_mask
   SDPA takes: a bool "attend" tensor (True = take part, torch's convention) or, with a bias, a
   float one (the bias where visible, -inf where hidden). Both are built in prepare (untimed).
+- The backward is autograd through the same call (prepare_backward below).
 """
 
 import os
@@ -109,6 +110,70 @@ def prepare(problem, io, threads):
         with torch.inference_mode(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             out.copy_(sdpa(q, k, v, **kwargs))
+
+    return run
+
+
+# The backward (format version 3): autograd through the same SDPA call. q, k, v (and a bias that
+# requires a gradient, from its stored broadcast shape, expanded in the graph so that autograd sums
+# over the broadcast axes as frameworks do) become leaves; torch.autograd.grad with dout gives dq,
+# dk, dv (dk and dv already summed over each group's query heads by enable_gqa) and dbias. run()
+# recomputes the forward, as autograd must.
+
+
+def supports_backward(problem):
+    return None  # everything supports() accepts
+
+
+# Measured here (torch 2.15, CPU): the backward's dQ and dK differ in their last bits between 1
+# and 8 threads (the math path's GEMMs and the flash kernel's sums over blocks are split by the
+# thread count); two runs at one thread count agree bit for bit. Declared, so shown as DIFFERS.
+NONDETERMINISTIC_DQ = True
+THREAD_DEPENDENT_GRADIENTS = "torch's CPU backward splits its sums by the thread count (GEMM blocking)"
+
+
+def prepare_backward(problem, io, threads):
+    torch = _import()
+    if threads > 0:
+        torch.set_num_threads(threads)
+    leaf = lambda a: _tensor(torch, problem, a).clone().requires_grad_(True)
+    q, k, v = leaf(io.q), leaf(io.k), leaf(io.v)
+    dout = _tensor(torch, problem, io.dout).clone()
+    inputs = [q, k, v]
+    kwargs = {"scale": problem.scale}
+    if problem.heads_kv != problem.heads_q:
+        kwargs["enable_gqa"] = True
+    only_causal = problem.mask is None and not problem.kv_len and problem.bias is None
+    attend = None
+    if only_causal and problem.causal == "top_left":
+        kwargs["is_causal"] = True
+    elif ac.hides_anything(problem) or problem.bias is not None:
+        attend = torch.from_numpy(ac.attend(problem, io))
+    bias = None
+    if problem.bias is not None:
+        bb, bh, bq = problem.bias
+        stored = io.bias[:bb, :bh, :bq, :]  # the stored shape: the broadcast view's first slice
+        bias = _tensor(torch, problem, np.ascontiguousarray(stored)).clone()
+        if io.dbias is not None:
+            bias.requires_grad_(True)
+            inputs.append(bias)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    shape = (problem.batch, problem.heads_q, problem.seq_q, problem.seq_k)
+
+    def run():
+        with torch.enable_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            args = dict(kwargs)
+            if attend is not None:
+                if bias is None:
+                    args["attn_mask"] = attend
+                else:
+                    args["attn_mask"] = torch.where(attend, bias.expand(shape),
+                                                    torch.tensor(float("-inf"), dtype=bias.dtype))
+            out = sdpa(q, k, v, **args)
+            grads = torch.autograd.grad(out, inputs, grad_outputs=dout)
+        for view, g in zip((io.dq, io.dk, io.dv, io.dbias), grads):
+            ac.store(problem, view, g.detach().to(torch.float32 if problem.dtype == "bfloat16" else g.dtype).numpy())
 
     return run
 
