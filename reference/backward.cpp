@@ -154,9 +154,10 @@ ReferenceGradients reference_backward(const CaseData& data, const std::vector<do
           // Errors: P moved by the score error, the lse's and its rounding;
           // dS by those, by dP's and D's roundings (on |dP| + |D|: the
           // cancellation) and its own rounding; the cap's slope by the score error.
-          const double e_p = prob[t] * (u + 2.0 * score_error + sqrt_n * ua + lse_error);
+          // P and dS rounded to the dtype may land on its subnormals: f_min, absolutely.
+          const double e_p = prob[t] * (u + 2.0 * score_error + sqrt_n * ua + lse_error) + f_min;
           const double e_s = e_p * std::fabs(gap[t]) + prob[t] * ((sqrt_dv + 1.0) * ua * abs_dp[t] + e_delta) +
-                             u * std::fabs(dscore[t]);
+                             u * std::fabs(dscore[t]) + f_min;
           double e_x = e_s;
           if (p.softcap != 0) {
             const double slope = 1.0 - tanh_x[t] * tanh_x[t];
