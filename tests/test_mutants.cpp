@@ -32,14 +32,6 @@ fs::path scratch(const std::string& name) {
   return dir;
 }
 
-// Mutants only a large case shows, proved by their standard-suite witnesses
-// alone: the fuzzer draws small cases by design (they shrink to something a
-// person can read), and these bugs rise above the plain implementations'
-// own rounding only over thousands of rows.
-const std::map<std::string_view, std::string_view> kSuiteOnly = {
-    {"bwd_dkdv_16bit_blocks", "16-bit dK and dV per block of 16 query rows shows over thousands of rows per key "
-                              "(backward/many_query_rows_*: 4.3 to 5.3 times the plain backwards' error)"}};
-
 }  // namespace
 
 // One fuzz run over the whole catalogue (each case's truth is computed once
@@ -52,10 +44,6 @@ TEST(Catalogue, TheFuzzerFindsEveryMutantAndShrinksItToAMinimalCaseThatReproduce
   std::vector<const attn::testing::MutantEntry*> entries;
   for (const auto& m : attn::testing::mutants()) {
     auto backend = m.make();
-    if (const auto only = kSuiteOnly.find(m.name); only != kSuiteOnly.end()) {
-      std::printf("%-40s left out: %s\n", std::string(m.name).c_str(), std::string(only->second).c_str());
-      continue;
-    }
     if (const Status here = backend->available(); !here) {
       std::printf("%-40s left out: %s\n", std::string(m.name).c_str(), here.reason.c_str());
       continue;

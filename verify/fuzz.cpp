@@ -223,6 +223,25 @@ FuzzCase draw_fuzz_case(std::uint64_t seed, std::int64_t index) {
   FuzzCase c;
   c.spec.name = fmt::format("fuzz/s{}_c{}", seed, index);
   c.spec.tags = "fuzz";
+  // Many query rows per key, backward, 16-bit: dK and dV summed over
+  // thousands of rows, where an accumulation in the dtype across query blocks
+  // rises above the plain backwards' own rounding. A family of its own, from
+  // a stream of its own (1 case in 50), so that the other cases stay as drawn.
+  if (Rng rows = Rng::from_name(fmt::format("attn fuzz rows {} {}", seed, index)); rows.uniform() < 0.02) {
+    Problem p;
+    p.dtype = rows.uniform() < 0.5 ? DType::f16 : DType::bf16;
+    p.heads_q = p.heads_kv = rows.uniform() < 0.5 ? 1 : 2;
+    p.seq_q = rows.uniform_int(2048, 4096);
+    p.seq_k = rows.uniform_int(8, 48);
+    const std::int64_t dims[] = {8, 16, 32};
+    p.head_dim = p.head_dim_v = pick(rows, dims);
+    const int threads[] = {1, 2, 8};
+    c.threads = pick(rows, threads);
+    c.layout = rows.uniform() < 0.5 ? Layout::bhsd : Layout::bshd;
+    c.spec.recipe.backward = true;
+    if (!store(c, p)) throw Error(fmt::format("attn fuzz: drew an invalid case {}: {}", c.spec.name, p.to_string()));
+    return c;
+  }
   Problem p;
   const DType dtypes[] = {DType::f64, DType::f32, DType::f16, DType::bf16};
   p.dtype = pick(rng, dtypes);
