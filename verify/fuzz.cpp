@@ -231,9 +231,9 @@ FuzzCase draw_fuzz_case(std::uint64_t seed, std::int64_t index) {
     Problem p;
     p.dtype = rows.uniform() < 0.5 ? DType::f16 : DType::bf16;
     p.heads_q = p.heads_kv = rows.uniform() < 0.5 ? 1 : 2;
-    p.seq_q = rows.uniform_int(2048, 4096);
+    p.seq_q = rows.uniform_int(1024, 2048);
     p.seq_k = rows.uniform_int(8, 48);
-    const std::int64_t dims[] = {8, 16, 32};
+    const std::int64_t dims[] = {2, 4, 8, 16};
     p.head_dim = p.head_dim_v = pick(rows, dims);
     const int threads[] = {1, 2, 8};
     c.threads = pick(rows, threads);
