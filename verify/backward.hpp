@@ -76,7 +76,7 @@ std::string backward_differences(const Problem& problem, const BackwardRun& a, c
 // (s - 1e9: the uniform weights still differentiate the scores, so
 // dS_j = (dP_j - mean dP) / seq_k reaches dQ and dK too). Each is the truth so
 // changed, with bounds and measured floors widened by the added terms'
-// rounding; empty when no convention applies or no row has no visible key.
+// rounding; `rows` 0 when no convention applies or no row has no visible key.
 // Dense K and V only (Python backends, the ones that declare conventions,
 // get no packed or paged case).
 struct ConventionalGradients {
@@ -85,8 +85,8 @@ struct ConventionalGradients {
   bool additive = false;
   std::string why;  // the declaration's own words
 };
-std::vector<ConventionalGradients> conventional_gradients(const std::vector<Convention>& conventions, const CaseData& data,
-                                                          const std::vector<double>& dout, const GradientTruth& truth);
+ConventionalGradients conventional_gradients(const std::vector<Convention>& conventions, const CaseData& data,
+                                             const std::vector<double>& dout, const GradientTruth& truth, bool additive);
 
 // Every element of every gradient within its bound, and (when measured) each
 // gradient's max and RMS error within k times the plain backwards'; a NaN or

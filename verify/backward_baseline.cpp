@@ -63,10 +63,11 @@ ReferenceGradients run_formulation(const CaseData& data, const std::vector<doubl
     const double* q = &data.q[static_cast<std::size_t>(row * d_qk)];
     const double* dO = &dout[static_cast<std::size_t>(row * d_v)];
     const double* o = &out[static_cast<std::size_t>(row * d_v)];
-    auto dot = [&](const double* x, const double* y, std::int64_t width) {
+    // In this formulation's order, or in order (`forward`: as the forward computed it).
+    auto dot = [&](const double* x, const double* y, std::int64_t width, bool forward = false) {
       A sum = 0;
       for (std::int64_t e = 0; e < width; ++e) {
-        const std::int64_t d = nth(e, width);
+        const std::int64_t d = forward ? e : nth(e, width);
         sum += static_cast<A>(x[d]) * static_cast<A>(y[d]);
       }
       return sum;
@@ -78,13 +79,7 @@ ReferenceGradients run_formulation(const CaseData& data, const std::vector<doubl
     // tiles meet the forward kernel's).
     auto score_of = [&](std::int64_t t, bool forward, A* slope_out) {
       const std::int64_t j = view.visible[static_cast<std::size_t>(t)];
-      const double* k = view.k_rows[static_cast<std::size_t>(t)];
-      A sum = 0;
-      for (std::int64_t e = 0; e < d_qk; ++e) {
-        const std::int64_t d = forward ? e : nth(e, d_qk);
-        sum += static_cast<A>(q[d]) * static_cast<A>(k[d]);
-      }
-      A s = scale * sum, c = 1;
+      A s = scale * dot(q, view.k_rows[static_cast<std::size_t>(t)], d_qk, forward), c = 1;
       if (p.softcap != 0) {
         const A th = std::tanh(s / cap);
         s = cap * th;

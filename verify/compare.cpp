@@ -148,22 +148,12 @@ void check_measured(const CompareInputs& in, const std::vector<char>& counts, Co
   }
   const ErrorNorms norms = error_norms(in.truth_out, in.got_out, in.problem.head_dim_v, counts);
   r.rms_error = norms.rms;
-  const MeasuredLimit& m = *in.measured;
-  const double k = m.factor;
   if (norms.elements == 0) return;
-  const double over_max = norms.max / m.reference_max(), over_rms = norms.rms / m.reference_rms();
-  const double max_limit = ToleranceConstants::baseline_max_share * k;
-  // The budget: 1 = at the limit of either check.
-  r.baseline_ratio = std::max(over_max / ToleranceConstants::baseline_max_share, over_rms);
-  r.baseline_max_ratio = over_max;
-  r.baseline_rms_ratio = over_rms;
-  if (over_rms > k) {
-    r.fail(fmt::format("RMS error {:.3g} is {:.1f}x the least accurate plain implementation's {:.3g} (limit {}x)",
-                       norms.rms, over_rms, m.reference_rms(), k));
-  } else if (over_max > max_limit) {
-    r.fail(fmt::format("max error {:.3g} is {:.1f}x the least accurate plain implementation's {:.3g} (limit {}x)",
-                       norms.max, over_max, m.reference_max(), max_limit));
-  }
+  const MeasuredJudgement j = judge_measured(norms, *in.measured, "", "plain implementation's");
+  r.baseline_ratio = j.budget;
+  r.baseline_max_ratio = j.over_max;
+  r.baseline_rms_ratio = j.over_rms;
+  if (!j.failure.empty()) r.fail(j.failure);
 }
 
 // Check 4, the rounding-bias test. Only where the output's rounding dominates

@@ -75,22 +75,31 @@ bool read_gradient_file(const std::filesystem::path& file, std::vector<RecordedG
   return true;
 }
 
-}  // namespace
-
-bool RecordedOutputs::read_gradients(const std::string& fixture_name, std::vector<RecordedGradient>& wanted) const {
-  const std::filesystem::path file = file_for(fixture_name);
+// Whether the file exists; when it does, `read` is run once in the sandbox
+// first (a damaged file may crash or hang libhdf5), its trouble an
+// InputError naming the file.
+template <typename Read>
+bool sandbox_checked(const std::filesystem::path& file, Read read) {
   std::error_code ec;
   if (!std::filesystem::exists(std::filesystem::symlink_status(file, ec))) return false;
-  const std::string trouble = run_sandboxed(
-      [&] {
-        std::vector<RecordedGradient> copy = wanted;
-        (void)read_gradient_file(file, copy);
-      },
-      SandboxLimits::from_environment());
+  const std::string trouble = run_sandboxed(read, SandboxLimits::from_environment());
   if (!trouble.empty()) {
     const std::string shown = printable(file.string());
     throw InputError(trouble.rfind(file.string() + ":", 0) == 0 ? printable(trouble)
                                                                  : fmt::format("{}: reading it {}", shown, trouble));
+  }
+  return true;
+}
+
+}  // namespace
+
+bool RecordedOutputs::read_gradients(const std::string& fixture_name, std::vector<RecordedGradient>& wanted) const {
+  const std::filesystem::path file = file_for(fixture_name);
+  if (!sandbox_checked(file, [&] {
+        std::vector<RecordedGradient> copy = wanted;
+        (void)read_gradient_file(file, copy);
+      })) {
+    return false;
   }
   return read_gradient_file(file, wanted);
 }
@@ -132,15 +141,7 @@ std::filesystem::path RecordedOutputs::file_for(const std::string& fixture_name)
 std::optional<RecordedOutput> RecordedOutputs::read(const std::string& fixture_name, const std::string& dataset,
                                                     const std::vector<std::int64_t>& dims) const {
   const std::filesystem::path file = file_for(fixture_name);
-  std::error_code ec;
-  if (!std::filesystem::exists(std::filesystem::symlink_status(file, ec))) return std::nullopt;
-  // Read once in the sandbox: a damaged file may crash or hang libhdf5.
-  const std::string trouble = run_sandboxed([&] { (void)read_file(file, dataset, dims); }, SandboxLimits::from_environment());
-  if (!trouble.empty()) {
-    const std::string shown = printable(file.string());
-    throw InputError(trouble.rfind(file.string() + ":", 0) == 0 ? printable(trouble)
-                                                                 : fmt::format("{}: reading it {}", shown, trouble));
-  }
+  if (!sandbox_checked(file, [&] { (void)read_file(file, dataset, dims); })) return std::nullopt;
   return read_file(file, dataset, dims);
 }
 

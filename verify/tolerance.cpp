@@ -1,5 +1,7 @@
 #include "verify/tolerance.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -155,6 +157,23 @@ MeasuredLimit measured_limit(DType dtype, const std::vector<double>& truth,
   const double absolute = subnormal_allowance(dtype, static_cast<double>(longest_row));
   return {ToleranceConstants::baseline_factor(dtype), base.max, base.rms, std::max(floor * scale.max, absolute),
           std::max(floor * scale.rms, absolute)};
+}
+
+MeasuredJudgement judge_measured(const ErrorNorms& errors, const MeasuredLimit& m, std::string_view what,
+                                 std::string_view of_what) {
+  MeasuredJudgement j;
+  j.over_max = errors.max / m.reference_max();
+  j.over_rms = errors.rms / m.reference_rms();
+  j.budget = std::max(j.over_max / ToleranceConstants::baseline_max_share, j.over_rms);
+  const double k = m.factor, max_limit = ToleranceConstants::baseline_max_share * k;
+  if (j.over_rms > k) {
+    j.failure = fmt::format("{}RMS error {:.3g} is {:.1f}x the least accurate {} {:.3g} (limit {}x)", what, errors.rms,
+                            j.over_rms, of_what, m.reference_rms(), k);
+  } else if (j.over_max > max_limit) {
+    j.failure = fmt::format("{}max error {:.3g} is {:.1f}x the least accurate {} {:.3g} (limit {}x)", what, errors.max,
+                            j.over_max, of_what, m.reference_max(), max_limit);
+  }
+  return j;
 }
 
 std::vector<double> probe_bounds(const Problem& p, const ReferenceStats& stats, const std::vector<double>& kept) {

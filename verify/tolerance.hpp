@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "attnbench/problem.hpp"
@@ -119,6 +121,17 @@ double subnormal_allowance(DType dtype, double n);
 // equal, e.g. subnormal q and k) sum identical terms: their rounding errors
 // do not cancel, so the accumulation grows as n, not root n.
 std::vector<double> probe_bounds(const Problem& problem, const ReferenceStats& stats, const std::vector<double>& kept = {});
+
+// Errors (max and RMS) judged against a measured limit: the ratios, the
+// budget (1 = at the limit of either check) and, when over the limit, why
+// ("RMS error ... is ...x the least accurate <of_what> ..."), prefixed with
+// `what` ("dq: "; empty for out).
+struct MeasuredJudgement {
+  double over_max = 0, over_rms = 0, budget = 0;
+  std::string failure;  // empty when within the limit
+};
+MeasuredJudgement judge_measured(const ErrorNorms& errors, const MeasuredLimit& limit, std::string_view what,
+                                 std::string_view of_what);
 
 // A fixture's own rule, atol + rtol |out| per element; empty when it has none.
 std::vector<double> fixture_tolerance(const FixtureHeader& header, const std::vector<double>& golden);

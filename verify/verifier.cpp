@@ -431,11 +431,12 @@ void verify_sdpa(const Fixture& fixture, const BackendRefs& backends,
         outcome.comparison.reason = support[b].reason;
       } else if (recorded) {
         // Another tool's gradients: judged by every check but determinism (one run).
+        std::vector<GradientPart> parts = gradient_parts(problem);
+        std::erase_if(parts, [&](const GradientPart& part) { return ((*fixture.gradients).*part.stored).empty(); });
         std::vector<RecordedGradient> wanted;
-        for (const GradientPart& part : gradient_parts(problem)) {
-          if (((*fixture.gradients).*part.stored).empty()) continue;
+        for (const GradientPart& part : parts) {
           std::vector<std::int64_t> dims(part.shape.begin(), part.shape.end());
-          if (part.values == &ReferenceGradients::dsinks) dims = {problem.heads_q};
+          if (part.values == &ReferenceGradients::dsinks) dims = {problem.heads_q};  // stored as [heads_q]
           wanted.push_back({part.name, dims, {}});
         }
         if (const std::string beyond = gradients_beyond(problem, measured_gradient_truth().value); !beyond.empty()) {
@@ -447,11 +448,7 @@ void verify_sdpa(const Fixture& fixture, const BackendRefs& backends,
                                                   printable(recorded->file_for(fixture.header.name).string()));
         } else {
           BackwardRun run;
-          for (const RecordedGradient& g : wanted) {
-            for (const GradientPart& part : gradient_parts(problem)) {
-              if (g.name == part.name) run.got.*part.values = g.values;
-            }
-          }
+          for (std::size_t g = 0; g < parts.size(); ++g) run.got.*parts[g].values = std::move(wanted[g].values);
           outcome.comparison = compare_gradients(problem, measured_gradient_truth(), run);
         }
       } else if (!backends[b]->capabilities().backward) {
@@ -467,8 +464,11 @@ void verify_sdpa(const Fixture& fixture, const BackendRefs& backends,
           outcome.comparison = compare_gradients(problem, truth, run);
           if (outcome.comparison.verdict == Verdict::fail) {
             // A declared convention on rows with no visible key: DIFFERS when the gradients are its.
-            for (const ConventionalGradients& conventional :
-                 conventional_gradients(conventions_of(*backends[b], problem), laid_out.data, fixture.gradients->dout, truth)) {
+            const std::vector<Convention> conventions = conventions_of(*backends[b], problem);
+            for (bool additive : {false, true}) {  // the second only when the first does not explain the gradients
+              const ConventionalGradients conventional =
+                  conventional_gradients(conventions, laid_out.data, fixture.gradients->dout, truth, additive);
+              if (conventional.rows == 0) break;
               Comparison as_declared = compare_gradients(problem, conventional.truth, run);
               if (as_declared.verdict != Verdict::pass) continue;
               as_declared.verdict = Verdict::differs;

@@ -85,25 +85,36 @@ def _tensor(torch, problem, array):
         return torch.from_numpy(array)
 
 
-def prepare(problem, io, threads):
-    torch = _import()
-    if threads > 0:
-        torch.set_num_threads(threads)
-    q, k, v = (_tensor(torch, problem, a) for a in (io.q, io.k, io.v))
-    out = _tensor(torch, problem, io.out)
+def _sdpa_arguments(torch, problem, io):
+    """SDPA's keyword arguments but attn_mask, and the bool "attend" tensor when the case needs a mask."""
     kwargs = {"scale": problem.scale}
     if problem.heads_kv != problem.heads_q:
         kwargs["enable_gqa"] = True
     only_causal = problem.mask is None and not problem.kv_len and problem.bias is None
     if only_causal and problem.causal == "top_left":
         kwargs["is_causal"] = True
-    elif ac.hides_anything(problem) or problem.bias is not None:
-        attend = torch.from_numpy(ac.attend(problem, io))
-        if problem.bias is None:
-            kwargs["attn_mask"] = attend
-        else:
-            bias = _tensor(torch, problem, io.bias)
-            kwargs["attn_mask"] = torch.where(attend, bias, torch.tensor(float("-inf"), dtype=bias.dtype))
+        return kwargs, None
+    if ac.hides_anything(problem) or problem.bias is not None:
+        return kwargs, torch.from_numpy(ac.attend(problem, io))
+    return kwargs, None
+
+
+def _attn_mask(torch, attend, bias):
+    """The bool mask alone, or the bias where visible and -inf where hidden."""
+    if bias is None:
+        return attend
+    return torch.where(attend, bias, torch.tensor(float("-inf"), dtype=bias.dtype))
+
+
+def prepare(problem, io, threads):
+    torch = _import()
+    if threads > 0:
+        torch.set_num_threads(threads)
+    q, k, v = (_tensor(torch, problem, a) for a in (io.q, io.k, io.v))
+    out = _tensor(torch, problem, io.out)
+    kwargs, attend = _sdpa_arguments(torch, problem, io)
+    if attend is not None:
+        kwargs["attn_mask"] = _attn_mask(torch, attend, None if problem.bias is None else _tensor(torch, problem, io.bias))
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
     def run():
@@ -140,15 +151,7 @@ def prepare_backward(problem, io, threads):
     q, k, v = leaf(io.q), leaf(io.k), leaf(io.v)
     dout = _tensor(torch, problem, io.dout).clone()
     inputs = [q, k, v]
-    kwargs = {"scale": problem.scale}
-    if problem.heads_kv != problem.heads_q:
-        kwargs["enable_gqa"] = True
-    only_causal = problem.mask is None and not problem.kv_len and problem.bias is None
-    attend = None
-    if only_causal and problem.causal == "top_left":
-        kwargs["is_causal"] = True
-    elif ac.hides_anything(problem) or problem.bias is not None:
-        attend = torch.from_numpy(ac.attend(problem, io))
+    kwargs, attend = _sdpa_arguments(torch, problem, io)
     bias = None
     if problem.bias is not None:
         bb, bh, bq = problem.bias
@@ -164,12 +167,8 @@ def prepare_backward(problem, io, threads):
         with torch.enable_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             args = dict(kwargs)
-            if attend is not None:
-                if bias is None:
-                    args["attn_mask"] = attend
-                else:
-                    args["attn_mask"] = torch.where(attend, bias.expand(shape),
-                                                    torch.tensor(float("-inf"), dtype=bias.dtype))
+            if attend is not None:  # in the graph: autograd sums dbias over the expanded axes
+                args["attn_mask"] = _attn_mask(torch, attend, None if bias is None else bias.expand(shape))
             out = sdpa(q, k, v, **args)
             grads = torch.autograd.grad(out, inputs, grad_outputs=dout)
         for view, g in zip((io.dq, io.dk, io.dv, io.dbias), grads):
