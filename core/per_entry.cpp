@@ -129,7 +129,116 @@ class PerEntryPlan final : public Plan {
   bool has_lse_ = true;
 };
 
+// The backward pass entry by entry: each a dense backward on views into the
+// packed tensors, with its rows of lse copied out; dsinks summed over the
+// entries in their order. Whatever no entry owns gets zero gradients: query
+// rows past the last sequence, and the keys of entries without queries or
+// past the last one.
+class PerEntryBackwardPlan final : public BackwardPlan {
+ public:
+  PerEntryBackwardPlan(const Problem& p, const BackwardIO& io, const RunOptions& options, const Backend& dense)
+      : p_(p), io_(io), options_(options), dense_(dense) {
+    const double budget = case_memory_limit_bytes() / 4;
+    double held = 0;
+    for (std::int64_t e = 0; e < p.batch; ++e) {
+      if (io.forward.cu_seqlens_q[e + 1] == io.forward.cu_seqlens_q[e]) continue;
+      if (held > budget) {
+        lazy_from_ = e;
+        break;
+      }
+      entries_.push_back(make_entry(e));
+      // What a dense backward holds is not declared: count what its views imply.
+      const Entry& entry = entries_.back();
+      held += 16.0 * static_cast<double>(entry.problem.q_elements() + entry.problem.k_elements()) + 1024.0;
+    }
+  }
+
+  void run() override {
+    const AttentionIO& f = io_.forward;
+    zero_rows(io_.dq, f.cu_seqlens_q[p_.batch], p_.seq_q, p_.head_dim);
+    for (std::int64_t e = 0; e < p_.batch; ++e) {
+      if (f.cu_seqlens_q[e + 1] == f.cu_seqlens_q[e]) {
+        zero_rows(io_.dk, f.cu_seqlens_k[e], f.cu_seqlens_k[e + 1], p_.head_dim);
+        zero_rows(io_.dv, f.cu_seqlens_k[e], f.cu_seqlens_k[e + 1], p_.head_dim_v);
+      }
+    }
+    zero_rows(io_.dk, f.cu_seqlens_k[p_.batch], p_.seq_k, p_.head_dim);
+    zero_rows(io_.dv, f.cu_seqlens_k[p_.batch], p_.seq_k, p_.head_dim_v);
+    if (io_.dsinks) std::fill_n(io_.dsinks, p_.heads_q, 0.0);
+    for (Entry& e : entries_) run_entry(e);
+    for (std::int64_t e = lazy_from_; e < p_.batch; ++e) {
+      if (f.cu_seqlens_q[e + 1] == f.cu_seqlens_q[e]) continue;
+      Entry entry = make_entry(e);
+      run_entry(entry);
+    }
+  }
+
+ private:
+  struct Entry {
+    Problem problem;
+    std::int64_t q0 = 0;
+    std::vector<double> lse, dsinks;
+    std::unique_ptr<BackwardPlan> plan;
+  };
+
+  Entry make_entry(std::int64_t e) const {
+    const AttentionIO& f = io_.forward;
+    const std::int64_t q0 = f.cu_seqlens_q[e], q_len = f.cu_seqlens_q[e + 1] - q0;
+    const std::int64_t k0 = f.cu_seqlens_k[e], k_len = f.cu_seqlens_k[e + 1] - k0;
+    Entry entry;
+    entry.problem = entry_problem(p_, q_len, k_len);
+    entry.q0 = q0;
+    entry.lse.assign(static_cast<std::size_t>(p_.heads_q * q_len), 0.0);
+    entry.dsinks.assign(io_.dsinks ? static_cast<std::size_t>(p_.heads_q) : 0, 0.0);
+    BackwardIO sub = io_;
+    sub.forward.q = rows_of(f.q, q0, q_len);
+    sub.forward.k = rows_of(f.k, k0, k_len);
+    sub.forward.v = rows_of(f.v, k0, k_len);
+    sub.forward.out = rows_of(f.out, q0, q_len);
+    sub.forward.cu_seqlens_q = sub.forward.cu_seqlens_k = nullptr;
+    sub.forward.lse = f.lse ? entry.lse.data() : nullptr;
+    sub.dout = rows_of(io_.dout, q0, q_len);
+    sub.dq = rows_of(io_.dq, q0, q_len);
+    sub.dk = rows_of(io_.dk, k0, k_len);
+    sub.dv = rows_of(io_.dv, k0, k_len);
+    sub.dsinks = io_.dsinks ? entry.dsinks.data() : nullptr;
+    entry.plan = dense_.prepare_backward(entry.problem, sub, options_);
+    return entry;
+  }
+
+  void run_entry(Entry& e) {
+    if (io_.forward.lse) {
+      for (std::int64_t h = 0; h < p_.heads_q; ++h)
+        for (std::int64_t i = 0; i < e.problem.seq_q; ++i) {
+          e.lse[static_cast<std::size_t>(h * e.problem.seq_q + i)] = io_.forward.lse[h * p_.seq_q + e.q0 + i];
+        }
+    }
+    e.plan->run();
+    if (io_.dsinks) {
+      for (std::int64_t h = 0; h < p_.heads_q; ++h) io_.dsinks[h] += e.dsinks[static_cast<std::size_t>(h)];
+    }
+  }
+
+  void zero_rows(const MutableTensorView& view, std::int64_t from, std::int64_t to, std::int64_t width) {
+    for (std::int64_t h = 0; h < view.shape[1]; ++h)
+      for (std::int64_t s = from; s < to; ++s)
+        for (std::int64_t d = 0; d < width; ++d) store_float(view, view.offset(0, h, s, d), 0.0f);
+  }
+
+  Problem p_;
+  BackwardIO io_;
+  RunOptions options_;
+  const Backend& dense_;
+  std::vector<Entry> entries_;
+  std::int64_t lazy_from_ = std::numeric_limits<std::int64_t>::max();
+};
+
 }  // namespace
+
+std::unique_ptr<BackwardPlan> plan_backward_per_entry(const Problem& problem, const BackwardIO& io,
+                                                      const RunOptions& options, const Backend& dense) {
+  return std::make_unique<PerEntryBackwardPlan>(problem, io, options, dense);
+}
 
 std::unique_ptr<Plan> plan_per_entry(const Problem& problem, const AttentionIO& io, const RunOptions& options,
                                      const Backend& dense) {

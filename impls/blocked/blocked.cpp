@@ -5,9 +5,11 @@
 #include <limits>
 #include <vector>
 
+#include "attnbench/error.hpp"
 #include "attnbench/per_entry.hpp"
 #include "attnbench/value_range.hpp"
 #include "core/thread_pool.hpp"
+#include "impls/cpu_kernels/flash_backward.hpp"
 #include "impls/cpu_kernels/tiling.hpp"
 
 namespace attn {
@@ -111,12 +113,21 @@ class BlockedBackend final : public Backend {
   std::string_view name() const override { return "blocked"; }
   std::string_view description() const override { return description_; }
   // Not float64: the kernels accumulate in float32.
-  Capabilities capabilities() const override { return {dtype_bit(DType::f32) | dtype_bit(DType::f16) | dtype_bit(DType::bf16), kAllFeatures, true}; }
+  Capabilities capabilities() const override {
+    return {dtype_bit(DType::f32) | dtype_bit(DType::f16) | dtype_bit(DType::bf16), kAllFeatures, true, true};
+  }
   Status supports(const Problem&) const override { return Status::yes(); }
   std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& options) const override {
     require_float32_scores(p, io);  // scores in float32: values beyond its range are refused, not computed wrong
     if (p.ragged) return plan_per_entry(p, io, options, *this);  // each entry a dense problem, in place
     return std::make_unique<BlockedPlan>(p, io, options);
+  }
+  // FlashAttention-2's backward (impls/cpu_kernels/flash_backward.hpp), with this backend's tile height.
+  std::unique_ptr<BackwardPlan> prepare_backward(const Problem& p, const BackwardIO& io, const RunOptions& options) const override {
+    if (p.paged()) throw Unsupported("a paged case has no backward pass");
+    require_float32_scores(p, io.forward);
+    if (p.ragged) return plan_backward_per_entry(p, io, options, *this);
+    return cpu::make_flash_backward_plan(p, io, options, kMaxTileRows);
   }
 
  private:

@@ -16,9 +16,28 @@ std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m *
 
 template <typename T> const T* typed(const TensorView& v) { return static_cast<const T*>(v.data); }
 
-// Row (b, h, s) of a view, its first n elements widened to float. One offset
-// per row and a switch per row, not per element: packing runs once per head
-// and would otherwise cost as much as the products it feeds.
+// Keys [lo, hi) the position rules leave to query i of entry b (causal,
+// window, kv_len, a paged entry's length); the tiles are never packed
+// sequences (those run one entry at a time, attnbench/per_entry.hpp).
+Problem::KeyRange row_keys(const Problem& p, const AttentionIO& io, std::int64_t b, std::int64_t i) {
+  return io.sequences(p).entry_row(b, i).keys;
+}
+
+// The scores of a tile are plain when nothing but the position rules touches
+// them: no mask, bias, softcap or ALiBi.
+bool plain_scores(const Problem& p, const AttentionIO& io) {
+  return io.mask.empty() && io.bias.empty() && p.softcap == 0 && io.alibi_slopes == nullptr;
+}
+
+// Where key j of entry b is in a k or v view: through the page table when paged.
+std::int64_t key_offset(const Problem& p, const AttentionIO& io, const TensorView& view, std::int64_t b,
+                        std::int64_t kv_head, std::int64_t j) {
+  const SequenceMap::Key key = io.sequences(p).key(b, j);
+  return view.offset(key.b, kv_head, key.s, 0);
+}
+
+}  // namespace
+
 void read_row(const TensorView& v, std::int64_t base, std::int64_t n, float* out) {
   const std::int64_t step = v.strides[3];
   switch (v.dtype) {
@@ -43,28 +62,6 @@ void read_row(const TensorView& v, std::int64_t base, std::int64_t n, float* out
       for (std::int64_t d = 0; d < n; ++d) out[d] = load_float(v, base + d * step);
   }
 }
-
-// Keys [lo, hi) the position rules leave to query i of entry b (causal,
-// window, kv_len, a paged entry's length); the tiles are never packed
-// sequences (those run one entry at a time, attnbench/per_entry.hpp).
-Problem::KeyRange row_keys(const Problem& p, const AttentionIO& io, std::int64_t b, std::int64_t i) {
-  return io.sequences(p).entry_row(b, i).keys;
-}
-
-// The scores of a tile are plain when nothing but the position rules touches
-// them: no mask, bias, softcap or ALiBi.
-bool plain_scores(const Problem& p, const AttentionIO& io) {
-  return io.mask.empty() && io.bias.empty() && p.softcap == 0 && io.alibi_slopes == nullptr;
-}
-
-// Where key j of entry b is in a k or v view: through the page table when paged.
-std::int64_t key_offset(const Problem& p, const AttentionIO& io, const TensorView& view, std::int64_t b,
-                        std::int64_t kv_head, std::int64_t j) {
-  const SequenceMap::Key key = io.sequences(p).key(b, j);
-  return view.offset(key.b, kv_head, key.s, 0);
-}
-
-}  // namespace
 
 Geometry Geometry::of(const Problem& p, std::int64_t max_tile_rows, const Kernels& kernels) {
   Geometry g;

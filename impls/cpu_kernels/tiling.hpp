@@ -28,6 +28,11 @@ template <typename T> struct CacheLineAllocator {
 };
 template <typename T> using LineVector = std::vector<T, CacheLineAllocator<T>>;
 
+// The n elements of a view from offset `base` on (stride strides[3]) widened
+// to float. One offset per row and a switch per row, not per element: packing
+// runs once per head and would otherwise cost as much as the products it feeds.
+void read_row(const TensorView& v, std::int64_t base, std::int64_t n, float* out);
+
 // Sizes derived from a problem, fixed for a plan.
 struct Geometry {
   std::int64_t group = 1;          // query heads per kv head

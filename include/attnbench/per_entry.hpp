@@ -18,4 +18,10 @@ Problem entry_problem(const Problem& packed, std::int64_t q_len, std::int64_t k_
 std::unique_ptr<Plan> plan_per_entry(const Problem& problem, const AttentionIO& io, const RunOptions& options,
                                      const Backend& dense);
 
+// The backward pass of a packed problem the same way, with the dense
+// backend's prepare_backward per entry; the entries' dsinks are summed in
+// entry order (deterministic), and whatever no entry owns gets zero gradients.
+std::unique_ptr<BackwardPlan> plan_backward_per_entry(const Problem& problem, const BackwardIO& io,
+                                                      const RunOptions& options, const Backend& dense);
+
 }  // namespace attn

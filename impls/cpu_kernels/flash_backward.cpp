@@ -1,0 +1,308 @@
+#include "impls/cpu_kernels/flash_backward.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "attnbench/error.hpp"
+#include "attnbench/value_range.hpp"
+#include "core/thread_pool.hpp"
+#include "impls/cpu_kernels/tiling.hpp"
+
+namespace attn::cpu {
+
+namespace {
+
+constexpr double kLog2e = 1.4426950408889634;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+// Tasks the key chunks aim at, whatever the thread count (which must not
+// change the sums): enough for 2 to 8 threads to share a causal problem's
+// unequal key blocks.
+constexpr std::int64_t kTargetTasks = 16;
+
+std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
+std::size_t size(std::int64_t n) { return static_cast<std::size_t>(n); }
+
+// One thread's scratch: a key block packed three ways (K^T for S, K rows for
+// dQ, V^T for dP), its dK and dV sums, and one tile's scores.
+struct Worker {
+  LineVector<float> kt, kr, vt, v_row, dk, dv, s, dp, raw, t, row_max;
+};
+
+class FlashBackwardPlan final : public BackwardPlan {
+ public:
+  FlashBackwardPlan(const Problem& p, const BackwardIO& io, const RunOptions& options, std::int64_t max_tile_rows)
+      : p_(p), io_(io), kernels_(best_kernels()), g_(Geometry::of(p, max_tile_rows, kernels_)) {
+    if (p.ragged || p.paged()) throw Unsupported("the flash backward takes dense problems (packed ones run per entry)");
+    if (!io.forward.lse) throw Unsupported("the flash backward needs the forward's lse");
+    // float32 dot products throughout: Q comes prescaled, scores in log2 units.
+    g_.bf16_kernels = false;
+    g_.q_prescaled = true;
+    g_.scratch_rows = g_.tile_rows;
+    threads_ = resolve_threads(options.threads);
+    d_pad_ = round_up(p.head_dim, 16);
+    units_ = p.batch * p.heads_kv;
+    rows_ = p.seq_q * g_.group;
+    with_dbias_ = !io.dbias.empty();
+    const std::int64_t owners = with_dbias_ ? 1 : units_;
+    chunks_ = std::clamp<std::int64_t>((kTargetTasks + owners - 1) / owners, 1, std::max<std::int64_t>(g_.key_blocks, 1));
+    per_chunk_ = (g_.key_blocks + chunks_ - 1) / chunks_;
+    auto d = [](std::int64_t x) { return static_cast<double>(x); };
+    const double all_rows = d(units_) * d(rows_);
+    const double dbias_elements = with_dbias_ ? d(p.broadcast_elements(p.bias)) : 0.0;
+    require_workspace(4.0 * all_rows * d(2 * d_pad_ + g_.dv_pad + 2 + chunks_ * d_pad_) + 8.0 * dbias_elements +
+                          4.0 * d(threads_) * (d(kKeyBlock) * d(3 * d_pad_ + 3 * g_.dv_pad) + 4.0 * d(g_.tile_rows) * d(kKeyBlock) + 4096.0),
+                      "the flash backward's packed Q and dO, dQ partials and key blocks");
+    qs_.assign(size(units_ * rows_ * d_pad_), 0.0f);
+    qn_.assign(size(units_ * rows_ * d_pad_), 0.0f);
+    dout_.assign(size(units_ * rows_ * g_.dv_pad), 0.0f);
+    delta_.assign(size(units_ * rows_), 0.0f);
+    lse2_.assign(size(units_ * rows_), 0.0f);
+    delta64_.assign(io.dsinks ? size(units_ * rows_) : 0, 0.0);
+    partial_.assign(size(units_ * chunks_ * rows_ * d_pad_), 0.0f);
+    dbias_.assign(size(static_cast<std::int64_t>(dbias_elements)), 0.0);
+    tile_keys_.assign(size(units_ * g_.query_tiles), {0, 0});
+    workers_.resize(size(threads_));
+    for (Worker& w : workers_) {
+      w.kt.assign(size(d_pad_ * kKeyBlock), 0.0f);
+      w.kr.assign(size(kKeyBlock * d_pad_), 0.0f);
+      w.vt.assign(size(g_.dv_pad * kKeyBlock), 0.0f);
+      w.v_row.assign(size(g_.dv_pad), 0.0f);
+      w.dk.assign(size(kKeyBlock * d_pad_), 0.0f);
+      w.dv.assign(size(kKeyBlock * g_.dv_pad), 0.0f);
+      for (auto* tile : {&w.s, &w.dp, &w.raw}) tile->assign(size(g_.tile_rows * kKeyBlock), 0.0f);
+      w.t.assign(size(kKeyBlock * kKeyBlock), 0.0f);
+      w.row_max.assign(size(g_.tile_rows), 0.0f);
+    }
+  }
+
+  void run() override {
+    ThreadPool& pool = ThreadPool::get(threads_);
+    pool.parallel_for(units_, [&](std::int64_t unit, int) { pack_rows(unit); });
+    std::fill(dbias_.begin(), dbias_.end(), 0.0);
+    if (with_dbias_) {
+      // A chunk of keys across every (batch, kv head): its dbias sums stay in this task.
+      pool.parallel_for(chunks_, [&](std::int64_t chunk, int worker) {
+        for (std::int64_t unit = 0; unit < units_; ++unit) key_chunk(unit, chunk, workers_[size(worker)]);
+      });
+    } else {
+      pool.parallel_for(units_ * chunks_, [&](std::int64_t task, int worker) {
+        key_chunk(task / chunks_, task % chunks_, workers_[size(worker)]);
+      });
+    }
+    pool.parallel_for(units_, [&](std::int64_t unit, int) { write_dq(unit); });
+    if (with_dbias_) write_dbias();
+    if (io_.dsinks) write_dsinks();
+  }
+
+ private:
+  std::int64_t row_of(std::int64_t unit, std::int64_t r) const { return unit * rows_ + r; }
+
+  // Q (unscaled and times score_scale), dO, D = rowsum(dO o O) and lse in
+  // log2 units of one (batch, kv head), rows r = position * group + head in
+  // group; and the keys each of its tiles may see.
+  void pack_rows(std::int64_t unit) {
+    const std::int64_t b = unit / p_.heads_kv, kv_head = unit % p_.heads_kv;
+    const AttentionIO& f = io_.forward;
+    const TensorView out{f.out.data, f.out.dtype, f.out.shape, f.out.strides};
+    std::vector<float> o(size(p_.head_dim_v));
+    for (std::int64_t i = 0; i < p_.seq_q; ++i) {
+      for (std::int64_t hg = 0; hg < g_.group; ++hg) {
+        const std::int64_t h = kv_head * g_.group + hg, at = row_of(unit, i * g_.group + hg);
+        float* qn = qn_.data() + at * d_pad_;
+        float* qs = qs_.data() + at * d_pad_;
+        read_row(f.q, f.q.offset(b, h, i, 0), p_.head_dim, qn);
+        for (std::int64_t d = 0; d < p_.head_dim; ++d) qs[d] = qn[d] * g_.score_scale;
+        float* dout = dout_.data() + at * g_.dv_pad;
+        read_row(io_.dout, io_.dout.offset(b, h, i, 0), p_.head_dim_v, dout);
+        read_row(out, out.offset(b, h, i, 0), p_.head_dim_v, o.data());
+        double delta = 0;
+        for (std::int64_t c = 0; c < p_.head_dim_v; ++c) delta += static_cast<double>(dout[c]) * static_cast<double>(o[size(c)]);
+        delta_[size(at)] = static_cast<float>(delta);
+        if (io_.dsinks) delta64_[size(at)] = delta;
+        const double lse = f.lse[(b * p_.heads_q + h) * p_.seq_q + i];
+        lse2_[size(at)] = static_cast<float>(lse * kLog2e);
+      }
+    }
+    for (std::int64_t tile = 0; tile < g_.query_tiles; ++tile) {
+      const QueryTile t = query_tile(p_, g_, unit * g_.query_tiles + tile);
+      tile_keys_[size(unit * g_.query_tiles + tile)] = {visible_key_begin(p_, f, t), visible_key_end(p_, f, t)};
+    }
+  }
+
+  // Keys [j0, j0 + 64) of one (batch, kv head): K^T, K rows and V^T, zero past seq_k.
+  void pack_keys(std::int64_t b, std::int64_t kv_head, std::int64_t j0, Worker& w) const {
+    const AttentionIO& f = io_.forward;
+    for (std::int64_t jj = 0; jj < kKeyBlock; ++jj) {
+      const std::int64_t j = j0 + jj;
+      float* kr = w.kr.data() + jj * d_pad_;
+      float* vrow = w.v_row.data();
+      if (j < p_.seq_k) {
+        read_row(f.k, f.k.offset(b, kv_head, j, 0), p_.head_dim, kr);
+        read_row(f.v, f.v.offset(b, kv_head, j, 0), p_.head_dim_v, vrow);
+      } else {
+        std::fill_n(kr, p_.head_dim, 0.0f);
+        std::fill_n(vrow, p_.head_dim_v, 0.0f);
+      }
+      for (std::int64_t d = 0; d < p_.head_dim; ++d) w.kt[size(d * kKeyBlock + jj)] = kr[d];
+      for (std::int64_t c = 0; c < p_.head_dim_v; ++c) w.vt[size(c * kKeyBlock + jj)] = vrow[c];
+    }
+  }
+
+  // acc[64][width] += x^T y: x is rows x 64 (row stride 64), y rows x width
+  // (row stride ld); through pv_f32, 64 rows of x transposed at a time.
+  void add_transposed(const float* x, std::int64_t rows, const float* y, std::int64_t ld, std::int64_t width, float* acc,
+                      Worker& w) const {
+    for (std::int64_t r0 = 0; r0 < rows; r0 += kKeyBlock) {
+      const std::int64_t n = std::min(kKeyBlock, rows - r0);
+      for (std::int64_t j = 0; j < kKeyBlock; ++j) {
+        float* tj = w.t.data() + j * kKeyBlock;
+        for (std::int64_t r = 0; r < n; ++r) tj[r] = x[(r0 + r) * kKeyBlock + j];
+      }
+      kernels_.pv_f32(w.t.data(), kKeyBlock, n, y + r0 * ld, ld, width, acc);
+    }
+  }
+
+  void key_chunk(std::int64_t unit, std::int64_t chunk, Worker& w) {
+    const std::int64_t first = std::min(chunk * per_chunk_, g_.key_blocks);
+    const std::int64_t last = std::min(first + per_chunk_, g_.key_blocks);
+    float* partial = partial_.data() + (unit * chunks_ + chunk) * rows_ * d_pad_;
+    std::fill_n(partial, rows_ * d_pad_, 0.0f);
+    for (std::int64_t block = first; block < last; ++block) key_block(unit, block, partial, w);
+  }
+
+  // Every query tile of `unit` that sees keys [j0, j0 + 64): their
+  // contributions to this block's dK and dV (written at the end) and to dQ.
+  void key_block(std::int64_t unit, std::int64_t block, float* partial, Worker& w) {
+    const std::int64_t b = unit / p_.heads_kv, kv_head = unit % p_.heads_kv;
+    const std::int64_t j0 = block * kKeyBlock, keys = std::min(kKeyBlock, p_.seq_k - j0);
+    const AttentionIO& f = io_.forward;
+    pack_keys(b, kv_head, j0, w);
+    std::fill(w.dk.begin(), w.dk.end(), 0.0f);
+    std::fill(w.dv.begin(), w.dv.end(), 0.0f);
+    const float scale = static_cast<float>(p_.scale);
+    const float cap2 = static_cast<float>(p_.softcap * kLog2e);
+    for (std::int64_t tile = 0; tile < g_.query_tiles; ++tile) {
+      const auto [begin, end] = tile_keys_[size(unit * g_.query_tiles + tile)];
+      if (end <= j0 || begin >= j0 + kKeyBlock || begin >= end) continue;  // no row of the tile sees this block
+      const QueryTile t = query_tile(p_, g_, unit * g_.query_tiles + tile);
+      const std::int64_t rows = t.rows(), r0 = t.first_query * g_.group;
+      const float* lse2 = lse2_.data() + row_of(unit, r0);
+      const float* delta = delta_.data() + row_of(unit, r0);
+      const float* qs = qs_.data() + row_of(unit, r0) * d_pad_;
+      const float* qn = qn_.data() + row_of(unit, r0) * d_pad_;
+      const float* dout = dout_.data() + row_of(unit, r0) * g_.dv_pad;
+      // P from the recomputed scores and the forward's lse.
+      kernels_.qk_f32(qs, rows, d_pad_, w.kt.data(), w.s.data(), w.row_max.data());
+      if (p_.softcap != 0) std::copy_n(w.s.begin(), rows * kKeyBlock, w.raw.begin());
+      finish_scores(p_, g_, f, kernels_, t, j0, w.s.data(), w.row_max.data(), true);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        float* row = w.s.data() + r * kKeyBlock;
+        if (lse2[r] == kNegInf) std::fill_n(row, kKeyBlock, 0.0f);  // no visible key: P = 0
+        else kernels_.exp2_sum(row, kKeyBlock, 1.0f, lse2[r], 0);
+      }
+      // dP = dO V^T, then dS = P (dP - D) in place of dP, times scale and the
+      // softcap's slope 1 - tanh^2 (what Q K^T is multiplied by).
+      kernels_.qk_f32(dout, rows, g_.dv_pad, w.vt.data(), w.dp.data(), w.row_max.data());
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const float* pr = w.s.data() + r * kKeyBlock;
+        float* dsr = w.dp.data() + r * kKeyBlock;
+        for (std::int64_t j = 0; j < kKeyBlock; ++j) dsr[j] = pr[j] * (dsr[j] - delta[r]);
+        if (with_dbias_) add_dbias(t, r, j0, keys, dsr);
+        if (p_.softcap != 0) {
+          const float* raw = w.raw.data() + r * kKeyBlock;
+          for (std::int64_t j = 0; j < kKeyBlock; ++j) {
+            const float th = std::tanh(raw[j] / cap2);
+            dsr[j] *= scale * (1.0f - th * th);
+          }
+        } else {
+          for (std::int64_t j = 0; j < kKeyBlock; ++j) dsr[j] *= scale;
+        }
+      }
+      add_transposed(w.s.data(), rows, dout, g_.dv_pad, g_.dv_pad, w.dv.data(), w);  // dV += P^T dO
+      add_transposed(w.dp.data(), rows, qn, d_pad_, d_pad_, w.dk.data(), w);        // dK += dS^T Q
+      kernels_.pv_f32(w.dp.data(), rows, keys, w.kr.data(), d_pad_, d_pad_, partial + r0 * d_pad_);  // dQ += dS K
+    }
+    for (std::int64_t jj = 0; jj < keys; ++jj) {
+      const std::int64_t j = j0 + jj;
+      const float* dk = w.dk.data() + jj * d_pad_;
+      const float* dv = w.dv.data() + jj * g_.dv_pad;
+      for (std::int64_t d = 0; d < p_.head_dim; ++d) store_float(io_.dk, io_.dk.offset(b, kv_head, j, d), dk[d]);
+      for (std::int64_t c = 0; c < p_.head_dim_v; ++c) store_float(io_.dv, io_.dv.offset(b, kv_head, j, c), dv[c]);
+    }
+  }
+
+  // dbias over the bias's stored shape, summed over its broadcast axes: row r
+  // of tile t, keys [j0, j0 + keys).
+  void add_dbias(const QueryTile& t, std::int64_t r, std::int64_t j0, std::int64_t keys, const float* ds) {
+    const BroadcastShape& shape = p_.bias;
+    const std::int64_t bb = shape.batch == 1 ? 0 : t.b, bh = shape.heads == 1 ? 0 : t.head(g_, r);
+    const std::int64_t bq = shape.rows == 1 ? 0 : t.query(g_, r);
+    double* sums = dbias_.data() + ((bb * shape.heads + bh) * shape.rows + bq) * p_.seq_k + j0;
+    for (std::int64_t j = 0; j < keys; ++j) sums[j] += static_cast<double>(ds[j]);
+  }
+
+  // dQ of one (batch, kv head): its chunks' partial sums in chunk order.
+  void write_dq(std::int64_t unit) {
+    const std::int64_t b = unit / p_.heads_kv, kv_head = unit % p_.heads_kv;
+    const float* partials = partial_.data() + unit * chunks_ * rows_ * d_pad_;
+    for (std::int64_t r = 0; r < rows_; ++r) {
+      const std::int64_t h = kv_head * g_.group + r % g_.group, i = r / g_.group;
+      for (std::int64_t d = 0; d < p_.head_dim; ++d) {
+        float sum = 0;
+        for (std::int64_t c = 0; c < chunks_; ++c) sum += partials[(c * rows_ + r) * d_pad_ + d];
+        store_float(io_.dq, io_.dq.offset(b, h, i, d), sum);
+      }
+    }
+  }
+
+  void write_dbias() {
+    const BroadcastShape& shape = p_.bias;
+    for (std::int64_t bb = 0; bb < shape.batch; ++bb)
+      for (std::int64_t bh = 0; bh < shape.heads; ++bh)
+        for (std::int64_t bq = 0; bq < shape.rows; ++bq)
+          for (std::int64_t j = 0; j < p_.seq_k; ++j) {
+            const double sum = dbias_[size(((bb * shape.heads + bh) * shape.rows + bq) * p_.seq_k + j)];
+            store_float(io_.dbias, io_.dbias.offset(bb, bh, bq, j), static_cast<float>(sum));
+          }
+  }
+
+  // dsinks_h = -sum over the head's rows of exp(sink - lse) D.
+  void write_dsinks() {
+    for (std::int64_t h = 0; h < p_.heads_q; ++h) {
+      const double sink = io_.forward.sinks[h];
+      double sum = 0;
+      for (std::int64_t b = 0; b < p_.batch; ++b) {
+        const std::int64_t unit = b * p_.heads_kv + h / g_.group;
+        for (std::int64_t i = 0; i < p_.seq_q; ++i) {
+          const std::int64_t at = row_of(unit, i * g_.group + h % g_.group);
+          const double lse = io_.forward.lse[(b * p_.heads_q + h) * p_.seq_q + i];
+          sum += std::exp(sink - lse) * delta64_[size(at)];
+        }
+      }
+      io_.dsinks[h] = -sum;
+    }
+  }
+
+  Problem p_;
+  BackwardIO io_;
+  const Kernels& kernels_;
+  Geometry g_;
+  int threads_ = 1;
+  std::int64_t d_pad_ = 16, units_ = 0, rows_ = 0, chunks_ = 1, per_chunk_ = 0;
+  bool with_dbias_ = false;
+  LineVector<float> qs_, qn_, dout_, delta_, lse2_, partial_;
+  std::vector<double> dbias_, delta64_;  // D in float64 for dsinks
+  std::vector<std::pair<std::int64_t, std::int64_t>> tile_keys_;
+  std::vector<Worker> workers_;
+};
+
+}  // namespace
+
+std::unique_ptr<BackwardPlan> make_flash_backward_plan(const Problem& p, const BackwardIO& io,
+                                                       const RunOptions& options, std::int64_t max_tile_rows) {
+  return std::make_unique<FlashBackwardPlan>(p, io, options, max_tile_rows);
+}
+
+}  // namespace attn::cpu
