@@ -29,6 +29,31 @@
 
 namespace attn::bench {
 
+const char* direction_name(Direction d) {
+  switch (d) {
+    case Direction::forward: return "forward";
+    case Direction::backward: return "backward";
+    case Direction::both: return "forward+backward";
+  }
+  return "forward";
+}
+
+Direction parse_direction(const std::string& text) {
+  for (Direction d : {Direction::forward, Direction::backward, Direction::both}) {
+    if (text == direction_name(d)) return d;
+  }
+  throw Error(fmt::format("--direction {}: not one of forward, backward, forward+backward", text));
+}
+
+double direction_flops_factor(Direction d) {
+  switch (d) {
+    case Direction::forward: return 1.0;
+    case Direction::backward: return 2.5;
+    case Direction::both: return 3.5;
+  }
+  return 1.0;
+}
+
 namespace {
 
 CaseData random_case(const Problem& p) {
@@ -73,6 +98,21 @@ struct Prepared {
   Buffer out;
   std::vector<double> lse;
   std::unique_ptr<Plan> plan;
+  // The backward's: dO (random, in dtype), the gradients, and its plan.
+  Buffer dout, dq, dk, dv;
+  std::vector<double> dsinks;
+  BackwardIO backward_io;
+  std::unique_ptr<BackwardPlan> backward;
+
+  // One timed call of the direction: the plan's own clock for the forward
+  // alone (device backends time their kernels), the wall clock otherwise.
+  double call(Direction d) {
+    if (d == Direction::forward) return plan->run_timed();
+    const auto start = std::chrono::steady_clock::now();
+    if (d == Direction::both) plan->run();
+    backward->run();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
 };
 
 // The inputs of each problem, drawn once per run: every backend and every
@@ -98,22 +138,54 @@ std::unique_ptr<Prepared> make_inputs(const Problem& p) {
   return prepared;
 }
 
-std::unique_ptr<Prepared> prepare(const Backend& backend, const Problem& p, const RunOptions& options) {
+// The gradient buffers and dO of a backward benchmark, allocated before its
+// memory is measured (they are the call's outputs and input, not its own).
+void make_gradients(Prepared& prepared, const Problem& p) {
+  auto tensor = [&](Buffer& buffer, const Dims4& shape) {
+    buffer = Buffer(static_cast<std::size_t>(shape[0] * shape[1] * shape[2] * shape[3]) * dtype_size(p.dtype));
+    return MutableTensorView{buffer.data(), p.dtype, shape, layout_strides(shape, p.layout)};
+  };
+  const Dims4 out_shape{p.q_batch(), p.heads_q, p.seq_q, p.head_dim_v};
+  const MutableTensorView dout = tensor(prepared.dout, out_shape);
+  Rng rng = Rng::from_name("dout " + p.to_string());
+  for (std::int64_t e = 0; e < p.out_elements(); ++e) store_from_double(dout.data, e, p.dtype, round_to_dtype(rng.normal(), p.dtype));
+  BackwardIO& io = prepared.backward_io;
+  io.dout = TensorView{dout.data, p.dtype, dout.shape, dout.strides};
+  io.dq = tensor(prepared.dq, {p.q_batch(), p.heads_q, p.seq_q, p.head_dim});
+  io.dk = tensor(prepared.dk, {p.kv_batch(), p.heads_kv, p.kv_seq(), p.head_dim});
+  io.dv = tensor(prepared.dv, {p.kv_batch(), p.heads_kv, p.kv_seq(), p.head_dim_v});
+  prepared.dsinks.assign(p.sinks ? static_cast<std::size_t>(p.heads_q) : 0, 0.0);
+  io.dsinks = p.sinks ? prepared.dsinks.data() : nullptr;
+}
+
+// After the forward plan: its untimed run (out and lse for the backward),
+// then the backward's plan.
+void prepare_backward(const Backend& backend, Prepared& prepared, const Problem& p, const RunOptions& options) {
+  prepared.plan->run();
+  prepared.plan->read_output();
+  prepared.backward_io.forward = prepared.io;
+  if (!prepared.plan->has_lse()) prepared.backward_io.forward.lse = nullptr;
+  prepared.backward = backend.prepare_backward(p, prepared.backward_io, options);
+}
+
+std::unique_ptr<Prepared> prepare(const Backend& backend, const Problem& p, Direction d, const RunOptions& options) {
   auto prepared = make_inputs(p);
+  if (d != Direction::forward) make_gradients(*prepared, p);
   prepared->plan = backend.prepare(p, prepared->io, options);
+  if (d != Direction::forward) prepare_backward(backend, *prepared, p, options);
   return prepared;
 }
 
 // Seconds per call, extrapolated from runs on at most 256 and 512 rows and
 // keys of the problem: t = fixed + per_flop * flops, so backends with a large
 // fixed cost per call are not overestimated.
-double estimate_seconds(const Backend& backend, const Problem& p, const RunOptions& options) {
+double estimate_seconds(const Backend& backend, const Problem& p, Direction d, const RunOptions& options) {
   auto time_at = [&](std::int64_t size, double& flops) {
     const Problem small = shrunk(p, size);
     flops = useful_flops(small);
-    auto prepared = prepare(backend, small, options);
-    prepared->plan->run();  // warm up
-    return prepared->plan->run_timed();
+    auto prepared = prepare(backend, small, d, options);
+    prepared->call(d);  // warm up
+    return prepared->call(d);
   };
   double flops_small = 0, flops_large = 0;
   const double t_small = time_at(256, flops_small), t_large = time_at(512, flops_large);
@@ -147,18 +219,25 @@ struct SkipDecision {
   std::string skip;  // the reason; empty when it runs
 };
 
-std::string decide_skip(const Backend& backend, const Problem& p, const BenchOptions& options) {
+std::string decide_skip(const Backend& backend, const Problem& p, Direction d, const BenchOptions& options) {
   Status ok = backend.available();
   if (ok) ok = backend_accepts(backend, p);
+  if (ok && d != Direction::forward && !backend.capabilities().backward) ok = Status::no("it has no backward pass");
+  if (ok && d != Direction::forward && p.paged()) ok = Status::no("a paged case has no backward pass");
   if (!ok) return fmt::format("SKIP: {}", ok.reason);
   double limit = options.max_seconds_per_call;
   if (limit <= 0) limit = options.preset == "quick" ? 2.0 : options.preset == "full" ? 60.0 : 5.0;
-  const double estimate = estimate_seconds(backend, p, RunOptions{options.threads});
+  double estimate = 0;
+  try {
+    estimate = estimate_seconds(backend, p, d, RunOptions{options.threads});
+  } catch (const Unsupported& refused) {  // what prepare refuses (workspace, range) is a reason, not an error
+    return fmt::format("SKIP: {}", refused.what());
+  }
   if (estimate > limit) return fmt::format("SKIP: about {:.3g} s per call, above the {:.3g} s limit", estimate, limit);
   return {};
 }
 
-void run_one(benchmark::State& state, const Backend& backend, const Problem& p, const BenchOptions& options,
+void run_one(benchmark::State& state, const Backend& backend, const Problem& p, Direction d, const BenchOptions& options,
              const std::string& skip) {
   if (!skip.empty()) {
     state.SkipWithError(skip.c_str());
@@ -167,22 +246,32 @@ void run_one(benchmark::State& state, const Backend& backend, const Problem& p, 
   RunOptions run{options.threads};
   // Peak memory of prepare and the first call beyond what the inputs and the
   // output already hold: the backend's own.
+  // For the backward alone, beyond the forward's plan as well.
   auto prepared = make_inputs(p);
-  const std::int64_t heap_before = AllocTracker::current_bytes();
+  if (d != Direction::forward) make_gradients(*prepared, p);
+  std::int64_t heap_before = AllocTracker::current_bytes();
   AllocTracker::reset_peak();
   prepared->plan = backend.prepare(p, prepared->io, run);
-  prepared->plan->run();  // first call: page faults, caches
+  if (d == Direction::backward) {
+    prepared->plan->run();
+    heap_before = AllocTracker::current_bytes();
+    AllocTracker::reset_peak();
+  }
+  if (d != Direction::forward) prepare_backward(backend, *prepared, p, run);
+  prepared->call(d);  // first call: page faults, caches
   const double extra = static_cast<double>(AllocTracker::peak_bytes() - heap_before);
   for (auto _ : state) {
-    state.SetIterationTime(prepared->plan->run_timed());
+    state.SetIterationTime(prepared->call(d));
   }
   prepared->plan->read_output();
-  state.counters["FLOP/s"] = benchmark::Counter(useful_flops(p), benchmark::Counter::kIsIterationInvariantRate);
+  // The direction's useful FLOPs (direction_flops_factor times the forward's).
+  const double factor = direction_flops_factor(d);
+  state.counters["FLOP/s"] = benchmark::Counter(factor * useful_flops(p), benchmark::Counter::kIsIterationInvariantRate);
   // Per call, for reports: the pairs of packed and paged cases depend on
   // lengths the problem string does not carry.
-  state.counters["useful_flops"] = useful_flops(p);
-  state.counters["dense_flops"] = dense_flops(p);
-  if (p.seq_q == 1) state.counters["KV_bytes/s"] = benchmark::Counter(kv_bytes(p), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["useful_flops"] = factor * useful_flops(p);
+  state.counters["dense_flops"] = factor * dense_flops(p);
+  if (p.seq_q == 1 && d == Direction::forward) state.counters["KV_bytes/s"] = benchmark::Counter(kv_bytes(p), benchmark::Counter::kIsIterationInvariantRate);
   if (AllocTracker::available()) state.counters["extra_MiB"] = extra / (1 << 20);
   state.counters["workspace_MiB"] = static_cast<double>(prepared->plan->workspace_bytes()) / (1 << 20);
   state.counters["attn_threads"] = resolve_threads(options.threads);
@@ -257,10 +346,18 @@ int run_benchmarks(const std::vector<std::unique_ptr<Backend>>& backends, const 
   // Sharded: every (backend, problem) of the preset is a unit, split by its
   // useful flops (plus a fixed part per benchmark), the same way everywhere.
   const std::vector<Problem> problems = benchmark_problems(options.preset);
+  // A benchmark's name: <backend>/<problem>, then /backward or
+  // /forward+backward for those directions (the forward's name is unchanged).
+  auto bench_name = [](const Backend& b, const Problem& p, Direction d) {
+    return d == Direction::forward ? fmt::format("{}/{}", b.name(), p.to_string())
+                                   : fmt::format("{}/{}/{}", b.name(), p.to_string(), direction_name(d));
+  };
   std::vector<ShardUnit> units;
   for (const Problem& p : problems) {
     for (const auto& backend : backends) {
-      units.push_back({fmt::format("{}/{}", backend->name(), p.to_string()), useful_flops(p) + 1e9});
+      for (Direction d : options.directions) {
+        units.push_back({bench_name(*backend, p, d), direction_flops_factor(d) * useful_flops(p) + 1e9});
+      }
     }
   }
   std::vector<int> owner(units.size(), 1);
@@ -294,21 +391,23 @@ int run_benchmarks(const std::vector<std::unique_ptr<Backend>>& backends, const 
   std::size_t unit = 0;
   for (const Problem& p : problems) {
     for (const auto& backend : backends) {
-      if (owner[unit++] != (options.shard ? options.shard->index : 1)) continue;
-      const Backend* b = backend.get();
-      std::string name = fmt::format("{}/{}", b->name(), p.to_string());
-      auto decision = std::make_shared<SkipDecision>();
-      benchmark::RegisterBenchmark(name.c_str(),
-                                   [b, p, name, decision, &options](benchmark::State& state) {
-                                     if (!decision->decided) {
-                                       progress.next(name);
-                                       decision->skip = decide_skip(*b, p, options);
-                                       decision->decided = true;
-                                     }
-                                     run_one(state, *b, p, options, decision->skip);
-                                   })
-          ->UseManualTime()
-          ->Unit(benchmark::kMillisecond);
+      for (Direction d : options.directions) {
+        if (owner[unit++] != (options.shard ? options.shard->index : 1)) continue;
+        const Backend* b = backend.get();
+        std::string name = bench_name(*b, p, d);
+        auto decision = std::make_shared<SkipDecision>();
+        benchmark::RegisterBenchmark(name.c_str(),
+                                     [b, p, d, name, decision, &options](benchmark::State& state) {
+                                       if (!decision->decided) {
+                                         progress.next(name);
+                                         decision->skip = decide_skip(*b, p, d, options);
+                                         decision->decided = true;
+                                       }
+                                       run_one(state, *b, p, d, options, decision->skip);
+                                     })
+            ->UseManualTime()
+            ->Unit(benchmark::kMillisecond);
+      }
     }
   }
   const std::size_t ran = benchmark::RunSpecifiedBenchmarks();

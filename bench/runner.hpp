@@ -15,8 +15,19 @@
 
 namespace attn::bench {
 
+// What one benchmark times: the forward pass, the backward pass alone (the
+// forward ran once in prepare, untimed, for out and lse), or both in a row.
+enum class Direction { forward, backward, both };
+const char* direction_name(Direction d);                       // "forward", "backward", "forward+backward"
+Direction parse_direction(const std::string& text);            // throws attn::Error naming the choices
+// Useful FLOPs of a direction per forward useful FLOP, as FlashAttention
+// counts them: the backward's five matrix products against the forward's two
+// (2.5), both together 3.5.
+double direction_flops_factor(Direction d);
+
 struct BenchOptions {
   std::string preset = "quick";
+  std::vector<Direction> directions{Direction::forward};
   int threads = 0;
   // Skip a backend on a problem whose estimated time per call exceeds this
   // (the naive backend at long sequences), with the reason. 0: by preset

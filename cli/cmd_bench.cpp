@@ -1,6 +1,7 @@
 // attn bench: the Google Benchmark suite; --benchmark_* flags pass through.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include "bench/runner.hpp"
@@ -58,6 +59,12 @@ Runner add_bench_command(CLI::App& app) {
       ->delimiter(',');
   cmd->add_option("--threads", options->threads, "Threads per backend, 1 to 256 (default: OMP_NUM_THREADS or all cores)")
       ->check(CLI::Range(1, 256));
+  auto directions = std::make_shared<std::vector<std::string>>();
+  cmd->add_option("--direction", *directions,
+                  "What to time, comma-separated: forward (default), backward (the backward pass alone, after an untimed "
+                  "forward), forward+backward; their FLOPs count 1, 2.5 and 3.5 times the forward's useful FLOPs")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"forward", "backward", "forward+backward"}));
   cmd->add_option("--out", options->out, "Write Google Benchmark JSON (with the environment context) to this file");
   cmd->add_flag("!--no-peak", options->measure_peak, "Skip measuring the machine's peaks for the context");
   cmd->add_option("--max-seconds", options->max_seconds_per_call, "Skip a case whose estimated time per call is above this (default by preset: 2, 5, 60 s)");
@@ -67,8 +74,17 @@ Runner add_bench_command(CLI::App& app) {
                   "GTEST_SHARD_INDEX/GTEST_TOTAL_SHARDS, then SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT, are read. "
                   "attn report pools the shards of one host");
   cmd->allow_extras();
-  return [cmd, options, names, shard]() {
+  return [cmd, options, names, shard, directions]() {
     options->shard = shard_from(*shard, &options->shard_source);
+    if (!directions->empty()) {
+      options->directions.clear();
+      for (const std::string& d : *directions) {
+        const bench::Direction parsed = bench::parse_direction(d);
+        if (std::find(options->directions.begin(), options->directions.end(), parsed) == options->directions.end()) {
+          options->directions.push_back(parsed);
+        }
+      }
+    }
     warn_above_cpus(options->threads, "attn bench");
     if (options->measure_peak) options->peak = bench::measure_peak(options->threads);  // before any framework starts
     auto backends = make_backends(*names);
