@@ -10,8 +10,8 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 export OPENBLAS_CORETYPE ?= Haswell
-# What make verify runs: every backend at 1 and 8 threads (8 > the tiles of the
-# split-K cases, so several chunks run on any host) and in both layouts. The
+# What make verify runs: every backend at 1 and 8 threads (more threads than
+# cores, and than the tiles of the split-K cases) and in both layouts. The
 # mutant tests (tests/mutants) read this line.
 VERIFY_ARGS ?= --threads 1,8 --layout bhsd,bshd
 

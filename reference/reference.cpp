@@ -86,7 +86,7 @@ const double* key_row(const CaseData& data, const std::vector<double>& tensor, c
 // what the tolerance policy needs: |scale| sum |q k| (through the cap's
 // slope, plus the cap), plus |alibi| and |bias|.
 __attribute__((target_clones("fma", "default")))  // as compute_row, below
-double score(const CaseData& data, const RowPlace& at, std::int64_t j, double* magnitude) {
+double score(const CaseData& data, const RowPlace& at, std::int64_t j, double* magnitude, double* added = nullptr) {
   const Problem& p = data.problem;
   const double* q = &data.q[static_cast<std::size_t>(at.row * p.head_dim)];
   const double* k = key_row(data, data.k, at, j, p.head_dim);
@@ -109,18 +109,22 @@ double score(const CaseData& data, const RowPlace& at, std::int64_t j, double* m
     // over scores of 10 costs roundings of 10, not of 1e30.
     m = m * (1.0 - t * t) + std::fabs(p.softcap * t);
   }
+  double terms = 0;  // |ALiBi| + |bias|: what is added to the scaled product
   if (p.alibi) {
     // -slope |diag - j|: a float32 slope times an integer below 2^31, exact in a double.
     const double term = -data.alibi_slopes[static_cast<std::size_t>(at.h)] * static_cast<double>(std::llabs(at.diag - j));
     s.add(term);
     m += std::fabs(term);
+    terms += std::fabs(term);
   }
   if (p.bias.present) {
     const double bias = data.bias[static_cast<std::size_t>(broadcast_index(p.bias, at.tb, at.h, at.s, j, p.seq_k))];
     s.add(bias);
     m += std::fabs(bias);
+    terms += std::fabs(bias);
   }
   if (magnitude) *magnitude = m;
+  if (added) *added = terms;
   return s.value();
 }
 
@@ -161,14 +165,15 @@ void compute_row(const CaseData& data, std::int64_t b, std::int64_t h, std::int6
   magnitudes.clear();
   // The sink joins the denominator as one more logit that carries no value.
   const double sink = sink_of(data, h);
-  double max_score = sink;
+  double max_score = sink, max_added = 0;
   for (std::int64_t j = 0; j < at.k_len; ++j) {
     if (!visible(data, at, j)) continue;
-    double magnitude = 0;
-    const double s = score(data, at, j, &magnitude);
+    double magnitude = 0, added = 0;
+    const double s = score(data, at, j, &magnitude, &added);
     visible_keys.push_back(j);
     scores.push_back(s);
     magnitudes.push_back(magnitude);
+    max_added = std::max(max_added, added);
     max_score = std::max(max_score, s);
   }
 
@@ -178,6 +183,7 @@ void compute_row(const CaseData& data, std::int64_t b, std::int64_t h, std::int6
     double m = 0;
     for (double x : magnitudes) m = std::max(m, x);
     stats->score_magnitude[static_cast<std::size_t>(row)] = m;
+    stats->added_magnitude[static_cast<std::size_t>(row)] = max_added;
   }
   if (visible_keys.empty()) {
     for (std::int64_t d = 0; d < p.head_dim_v; ++d) result.out[static_cast<std::size_t>(out_base + d)] = 0.0;
@@ -277,6 +283,12 @@ double reference_score(const CaseData& data, std::int64_t b, std::int64_t h, std
   return score(data, place(data, b, h, i), j, nullptr);
 }
 
+double reference_added_magnitude(const CaseData& data, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) {
+  double added = 0;
+  score(data, place(data, b, h, i), j, nullptr, &added);
+  return added;
+}
+
 std::vector<double> reference_weights(const CaseData& data, std::int64_t b, std::int64_t h) {
   const Problem& p = data.problem;
   std::vector<double> weights(static_cast<std::size_t>(p.seq_q * p.seq_k), 0.0);
@@ -314,6 +326,7 @@ ReferenceResult reference_attention(const CaseData& data, ReferenceStats* stats,
     stats->weighted_dev_v.assign(result.out.size(), 0.0);
     stats->tiny_weighted_v.assign(result.out.size(), 0.0);
     stats->score_magnitude.assign(result.lse.size(), 0.0);
+    stats->added_magnitude.assign(result.lse.size(), 0.0);
     stats->visible.assign(result.lse.size(), 0);
     stats->weight_norm.assign(result.lse.size(), 0.0);
     stats->hull_lo.assign(result.out.size(), 0.0);

@@ -30,6 +30,7 @@ struct ReferenceStats {
   // Per out element: sum_j p_ij |v_jd| over the weights below 2^-14 (float16's
   // smallest normal, the largest of any dtype): those a dtype can underflow.
   std::vector<double> tiny_weighted_v;
+  std::vector<double> added_magnitude; // per row: max over visible j of |ALiBi_ij| + |bias_ij| (what is added to scale q.k)
 };
 
 // Whether key j is visible to query row (b, h, i) under the format's rules.
@@ -58,6 +59,9 @@ void reference_row_view(const CaseData& data, std::int64_t b, std::int64_t h, st
 // The score of that pair (scale, softcap, ALiBi and bias applied), exact to
 // about one rounding; meaningful where the key is visible.
 double reference_score(const CaseData& data, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j);
+// |ALiBi| + |bias| of that score: the terms added to scale * q.k, which every
+// float formulation rounds the score at (a bias of -1000 puts it there).
+double reference_added_magnitude(const CaseData& data, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j);
 
 // The attention weights p[i][j] of one (batch, query head) as a row-major
 // [seq_q, seq_k] matrix; hidden keys hold 0 (use reference_visible to tell them

@@ -81,6 +81,7 @@ BackwardRun run_backward(const Backend& backend, const CaseData& data, const std
     backward->run();
   }
   run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  run.out = out.canonical();
   run.got.dq = dq.canonical();
   run.got.dk = dk.canonical();
   run.got.dv = dv.canonical();

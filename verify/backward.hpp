@@ -52,6 +52,7 @@ void measure_gradients(GradientTruth& truth, const CaseData& data, const std::ve
 
 struct BackwardRun {
   ReferenceGradients got;  // canonical row-major, widened from the dtype; dbias and dsinks empty when not asked
+  std::vector<double> out;  // the backend's own forward output the backward started from (canonical)
   double seconds = 0;      // forward and backward, prepare and run
 };
 

@@ -159,6 +159,17 @@ MeasuredLimit measured_limit(DType dtype, const std::vector<double>& truth,
           std::max(floor * scale.rms, absolute)};
 }
 
+std::vector<double> forward_floor_magnitude(const Problem& p, const ReferenceStats& stats) {
+  std::vector<double> magnitude = stats.weighted_abs_v;
+  const double ratio = accumulation_roundoff(p.dtype) / unit_roundoff(p.dtype);
+  const auto width = static_cast<std::size_t>(std::max<std::int64_t>(p.head_dim_v, 1));
+  for (std::size_t e = 0; e < magnitude.size() && e < stats.weighted_dev_v.size(); ++e) {
+    const std::size_t row = e / width;
+    if (row < stats.added_magnitude.size()) magnitude[e] += ratio * stats.added_magnitude[row] * stats.weighted_dev_v[e];
+  }
+  return magnitude;
+}
+
 MeasuredJudgement judge_measured(const ErrorNorms& errors, const MeasuredLimit& m, std::string_view what,
                                  std::string_view of_what) {
   MeasuredJudgement j;

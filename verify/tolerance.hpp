@@ -110,6 +110,18 @@ MeasuredLimit measured_limit(DType dtype, const std::vector<double>& truth,
                              const std::vector<std::vector<double>>& baselines, const std::vector<double>& magnitude,
                              std::int64_t width, const std::vector<char>& counts, std::int64_t longest_row);
 
+// The forward's floor magnitude per out element: sum_j p_ij |v_jd|, and what
+// adding a bias or ALiBi term moves: every float formulation rounds the score
+// at the size of what it adds, so P moves by |bias| + |ALiBi| accumulation
+// roundoffs relative, and out by sum_j p_ij (|bias_ij| + |ALiBi_ij|) |v_jd -
+// out_id| (bounded with the row's largest), in unit roundoffs of the dtype.
+// Without it a formulation whose scores round at another size (log2 units,
+// where a bias of -1000 is -1443) exceeds k times the plain ones by luck on a
+// row with few keys. (Scores of q.k alone are left out: on exact lattice
+// scores the plain formulations round nothing there, and that is what lets
+// the measured bound see an exp2 a few ulp off.)
+std::vector<double> forward_floor_magnitude(const Problem& p, const ReferenceStats& stats);
+
 // The absolute error that subnormal intermediates may add to an element whose
 // row sees `n` keys: n spacings of the accumulation type's subnormals, and for
 // bfloat16 the smallest normal (its hardware flushes subnormals).

@@ -1,6 +1,7 @@
 #include "impls/cpu_kernels/flash_backward.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -36,7 +37,11 @@ class FlashBackwardPlan final : public BackwardPlan {
       : p_(p), io_(io), kernels_(best_kernels()), g_(Geometry::of(p, max_tile_rows, kernels_)) {
     if (p.ragged || p.paged()) throw Unsupported("the flash backward takes dense problems (packed ones run per entry)");
     if (!io.forward.lse) throw Unsupported("the flash backward needs the forward's lse");
-    // float32 dot products throughout: Q comes prescaled, scores in log2 units.
+    // float32 dot products throughout; the scores exactly the forward's (Q
+    // prescaled, log2 units, finish_scores), so that P meets the forward's
+    // lse: scores rounded otherwise would be off from it by their rounding,
+    // which at |s| in the thousands (a very negative bias) is a part in a
+    // thousand of P.
     g_.bf16_kernels = false;
     g_.q_prescaled = true;
     g_.scratch_rows = g_.tile_rows;
@@ -58,7 +63,8 @@ class FlashBackwardPlan final : public BackwardPlan {
     qn_.assign(size(units_ * rows_ * d_pad_), 0.0f);
     dout_.assign(size(units_ * rows_ * g_.dv_pad), 0.0f);
     delta_.assign(size(units_ * rows_), 0.0f);
-    lse2_.assign(size(units_ * rows_), 0.0f);
+    lse_hi_.assign(size(units_ * rows_), 0.0f);
+    lse_lo_.assign(size(units_ * rows_), 0.0f);
     delta64_.assign(io.dsinks ? size(units_ * rows_) : 0, 0.0);
     partial_.assign(size(units_ * chunks_ * rows_ * d_pad_), 0.0f);
     dbias_.assign(size(static_cast<std::int64_t>(dbias_elements)), 0.0);
@@ -77,7 +83,23 @@ class FlashBackwardPlan final : public BackwardPlan {
     }
   }
 
+  // Every gradient is linear in dO: a pass whose float32 sums overflowed (V
+  // near float32's largest, a true gradient still finite) is redone with dO
+  // scaled down by 2^shift and the results scaled back, as the forward redoes
+  // a tile with its weights scaled down.
   void run() override {
+    shift_ = 0;
+    overflowed_ = false;
+    pass();
+    if (overflowed_) {
+      shift_ = overflow_shift();
+      overflowed_ = false;
+      pass();
+    }
+  }
+
+ private:
+  void pass() {
     ThreadPool& pool = ThreadPool::get(threads_);
     pool.parallel_for(units_, [&](std::int64_t unit, int) { pack_rows(unit); });
     std::fill(dbias_.begin(), dbias_.end(), 0.0);
@@ -96,7 +118,44 @@ class FlashBackwardPlan final : public BackwardPlan {
     if (io_.dsinks) write_dsinks();
   }
 
- private:
+  // The smallest shift under which no sum of the pass can overflow: |dP| and
+  // |D| are at most a = max|dO| max|V| head_dim_v, sum_j |dS_ij| at most 2a,
+  // so |dQ| <= 2a scale max|K|, |dK| <= 2a scale max|Q| rows, |dV| <= max|dO| rows.
+  int overflow_shift() const {
+    const AttentionIO& f = io_.forward;
+    auto max_abs = [](const float* x, std::int64_t n, float m) {
+      for (std::int64_t e = 0; e < n; ++e) m = std::max(m, std::fabs(x[e]));
+      return m;
+    };
+    float q = max_abs(qn_.data(), static_cast<std::int64_t>(qn_.size()), 0.0f);
+    float dout = max_abs(dout_.data(), static_cast<std::int64_t>(dout_.size()), 0.0f);
+    float k = 0, v = 0;
+    std::vector<float> row(size(std::max(p_.head_dim, p_.head_dim_v)));
+    for (std::int64_t b = 0; b < p_.batch; ++b)
+      for (std::int64_t g = 0; g < p_.heads_kv; ++g)
+        for (std::int64_t j = 0; j < p_.seq_k; ++j) {
+          read_row(f.k, f.k.offset(b, g, j, 0), p_.head_dim, row.data());
+          k = max_abs(row.data(), p_.head_dim, k);
+          read_row(f.v, f.v.offset(b, g, j, 0), p_.head_dim_v, row.data());
+          v = max_abs(row.data(), p_.head_dim_v, v);
+        }
+    const double a = static_cast<double>(dout) * v * static_cast<double>(p_.head_dim_v);
+    const double rows = static_cast<double>(rows_), scale = std::fabs(p_.scale);
+    const double largest = 2.0 * a * std::max({1.0, scale * k, scale * q * rows}) + static_cast<double>(dout) * rows;
+    return std::clamp(static_cast<int>(std::ceil(std::log2(std::max(largest, 1.0)))) - 120, 1, 250);
+  }
+
+  // Whether n results are finite; marks the pass as overflowed when not.
+  bool finite(const float* x, std::int64_t n) {
+    for (std::int64_t e = 0; e < n; ++e) {
+      if (!std::isfinite(x[e])) {
+        overflowed_ = true;
+        return false;
+      }
+    }
+    return true;
+  }
+
   std::int64_t row_of(std::int64_t unit, std::int64_t r) const { return unit * rows_ + r; }
 
   // Q (unscaled and times score_scale), dO, D = rowsum(dO o O) and lse in
@@ -116,13 +175,21 @@ class FlashBackwardPlan final : public BackwardPlan {
         for (std::int64_t d = 0; d < p_.head_dim; ++d) qs[d] = qn[d] * g_.score_scale;
         float* dout = dout_.data() + at * g_.dv_pad;
         read_row(io_.dout, io_.dout.offset(b, h, i, 0), p_.head_dim_v, dout);
+        if (shift_ > 0) {
+          for (std::int64_t c = 0; c < p_.head_dim_v; ++c) dout[c] = std::ldexp(dout[c], -shift_);
+        }
         read_row(out, out.offset(b, h, i, 0), p_.head_dim_v, o.data());
         double delta = 0;
         for (std::int64_t c = 0; c < p_.head_dim_v; ++c) delta += static_cast<double>(dout[c]) * static_cast<double>(o[size(c)]);
         delta_[size(at)] = static_cast<float>(delta);
         if (io_.dsinks) delta64_[size(at)] = delta;
+        // lse in log2 units as a float and what its rounding left out: at
+        // |lse| in the thousands the float alone would be off by a part in a
+        // thousand, and P with it.
         const double lse = f.lse[(b * p_.heads_q + h) * p_.seq_q + i];
-        lse2_[size(at)] = static_cast<float>(lse * kLog2e);
+        const double lse2 = lse * kLog2e;
+        lse_hi_[size(at)] = static_cast<float>(lse2);
+        lse_lo_[size(at)] = std::isfinite(lse2) ? static_cast<float>(lse2 - static_cast<double>(lse_hi_[size(at)])) : 0.0f;
       }
     }
     for (std::int64_t tile = 0; tile < g_.query_tiles; ++tile) {
@@ -148,6 +215,32 @@ class FlashBackwardPlan final : public BackwardPlan {
       for (std::int64_t d = 0; d < p_.head_dim; ++d) w.kt[size(d * kKeyBlock + jj)] = kr[d];
       for (std::int64_t c = 0; c < p_.head_dim_v; ++c) w.vt[size(c * kKeyBlock + jj)] = vrow[c];
     }
+  }
+
+  // P = 2^(s - lse2) over one row of log2-domain scores, as 2^((s - hi) - lo)
+  // with lse2 = hi + lo: s - hi is exact near the row's largest scores and
+  // the rest is small, so P keeps its bits however large |lse| is. The
+  // fast exp2 may give 0 for a weight below 2^-126 (the forward's sums do not
+  // miss it), but here such a P is a gradient term of its own: a key nearly
+  // hidden by a very negative bias or ALiBi gets dK and dV of that size.
+  // Rows holding one are done exactly, subnormals included.
+  void probabilities(float* row, float hi, float lo) const {
+    if (hi == kNegInf) {  // no visible key: P = 0
+      std::fill_n(row, kKeyBlock, 0.0f);
+      return;
+    }
+    bool tiny = false;
+    for (std::int64_t j = 0; j < kKeyBlock; ++j) {
+      row[j] -= hi;
+      tiny |= row[j] < -125.0f && row[j] > -151.0f;
+    }
+    if (tiny) {
+      for (std::int64_t j = 0; j < kKeyBlock; ++j) {
+        row[j] = row[j] == kNegInf ? 0.0f : static_cast<float>(std::exp2(static_cast<double>(row[j]) - static_cast<double>(lo)));
+      }
+      return;
+    }
+    kernels_.exp2_sum(row, kKeyBlock, 1.0f, lo, 0);
   }
 
   // acc[64][width] += x^T y: x is rows x 64 (row stride 64), y rows x width
@@ -188,7 +281,8 @@ class FlashBackwardPlan final : public BackwardPlan {
       if (end <= j0 || begin >= j0 + kKeyBlock || begin >= end) continue;  // no row of the tile sees this block
       const QueryTile t = query_tile(p_, g_, unit * g_.query_tiles + tile);
       const std::int64_t rows = t.rows(), r0 = t.first_query * g_.group;
-      const float* lse2 = lse2_.data() + row_of(unit, r0);
+      const float* lse_hi = lse_hi_.data() + row_of(unit, r0);
+      const float* lse_lo = lse_lo_.data() + row_of(unit, r0);
       const float* delta = delta_.data() + row_of(unit, r0);
       const float* qs = qs_.data() + row_of(unit, r0) * d_pad_;
       const float* qn = qn_.data() + row_of(unit, r0) * d_pad_;
@@ -197,11 +291,7 @@ class FlashBackwardPlan final : public BackwardPlan {
       kernels_.qk_f32(qs, rows, d_pad_, w.kt.data(), w.s.data(), w.row_max.data());
       if (p_.softcap != 0) std::copy_n(w.s.begin(), rows * kKeyBlock, w.raw.begin());
       finish_scores(p_, g_, f, kernels_, t, j0, w.s.data(), w.row_max.data(), true);
-      for (std::int64_t r = 0; r < rows; ++r) {
-        float* row = w.s.data() + r * kKeyBlock;
-        if (lse2[r] == kNegInf) std::fill_n(row, kKeyBlock, 0.0f);  // no visible key: P = 0
-        else kernels_.exp2_sum(row, kKeyBlock, 1.0f, lse2[r], 0);
-      }
+      for (std::int64_t r = 0; r < rows; ++r) probabilities(w.s.data() + r * kKeyBlock, lse_hi[r], lse_lo[r]);
       // dP = dO V^T, then dS = P (dP - D) in place of dP, times scale and the
       // softcap's slope 1 - tanh^2 (what Q K^T is multiplied by).
       kernels_.qk_f32(dout, rows, g_.dv_pad, w.vt.data(), w.dp.data(), w.row_max.data());
@@ -228,8 +318,10 @@ class FlashBackwardPlan final : public BackwardPlan {
       const std::int64_t j = j0 + jj;
       const float* dk = w.dk.data() + jj * d_pad_;
       const float* dv = w.dv.data() + jj * g_.dv_pad;
-      for (std::int64_t d = 0; d < p_.head_dim; ++d) store_float(io_.dk, io_.dk.offset(b, kv_head, j, d), dk[d]);
-      for (std::int64_t c = 0; c < p_.head_dim_v; ++c) store_float(io_.dv, io_.dv.offset(b, kv_head, j, c), dv[c]);
+      finite(dk, p_.head_dim);
+      finite(dv, p_.head_dim_v);
+      for (std::int64_t d = 0; d < p_.head_dim; ++d) store_float(io_.dk, io_.dk.offset(b, kv_head, j, d), std::ldexp(dk[d], shift_));
+      for (std::int64_t c = 0; c < p_.head_dim_v; ++c) store_float(io_.dv, io_.dv.offset(b, kv_head, j, c), std::ldexp(dv[c], shift_));
     }
   }
 
@@ -252,7 +344,8 @@ class FlashBackwardPlan final : public BackwardPlan {
       for (std::int64_t d = 0; d < p_.head_dim; ++d) {
         float sum = 0;
         for (std::int64_t c = 0; c < chunks_; ++c) sum += partials[(c * rows_ + r) * d_pad_ + d];
-        store_float(io_.dq, io_.dq.offset(b, h, i, d), sum);
+        finite(&sum, 1);
+        store_float(io_.dq, io_.dq.offset(b, h, i, d), std::ldexp(sum, shift_));
       }
     }
   }
@@ -264,7 +357,8 @@ class FlashBackwardPlan final : public BackwardPlan {
         for (std::int64_t bq = 0; bq < shape.rows; ++bq)
           for (std::int64_t j = 0; j < p_.seq_k; ++j) {
             const double sum = dbias_[size(((bb * shape.heads + bh) * shape.rows + bq) * p_.seq_k + j)];
-            store_float(io_.dbias, io_.dbias.offset(bb, bh, bq, j), static_cast<float>(sum));
+            if (!std::isfinite(sum)) overflowed_ = true;
+            store_float(io_.dbias, io_.dbias.offset(bb, bh, bq, j), static_cast<float>(std::ldexp(sum, shift_)));
           }
   }
 
@@ -281,7 +375,7 @@ class FlashBackwardPlan final : public BackwardPlan {
           sum += std::exp(sink - lse) * delta64_[size(at)];
         }
       }
-      io_.dsinks[h] = -sum;
+      io_.dsinks[h] = -std::ldexp(sum, shift_);
     }
   }
 
@@ -292,7 +386,9 @@ class FlashBackwardPlan final : public BackwardPlan {
   int threads_ = 1;
   std::int64_t d_pad_ = 16, units_ = 0, rows_ = 0, chunks_ = 1, per_chunk_ = 0;
   bool with_dbias_ = false;
-  LineVector<float> qs_, qn_, dout_, delta_, lse2_, partial_;
+  int shift_ = 0;                          // dO scaled by 2^-shift_ in this pass
+  std::atomic<bool> overflowed_{false};    // a result of this pass is not finite
+  LineVector<float> qs_, qn_, dout_, delta_, lse_hi_, lse_lo_, partial_;
   std::vector<double> dbias_, delta64_;  // D in float64 for dsinks
   std::vector<std::pair<std::int64_t, std::int64_t>> tile_keys_;
   std::vector<Worker> workers_;

@@ -9,7 +9,6 @@ namespace attn::cpu {
 
 namespace {
 
-constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
@@ -246,7 +245,7 @@ void finish_scores(const Problem& p, const Geometry& g, const AttentionIO& io, c
   const float scale = g.q_prescaled ? 1.0f : g.score_scale;
   const SequenceMap map = io.sequences(p);
   // Softcap in the log2 domain: cap log2e tanh(x / (cap log2e)) = log2e cap tanh(s / cap).
-  const float cap2 = static_cast<float>(p.softcap) * kLog2e;
+  const float cap2 = static_cast<float>(p.softcap) * g.score_unit;
   for (std::int64_t r = 0; r < t.rows(); ++r) {
     const std::int64_t h = t.head(g, r), i = t.query(g, r);
     const SequenceMap::Row place = map.entry_row(t.b, i);
@@ -260,10 +259,12 @@ void finish_scores(const Problem& p, const Geometry& g, const AttentionIO& io, c
     if (p.softcap != 0) {
       for (std::int64_t j = begin; j < end; ++j) row[j] = cap2 * std::tanh(row[j] / cap2);
     }
+    // ALiBi and the bias join the score in one rounding (fma): at |s| in the
+    // thousands a product rounded first would add an error as large again.
     if (io.alibi_slopes) {
-      const float slope2 = io.alibi_slopes[h] * kLog2e;
+      const float slope2 = io.alibi_slopes[h] * g.score_unit;
       for (std::int64_t j = begin; j < end; ++j) {
-        row[j] -= slope2 * static_cast<float>(std::abs(place.diag - (j0 + j)));
+        row[j] = std::fma(-slope2, static_cast<float>(std::abs(place.diag - (j0 + j))), row[j]);
       }
     }
     if (!io.mask.empty()) {
@@ -274,7 +275,7 @@ void finish_scores(const Problem& p, const Geometry& g, const AttentionIO& io, c
     if (!io.bias.empty()) {
       for (std::int64_t j = begin; j < end; ++j) {
         const float bias = load_float(io.bias, io.bias.offset(t.b, h, i, j0 + j));
-        row[j] = std::isinf(bias) && bias < 0 ? kNegInf : row[j] + bias * kLog2e;
+        row[j] = std::isinf(bias) && bias < 0 ? kNegInf : std::fma(bias, g.score_unit, row[j]);
       }
     }
     row_max[r] = *std::max_element(row, row + kKeyBlock);

@@ -50,6 +50,10 @@ struct Geometry {
   // out of the kernel already in the log2 domain (bfloat16 Q stays as given,
   // since rounding a scaled Q to bfloat16 would add an error of its own).
   bool q_prescaled = false;
+  // What finish_scores multiplies natural-log terms (softcap, ALiBi, bias) by:
+  // log2(e) for the forward's log2-domain scores; 1 for scores in natural
+  // units (the backward, with score_scale = scale).
+  float score_unit = 1.4426950408889634f;
   static Geometry of(const Problem& p, std::int64_t max_tile_rows, const Kernels& kernels);
 };
 
@@ -118,7 +122,8 @@ bool block_fully_visible(const Problem& p, const AttentionIO& io, const QueryTil
 
 // Turns the dot products of the tile's rows against keys [j0, j0 + 64) into
 // log2-domain scores: s * scale * log2(e), capped (softcap), plus ALiBi and
-// bias times log2(e) (the scale only where Q was not prescaled), and -inf
+// bias times log2(e) (the scale only where Q was not prescaled; score_unit
+// and score_scale say the units), and -inf
 // where a key is hidden (mask, bias -inf, kv_len, causal, window, or past the
 // entry's keys), and leaves each row's maximum in row_max.
 // kernel_max: row_max already holds the kernel's maxima (qk_f32); a row whose

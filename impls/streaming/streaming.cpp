@@ -22,6 +22,7 @@ using cpu::QueryTile;
 
 constexpr std::int64_t kMaxTileRows = 96;
 constexpr std::int64_t kDirectRows = 8;
+constexpr std::int64_t kSplitChunks = 8;  // key chunks of a split (decode) tile: enough for 8 threads
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 using Scratch = cpu::TileScratch;
@@ -33,7 +34,10 @@ class StreamingPlan final : public Plan {
     threads_ = resolve_threads(options.threads);
     tiles_ = p.batch * p.heads_kv * g_.query_tiles;
     // Few tiles and long rows (decode): split the keys so every thread works.
-    if (tiles_ < threads_ && g_.key_blocks >= 2 * threads_) chunks_ = threads_;
+    // The split is fixed by the problem, never by the thread count, so out
+    // and lse are bitwise the same at any number of threads (the backward
+    // starts from them, and its gradients must be).
+    if (tiles_ < kSplitChunks && g_.key_blocks >= 2 * kSplitChunks) chunks_ = kSplitChunks;
     // Few rows against float32 K and V in place (decode): packing would cost as
     // much as the whole computation, so the kernels read K and V directly.
     // Paged K and V qualify when every 64-key block lies in one page.

@@ -23,6 +23,9 @@ import subprocess
 import sys
 
 
+BACKWARD_PREFIXES = ("bwd_", "fbwd_")
+
+
 def main():
     cli, makefile, folder, out = sys.argv[1:5]
     pairs = [arg.split("=", 1) for arg in sys.argv[5:]]
@@ -45,9 +48,10 @@ def main():
     os.makedirs(out, exist_ok=True)
     report = os.path.join(out, os.path.basename(folder) + ".json")
     mutants = ",".join(name for name, _ in pairs)
-    # Mutants of naive's backward (bwd_*) compute naive's own forward: only their
-    # gradients can FAIL, so only those are judged (make verify judges both).
-    if all(name.startswith("bwd_") for name, _ in pairs):
+    # Mutants of a backward (bwd_* of naive's, fbwd_* of the fast one) compute
+    # their backend's own forward: only their gradients can FAIL, so only those
+    # are judged (make verify judges both).
+    if all(name.startswith(BACKWARD_PREFIXES) for name, _ in pairs):
         args = [*args, "--direction", "backward"]
     run = subprocess.run([cli, "verify", folder, "--backend", mutants, *args, "--quiet", "--json", report],
                          capture_output=True, text=True)
@@ -59,7 +63,7 @@ def main():
         failed = sorted({r["fixture"] for r in results if r["backend"] == name and r["verdict"] == "FAIL"})
         forward = sorted({r["fixture"] for r in results if r["backend"] == name and r["verdict"] == "FAIL"
                           and r.get("direction", "forward") == "forward"})
-        if name.startswith("bwd_") and forward:
+        if name.startswith(BACKWARD_PREFIXES) and forward:
             sys.exit(f"{name}: its forward FAILs on {forward}; a backward mutant must break only the backward")
         if witness not in failed:
             sys.exit(f"{name}: its own fixture {witness} does not FAIL it under make verify's options "
