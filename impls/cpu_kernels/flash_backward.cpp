@@ -9,6 +9,7 @@
 #include "attnbench/error.hpp"
 #include "attnbench/value_range.hpp"
 #include "core/thread_pool.hpp"
+#include "impls/cpu_kernels/gradients.hpp"
 #include "impls/cpu_kernels/tiling.hpp"
 
 namespace attn::cpu {
@@ -118,17 +119,14 @@ class FlashBackwardPlan final : public BackwardPlan {
     if (io_.dsinks) write_dsinks();
   }
 
-  // The smallest shift under which no sum of the pass can overflow: |dP| and
-  // |D| are at most a = max|dO| max|V| head_dim_v, sum_j |dS_ij| at most 2a,
-  // so |dQ| <= 2a scale max|K|, |dK| <= 2a scale max|Q| rows, |dV| <= max|dO| rows.
   int overflow_shift() const {
     const AttentionIO& f = io_.forward;
     auto max_abs = [](const float* x, std::int64_t n, float m) {
       for (std::int64_t e = 0; e < n; ++e) m = std::max(m, std::fabs(x[e]));
       return m;
     };
-    float q = max_abs(qn_.data(), static_cast<std::int64_t>(qn_.size()), 0.0f);
-    float dout = max_abs(dout_.data(), static_cast<std::int64_t>(dout_.size()), 0.0f);
+    const float q = max_abs(qn_.data(), static_cast<std::int64_t>(qn_.size()), 0.0f);
+    const float dout = max_abs(dout_.data(), static_cast<std::int64_t>(dout_.size()), 0.0f);
     float k = 0, v = 0;
     std::vector<float> row(size(std::max(p_.head_dim, p_.head_dim_v)));
     for (std::int64_t b = 0; b < p_.batch; ++b)
@@ -139,10 +137,7 @@ class FlashBackwardPlan final : public BackwardPlan {
           read_row(f.v, f.v.offset(b, g, j, 0), p_.head_dim_v, row.data());
           v = max_abs(row.data(), p_.head_dim_v, v);
         }
-    const double a = static_cast<double>(dout) * v * static_cast<double>(p_.head_dim_v);
-    const double rows = static_cast<double>(rows_), scale = std::fabs(p_.scale);
-    const double largest = 2.0 * a * std::max({1.0, scale * k, scale * q * rows}) + static_cast<double>(dout) * rows;
-    return std::clamp(static_cast<int>(std::ceil(std::log2(std::max(largest, 1.0)))) - 120, 1, 250);
+    return gradient_overflow_shift(dout, v, q, k, p_.head_dim_v, p_.scale, static_cast<double>(rows_));
   }
 
   // Whether n results are finite; marks the pass as overflowed when not.
@@ -187,9 +182,7 @@ class FlashBackwardPlan final : public BackwardPlan {
         // |lse| in the thousands the float alone would be off by a part in a
         // thousand, and P with it.
         const double lse = f.lse[(b * p_.heads_q + h) * p_.seq_q + i];
-        const double lse2 = lse * kLog2e;
-        lse_hi_[size(at)] = static_cast<float>(lse2);
-        lse_lo_[size(at)] = std::isfinite(lse2) ? static_cast<float>(lse2 - static_cast<double>(lse_hi_[size(at)])) : 0.0f;
+        split_lse2(lse, lse_hi_[size(at)], lse_lo_[size(at)]);
       }
     }
     for (std::int64_t tile = 0; tile < g_.query_tiles; ++tile) {
@@ -215,32 +208,6 @@ class FlashBackwardPlan final : public BackwardPlan {
       for (std::int64_t d = 0; d < p_.head_dim; ++d) w.kt[size(d * kKeyBlock + jj)] = kr[d];
       for (std::int64_t c = 0; c < p_.head_dim_v; ++c) w.vt[size(c * kKeyBlock + jj)] = vrow[c];
     }
-  }
-
-  // P = 2^(s - lse2) over one row of log2-domain scores, as 2^((s - hi) - lo)
-  // with lse2 = hi + lo: s - hi is exact near the row's largest scores and
-  // the rest is small, so P keeps its bits however large |lse| is. The
-  // fast exp2 may give 0 for a weight below 2^-126 (the forward's sums do not
-  // miss it), but here such a P is a gradient term of its own: a key nearly
-  // hidden by a very negative bias or ALiBi gets dK and dV of that size.
-  // Rows holding one are done exactly, subnormals included.
-  void probabilities(float* row, float hi, float lo) const {
-    if (hi == kNegInf) {  // no visible key: P = 0
-      std::fill_n(row, kKeyBlock, 0.0f);
-      return;
-    }
-    bool tiny = false;
-    for (std::int64_t j = 0; j < kKeyBlock; ++j) {
-      row[j] -= hi;
-      tiny |= row[j] < -125.0f && row[j] > -151.0f;
-    }
-    if (tiny) {
-      for (std::int64_t j = 0; j < kKeyBlock; ++j) {
-        row[j] = row[j] == kNegInf ? 0.0f : static_cast<float>(std::exp2(static_cast<double>(row[j]) - static_cast<double>(lo)));
-      }
-      return;
-    }
-    kernels_.exp2_sum(row, kKeyBlock, 1.0f, lo, 0);
   }
 
   // acc[64][width] += x^T y: x is rows x 64 (row stride 64), y rows x width
@@ -291,7 +258,7 @@ class FlashBackwardPlan final : public BackwardPlan {
       kernels_.qk_f32(qs, rows, d_pad_, w.kt.data(), w.s.data(), w.row_max.data());
       if (p_.softcap != 0) std::copy_n(w.s.begin(), rows * kKeyBlock, w.raw.begin());
       finish_scores(p_, g_, f, kernels_, t, j0, w.s.data(), w.row_max.data(), true);
-      for (std::int64_t r = 0; r < rows; ++r) probabilities(w.s.data() + r * kKeyBlock, lse_hi[r], lse_lo[r]);
+      for (std::int64_t r = 0; r < rows; ++r) probabilities_from_lse(kernels_, w.s.data() + r * kKeyBlock, kKeyBlock, lse_hi[r], lse_lo[r]);
       // dP = dO V^T, then dS = P (dP - D) in place of dP, times scale and the
       // softcap's slope 1 - tanh^2 (what Q K^T is multiplied by).
       kernels_.qk_f32(dout, rows, g_.dv_pad, w.vt.data(), w.dp.data(), w.row_max.data());

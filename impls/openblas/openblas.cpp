@@ -1,5 +1,6 @@
 // The openblas backend: cblas_sgemm for Q K^T and P V over blocks of query
-// rows, a vectorised softmax between them. 16-bit inputs are widened to
+// rows, a vectorised softmax between them; its backward the five GEMMs of
+// the textbook formulation over the same row blocks. 16-bit inputs are widened to
 // float32 first (OpenBLAS 0.3.21's sbgemm has no fast kernel on the Haswell
 // core this machine must use).
 #include <cblas.h>
@@ -14,6 +15,8 @@
 #include "attnbench/per_entry.hpp"
 #include "attnbench/value_range.hpp"
 #include "core/thread_pool.hpp"
+#include "attnbench/error.hpp"
+#include "impls/cpu_kernels/gradients.hpp"
 #include "impls/cpu_kernels/kernels.hpp"
 
 namespace attn {
@@ -29,6 +32,50 @@ constexpr float kLog2e = 1.4426950408889634f;
 void widen(const TensorView& v, std::int64_t b, std::int64_t h, std::int64_t rows, std::int64_t cols, float* out) {
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t c = 0; c < cols; ++c) out[r * cols + c] = load_float(v, v.offset(b, h, r, c));
+}
+// Rows [first, first + rows) of head (b, h).
+void widen(const TensorView& v, std::int64_t b, std::int64_t h, std::int64_t first, std::int64_t rows, std::int64_t cols,
+           float* out) {
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) out[r * cols + c] = load_float(v, v.offset(b, h, first + r, c));
+}
+
+// Turns row i of head (b, h)'s Q K^T (unscaled, seq_k of them) into scores
+// in the log2 domain, hidden keys -inf, and returns their maximum: what the
+// forward exponentiates and the backward recomputes bit for bit. tanh_out
+// (when not null) receives tanh(s / cap) per key for the softcap's slope.
+float scores_row(const Problem& p, const AttentionIO& io, std::int64_t b, std::int64_t h, std::int64_t i, float* row,
+                 float* tanh_out) {
+  const SequenceMap::Row place = io.sequences(p).entry_row(b, i);  // causal, window, kv_len
+  const std::int64_t begin = place.keys.lo, end = place.keys.hi;
+  const float cap = static_cast<float>(p.softcap);
+  const float slope = io.alibi_slopes ? io.alibi_slopes[h] : 0.0f;
+  // scale * log2(e) rounded once (in double, then to float): rounding the
+  // scale first and the product again scales every score by up to 2 ulps,
+  // which large logits turn into 5x the error of a plain implementation
+  // (found by attn fuzz --seed 6).
+  const float scale = static_cast<float>(p.scale * 1.4426950408889634);
+  float m = kNegInf;
+  for (std::int64_t j = 0; j < p.seq_k; ++j) {
+    const bool shown = j >= begin && j < end;
+    float s = shown ? row[j] * scale : kNegInf;
+    // Softcap on the natural-log score, then ALiBi, then the bias (log2 domain,
+    // each joined with one rounding).
+    if (shown && cap != 0) {
+      const float natural = s / kLog2e;
+      if (tanh_out) tanh_out[j] = std::tanh(natural / cap);
+      s = softcapped(natural, cap) * kLog2e;
+    }
+    if (shown && io.alibi_slopes) s = std::fma(alibi_term(slope, place.diag, j), kLog2e, s);
+    if (shown && !io.mask.empty() && io.mask.at(b, h, i, j) == 0) s = kNegInf;
+    if (shown && !io.bias.empty()) {
+      const float bias = load_float(io.bias, io.bias.offset(b, h, i, j));
+      s = std::isinf(bias) && bias < 0 ? kNegInf : std::fma(bias, kLog2e, s);
+    }
+    row[j] = s;
+    m = std::max(m, s);
+  }
+  return m;
 }
 
 class OpenBlasPlan final : public Plan {
@@ -103,30 +150,7 @@ class OpenBlasPlan final : public Plan {
   // Scores of one row in the log2 domain, hidden keys -inf, then exp2 and sum.
   void softmax_row(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t r, int shift) {
     float* row = s_.data() + r * p_.seq_k;
-    const SequenceMap::Row place = io_.sequences(p_).entry_row(b, i);  // causal, window, kv_len
-    const std::int64_t begin = place.keys.lo, end = place.keys.hi;
-    const float cap = static_cast<float>(p_.softcap);
-    const float slope = io_.alibi_slopes ? io_.alibi_slopes[h] : 0.0f;
-    // scale * log2(e) rounded once (in double, then to float): rounding the
-    // scale first and the product again scales every score by up to 2 ulps,
-    // which large logits turn into 5x the error of a plain implementation
-    // (found by attn fuzz --seed 6).
-    const float scale = static_cast<float>(p_.scale * 1.4426950408889634);
-    float m = kNegInf;
-    for (std::int64_t j = 0; j < p_.seq_k; ++j) {
-      const bool shown = j >= begin && j < end;
-      float s = shown ? row[j] * scale : kNegInf;
-      // Softcap on the natural-log score, then ALiBi, then the bias (log2 domain).
-      if (shown && cap != 0) s = softcapped(s / kLog2e, cap) * kLog2e;
-      if (shown && io_.alibi_slopes) s += alibi_term(slope, place.diag, j) * kLog2e;
-      if (shown && !io_.mask.empty() && io_.mask.at(b, h, i, j) == 0) s = kNegInf;
-      if (shown && !io_.bias.empty()) {
-        const float bias = load_float(io_.bias, io_.bias.offset(b, h, i, j));
-        s = std::isinf(bias) && bias < 0 ? kNegInf : s + bias * kLog2e;
-      }
-      row[j] = s;
-      m = std::max(m, s);
-    }
+    const float m = scores_row(p_, io_, b, h, i, row, nullptr);
     m_[static_cast<std::size_t>(r)] = m;
     if (m == kNegInf) {
       std::fill_n(row, p_.seq_k, 0.0f);
@@ -164,6 +188,190 @@ class OpenBlasPlan final : public Plan {
   int shift_ = cpu::weight_shift(p_.seq_k);  // for a row block that overflowed
 };
 
+// The backward pass in the GEMM formulation: per head, row blocks of P and dS
+// materialised (seq_k wide) and five sgemm calls, S = Q K^T, dP = dO V^T,
+// dV += P^T dO, dK += dS^T Q, dQ = dS K; P recomputed from the forward's
+// scores (scores_row, bit for bit) and lse; GQA sums dK and dV over the
+// group's heads in order. Deterministic as sgemm is at a given thread count.
+class OpenBlasBackwardPlan final : public BackwardPlan {
+ public:
+  OpenBlasBackwardPlan(const Problem& p, const BackwardIO& io, const RunOptions& options)
+      : p_(p), io_(io), kernels_(cpu::best_kernels()) {
+    if (!io.forward.lse) throw Unsupported("openblas's backward needs the forward's lse");
+    threads_ = resolve_threads(options.threads);
+    rows_ = std::min(kRowBlock, std::max<std::int64_t>(p.seq_q, 1));
+    auto d = [](std::int64_t x) { return static_cast<double>(x); };
+    const double n = d(std::max<std::int64_t>(p.seq_k, 1));
+    require_workspace(4.0 * (d(p.seq_q) * d(2 * p.head_dim + 2 * p.head_dim_v + 3) + 2.0 * n * d(p.head_dim + p.head_dim_v) +
+                             d(rows_) * (3.0 * n + d(p.head_dim))) +
+                          8.0 * (io.dbias.empty() ? 0.0 : d(p.broadcast_elements(p.bias))),
+                      "openblas's float32 copies of a head, its gradients and a row block's P and dS");
+    auto sized = [](std::vector<float>& v, double count) { v.assign(static_cast<std::size_t>(count), 0.0f); };
+    sized(q_, d(p.seq_q) * d(p.head_dim));
+    sized(dout_, d(p.seq_q) * d(p.head_dim_v));
+    sized(out_, d(p.head_dim_v));
+    sized(k_, n * d(p.head_dim));
+    sized(v_, n * d(p.head_dim_v));
+    sized(dk_, n * d(p.head_dim));
+    sized(dv_, n * d(p.head_dim_v));
+    sized(prob_, d(rows_) * n);
+    sized(ds_, d(rows_) * n);
+    sized(tanh_, p.softcap != 0 ? d(rows_) * n : 0.0);
+    sized(dq_, d(rows_) * d(p.head_dim));
+    sized(hi_, d(p.seq_q));
+    sized(lo_, d(p.seq_q));
+    delta_.assign(static_cast<std::size_t>(p.seq_q), 0.0);
+    dbias_.assign(io.dbias.empty() ? 0 : static_cast<std::size_t>(p.broadcast_elements(p.bias)), 0.0);
+  }
+
+  void run() override {
+    openblas_set_num_threads(threads_);
+    shift_ = 0;
+    overflowed_ = false;
+    pass();
+    if (overflowed_) {  // dO scaled down and the pass redone (impls/cpu_kernels/gradients.hpp)
+      shift_ = overflow_shift();
+      overflowed_ = false;
+      pass();
+    }
+  }
+
+ private:
+  void pass() {
+    std::fill(dbias_.begin(), dbias_.end(), 0.0);
+    if (io_.dsinks) std::fill_n(io_.dsinks, p_.heads_q, 0.0);
+    for (std::int64_t b = 0; b < p_.batch; ++b) {
+      for (std::int64_t g = 0; g < p_.heads_kv; ++g) {
+        widen(io_.forward.k, b, g, p_.seq_k, p_.head_dim, k_.data());
+        widen(io_.forward.v, b, g, p_.seq_k, p_.head_dim_v, v_.data());
+        std::fill(dk_.begin(), dk_.end(), 0.0f);
+        std::fill(dv_.begin(), dv_.end(), 0.0f);
+        for (std::int64_t h = g * p_.group_size(); h < (g + 1) * p_.group_size(); ++h) head(b, h);
+        check(dk_.data(), p_.seq_k * p_.head_dim);
+        check(dv_.data(), p_.seq_k * p_.head_dim_v);
+        for (std::int64_t j = 0; j < p_.seq_k; ++j) {
+          for (std::int64_t c = 0; c < p_.head_dim; ++c) {
+            store_float(io_.dk, io_.dk.offset(b, g, j, c), std::ldexp(dk_[static_cast<std::size_t>(j * p_.head_dim + c)], shift_));
+          }
+          for (std::int64_t c = 0; c < p_.head_dim_v; ++c) {
+            store_float(io_.dv, io_.dv.offset(b, g, j, c), std::ldexp(dv_[static_cast<std::size_t>(j * p_.head_dim_v + c)], shift_));
+          }
+        }
+      }
+    }
+    const BroadcastShape& shape = p_.bias;
+    for (std::size_t e = 0; e < dbias_.size(); ++e) {
+      const auto at = static_cast<std::int64_t>(e);
+      const std::int64_t j = at % p_.seq_k, bq = (at / p_.seq_k) % shape.rows, bh = (at / (p_.seq_k * shape.rows)) % shape.heads;
+      const std::int64_t bb = at / (p_.seq_k * shape.rows * shape.heads);
+      if (!std::isfinite(dbias_[e])) overflowed_ = true;
+      store_float(io_.dbias, io_.dbias.offset(bb, bh, bq, j), static_cast<float>(std::ldexp(dbias_[e], shift_)));
+    }
+    if (io_.dsinks) {
+      for (std::int64_t h = 0; h < p_.heads_q; ++h) io_.dsinks[h] = std::ldexp(io_.dsinks[h], shift_);
+    }
+  }
+
+  void head(std::int64_t b, std::int64_t h) {
+    const AttentionIO& f = io_.forward;
+    const TensorView out{f.out.data, f.out.dtype, f.out.shape, f.out.strides};
+    widen(f.q, b, h, p_.seq_q, p_.head_dim, q_.data());
+    widen(io_.dout, b, h, p_.seq_q, p_.head_dim_v, dout_.data());
+    double sink_sum = 0;
+    for (std::int64_t i = 0; i < p_.seq_q; ++i) {
+      float* dout = dout_.data() + i * p_.head_dim_v;
+      if (shift_ > 0) std::transform(dout, dout + p_.head_dim_v, dout, [&](float x) { return std::ldexp(x, -shift_); });
+      widen(out, b, h, i, 1, p_.head_dim_v, out_.data());
+      double delta = 0;
+      for (std::int64_t c = 0; c < p_.head_dim_v; ++c) delta += static_cast<double>(dout[c]) * static_cast<double>(out_[static_cast<std::size_t>(c)]);
+      delta_[static_cast<std::size_t>(i)] = delta;
+      const double lse = f.lse[(b * p_.heads_q + h) * p_.seq_q + i];
+      cpu::split_lse2(lse, hi_[static_cast<std::size_t>(i)], lo_[static_cast<std::size_t>(i)]);
+      if (f.sinks) sink_sum += std::exp(static_cast<double>(f.sinks[h]) - lse) * delta;
+    }
+    if (io_.dsinks) io_.dsinks[h] -= sink_sum;
+    const std::int64_t n = p_.seq_k;
+    const int d = static_cast<int>(p_.head_dim), dv = static_cast<int>(p_.head_dim_v), ni = static_cast<int>(n);
+    const float scale = static_cast<float>(p_.scale);
+    for (std::int64_t i0 = 0; i0 < p_.seq_q; i0 += kRowBlock) {
+      const std::int64_t rows = std::min(kRowBlock, p_.seq_q - i0);
+      const int ri = static_cast<int>(rows);
+      if (n == 0) {
+        std::fill_n(dq_.begin(), rows * p_.head_dim, 0.0f);
+        write_dq(b, h, i0, rows);
+        continue;
+      }
+      const float* q = q_.data() + i0 * p_.head_dim;
+      const float* dout = dout_.data() + i0 * p_.head_dim_v;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ri, ni, d, 1.0f, q, d, k_.data(), d, 0.0f, prob_.data(), ni);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ri, ni, dv, 1.0f, dout, dv, v_.data(), dv, 0.0f, ds_.data(), ni);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const std::int64_t i = i0 + r;
+        float* prob = prob_.data() + r * n;
+        float* ds = ds_.data() + r * n;
+        float* th = tanh_.empty() ? nullptr : tanh_.data() + r * n;
+        scores_row(p_, f, b, h, i, prob, th);
+        cpu::probabilities_from_lse(kernels_, prob, n, hi_[static_cast<std::size_t>(i)], lo_[static_cast<std::size_t>(i)]);
+        const float delta = static_cast<float>(delta_[static_cast<std::size_t>(i)]);
+        for (std::int64_t j = 0; j < n; ++j) ds[j] = prob[j] * (ds[j] - delta);
+        if (!dbias_.empty()) {
+          const BroadcastShape& shape = p_.bias;
+          const std::int64_t bb = shape.batch == 1 ? 0 : b, bh = shape.heads == 1 ? 0 : h, bq = shape.rows == 1 ? 0 : i;
+          double* sums = dbias_.data() + ((bb * shape.heads + bh) * shape.rows + bq) * n;
+          for (std::int64_t j = 0; j < n; ++j) sums[j] += static_cast<double>(ds[j]);
+        }
+        if (th) {
+          for (std::int64_t j = 0; j < n; ++j) ds[j] *= scale * (1.0f - th[j] * th[j]);
+        } else {
+          for (std::int64_t j = 0; j < n; ++j) ds[j] *= scale;
+        }
+      }
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, ni, dv, ri, 1.0f, prob_.data(), ni, dout, dv, 1.0f, dv_.data(), dv);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, ni, d, ri, 1.0f, ds_.data(), ni, q, d, 1.0f, dk_.data(), d);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ri, d, ni, 1.0f, ds_.data(), ni, k_.data(), d, 0.0f, dq_.data(), d);
+      write_dq(b, h, i0, rows);
+    }
+  }
+
+  void write_dq(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t rows) {
+    check(dq_.data(), rows * p_.head_dim);
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t c = 0; c < p_.head_dim; ++c) {
+        store_float(io_.dq, io_.dq.offset(b, h, i0 + r, c), std::ldexp(dq_[static_cast<std::size_t>(r * p_.head_dim + c)], shift_));
+      }
+  }
+
+  void check(const float* x, std::int64_t n) {
+    if (!std::all_of(x, x + n, [](float e) { return std::isfinite(e); })) overflowed_ = true;
+  }
+
+  int overflow_shift() const {
+    auto max_abs = [&](const TensorView& t, std::int64_t batch, std::int64_t heads, std::int64_t seq, std::int64_t width) {
+      double m = 0;
+      for (std::int64_t b = 0; b < batch; ++b)
+        for (std::int64_t h = 0; h < heads; ++h)
+          for (std::int64_t s = 0; s < seq; ++s)
+            for (std::int64_t c = 0; c < width; ++c) m = std::max(m, std::fabs(static_cast<double>(load_float(t, t.offset(b, h, s, c)))));
+      return m;
+    };
+    const AttentionIO& f = io_.forward;
+    return cpu::gradient_overflow_shift(max_abs(io_.dout, p_.batch, p_.heads_q, p_.seq_q, p_.head_dim_v),
+                                        max_abs(f.v, p_.batch, p_.heads_kv, p_.seq_k, p_.head_dim_v),
+                                        max_abs(f.q, p_.batch, p_.heads_q, p_.seq_q, p_.head_dim),
+                                        max_abs(f.k, p_.batch, p_.heads_kv, p_.seq_k, p_.head_dim), p_.head_dim_v, p_.scale,
+                                        static_cast<double>(p_.seq_q * p_.group_size()));
+  }
+
+  Problem p_;
+  BackwardIO io_;
+  const cpu::Kernels& kernels_;
+  int threads_ = 1, shift_ = 0;
+  bool overflowed_ = false;
+  std::int64_t rows_ = 1;
+  std::vector<float> q_, dout_, out_, k_, v_, dk_, dv_, prob_, ds_, tanh_, dq_, hi_, lo_;
+  std::vector<double> delta_, dbias_;
+};
+
 std::string trim(std::string text) {
   text.erase(0, text.find_first_not_of(' '));
   text.erase(text.find_last_not_of(' ') + 1);
@@ -181,13 +389,18 @@ class OpenBlasBackend final : public Backend {
   // float32). Not paged KV: sgemm needs each head's K and V contiguous, and
   // gathering the pages on every call is not what a paged kernel does.
   Capabilities capabilities() const override {
-    return {dtype_bit(DType::f32) | dtype_bit(DType::f16) | dtype_bit(DType::bf16), kFeatureWindow | kFeatureSoftcap | kFeatureAlibi | kFeatureSinks | kFeatureRagged, true};
+    return {dtype_bit(DType::f32) | dtype_bit(DType::f16) | dtype_bit(DType::bf16), kFeatureWindow | kFeatureSoftcap | kFeatureAlibi | kFeatureSinks | kFeatureRagged, true, true};
   }
   Status supports(const Problem&) const override { return Status::yes(); }
   std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& options) const override {
     require_float32_scores(p, io);  // scores in float32: values beyond its range are refused, not computed wrong
     if (p.ragged) return plan_per_entry(p, io, options, *this);
     return std::make_unique<OpenBlasPlan>(p, io, options);
+  }
+  std::unique_ptr<BackwardPlan> prepare_backward(const Problem& p, const BackwardIO& io, const RunOptions& options) const override {
+    require_float32_scores(p, io.forward);
+    if (p.ragged) return plan_backward_per_entry(p, io, options, *this);
+    return std::make_unique<OpenBlasBackwardPlan>(p, io, options);
   }
 
  private:
