@@ -2,7 +2,9 @@
 // query rows: S = scale * Q K^T (the scale as an output-scale attribute),
 // hidden keys set to -inf, softmax along the keys, O = P V. bfloat16 runs the
 // matmuls in bfloat16 (avx512_core_bf16 here); float16 is widened to float32.
-// Engine, stream and primitives are made in prepare and reused.
+// Engine, stream and primitives are made in prepare and reused. Its backward
+// (OneDnnBackwardPlan) is the textbook formulation on matmul and
+// softmax_backward primitives.
 #include <fmt/format.h>
 #include <omp.h>
 
@@ -17,6 +19,7 @@
 #include "attnbench/per_entry.hpp"
 #include "attnbench/value_range.hpp"
 #include "core/thread_pool.hpp"
+#include "impls/cpu_kernels/gradients.hpp"
 
 namespace attn {
 
@@ -223,6 +226,267 @@ class OneDnnPlan final : public Plan {
   std::vector<char> hidden_rows_;
 };
 
+// The backward pass as oneDNN's primitives give it, the textbook formulation:
+// per row block, P recomputed by the forward's own matmul and softmax
+// primitives (oneDNN has no lse), dP = dO V^T by matmul, dS = P (dP -
+// rowsum(P dP)) by the softmax_backward primitive, then dV += P^T dO,
+// dK += dS^T Q (matmuls accumulating through a sum post-op) and dQ = dS K.
+// Everything is widened to float32 per head (the backward multiplies in
+// float32 whatever the dtype); GQA sums dK and dV over the group's heads in
+// order. A pass whose sums overflowed is redone with dO scaled down.
+struct BackwardPrimitives {
+  dnnl::matmul scores, dp, dv, dk, dq;
+  dnnl::softmax_forward softmax;
+  dnnl::softmax_backward softmax_grad;
+  memory::desc q_md, kt_md, s_md, dout_md, vt_md, pt_md, dv_md, k_md, dk_md, dq_md;
+};
+
+class OneDnnBackwardPlan final : public BackwardPlan {
+ public:
+  OneDnnBackwardPlan(const Problem& p, const BackwardIO& io, const RunOptions& options)
+      : p_(p), io_(io), engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {
+    threads_ = resolve_threads(options.threads);
+    const std::int64_t rows = std::min(kRowBlock, std::max<std::int64_t>(p.seq_q, 1));
+    auto d = [](std::int64_t x) { return static_cast<double>(x); };
+    const double n = d(std::max<std::int64_t>(p.seq_k, 1));
+    require_workspace(4.0 * (d(p.seq_q) * d(2 * p.head_dim + 2 * p.head_dim_v) + 2.0 * n * d(p.head_dim + p.head_dim_v) +
+                             d(rows) * (3.0 * n + d(p.head_dim))) +
+                          8.0 * (io.dbias.empty() ? 0.0 : d(p.broadcast_elements(p.bias))),
+                      "onednn's float32 copies of a head, its gradients and a row block's P and dS");
+    auto sized = [](std::vector<float>& v, double count) { v.assign(static_cast<std::size_t>(count), 0.0f); };
+    sized(q_, d(p.seq_q) * d(p.head_dim));
+    sized(dout_, d(p.seq_q) * d(p.head_dim_v));
+    sized(k_, n * d(p.head_dim));
+    sized(v_, n * d(p.head_dim_v));
+    sized(dk_, n * d(p.head_dim));
+    sized(dv_, n * d(p.head_dim_v));
+    sized(prob_, d(rows) * n);
+    sized(dp_, d(rows) * n);
+    sized(ds_, d(rows) * n);
+    sized(tanh_, p.softcap != 0 ? d(rows) * n : 0.0);
+    sized(dq_, d(rows) * d(p.head_dim));
+    dbias_.assign(io.dbias.empty() ? 0 : static_cast<std::size_t>(p.broadcast_elements(p.bias)), 0.0);
+    if (p.seq_k > 0 && p.seq_q > 0) {
+      full_ = make_primitives(rows);
+      if (p.seq_q % rows != 0) tail_ = make_primitives(p.seq_q % rows);
+    }
+  }
+
+  void run() override {
+    omp_set_num_threads(threads_);
+    shift_ = 0;
+    overflowed_ = false;
+    pass();
+    if (overflowed_) {
+      shift_ = overflow_shift();
+      overflowed_ = false;
+      pass();
+    }
+  }
+
+ private:
+  BackwardPrimitives make_primitives(std::int64_t rows) {
+    return checked("backward primitive creation", [&] {
+      using tag = memory::format_tag;
+      const auto f32 = memory::data_type::f32;
+      const std::int64_t n = p_.seq_k, d = p_.head_dim, dv = p_.head_dim_v;
+      BackwardPrimitives pr;
+      pr.q_md = memory::desc({rows, d}, f32, tag::ab);
+      pr.kt_md = memory::desc({d, n}, f32, {1, d});  // K^T as a strided view of K [n, d]
+      pr.s_md = memory::desc({rows, n}, f32, tag::ab);
+      pr.dout_md = memory::desc({rows, dv}, f32, tag::ab);
+      pr.vt_md = memory::desc({dv, n}, f32, {1, dv});
+      pr.pt_md = memory::desc({n, rows}, f32, {1, n});  // P^T and dS^T as strided views
+      pr.dv_md = memory::desc({n, dv}, f32, tag::ab);
+      pr.k_md = memory::desc({n, d}, f32, tag::ab);
+      pr.dk_md = memory::desc({n, d}, f32, tag::ab);
+      pr.dq_md = memory::desc({rows, d}, f32, tag::ab);
+      dnnl::primitive_attr scale;
+      scale.set_output_scales(0, {static_cast<float>(p_.scale)});
+      pr.scores = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(pr.q_md, pr.kt_md, pr.s_md), scale, engine_));
+      const auto softmax_pd = dnnl::softmax_forward::primitive_desc(
+          dnnl::softmax_forward::desc(dnnl::prop_kind::forward_training, pr.s_md, 1), engine_);
+      pr.softmax = dnnl::softmax_forward(softmax_pd);
+      pr.softmax_grad = dnnl::softmax_backward(dnnl::softmax_backward::primitive_desc(
+          dnnl::softmax_backward::desc(pr.s_md, pr.s_md, 1), engine_, softmax_pd));
+      pr.dp = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(pr.dout_md, pr.vt_md, pr.s_md), engine_));
+      dnnl::post_ops accumulate;
+      accumulate.append_sum(1.0f);
+      dnnl::primitive_attr sum;
+      sum.set_post_ops(accumulate);
+      pr.dv = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(pr.pt_md, pr.dout_md, pr.dv_md), sum, engine_));
+      pr.dk = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(pr.pt_md, pr.q_md, pr.dk_md), sum, engine_));
+      pr.dq = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(pr.s_md, pr.k_md, pr.dq_md), engine_));
+      return pr;
+    });
+  }
+
+  static void widen_rows(const TensorView& v, std::int64_t b, std::int64_t h, std::int64_t rows, std::int64_t cols, float* out) {
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t c = 0; c < cols; ++c) out[r * cols + c] = load_float(v, v.offset(b, h, r, c));
+  }
+
+  void pass() {
+    std::fill(dbias_.begin(), dbias_.end(), 0.0);
+    for (std::int64_t b = 0; b < p_.batch; ++b) {
+      for (std::int64_t g = 0; g < p_.heads_kv; ++g) {
+        widen_rows(io_.forward.k, b, g, p_.seq_k, p_.head_dim, k_.data());
+        widen_rows(io_.forward.v, b, g, p_.seq_k, p_.head_dim_v, v_.data());
+        std::fill(dk_.begin(), dk_.end(), 0.0f);
+        std::fill(dv_.begin(), dv_.end(), 0.0f);
+        for (std::int64_t h = g * p_.group_size(); h < (g + 1) * p_.group_size(); ++h) head(b, h);
+        check(dk_);
+        check(dv_);
+        for (std::int64_t j = 0; j < p_.seq_k; ++j) {
+          for (std::int64_t c = 0; c < p_.head_dim; ++c) {
+            store_float(io_.dk, io_.dk.offset(b, g, j, c), std::ldexp(dk_[static_cast<std::size_t>(j * p_.head_dim + c)], shift_));
+          }
+          for (std::int64_t c = 0; c < p_.head_dim_v; ++c) {
+            store_float(io_.dv, io_.dv.offset(b, g, j, c), std::ldexp(dv_[static_cast<std::size_t>(j * p_.head_dim_v + c)], shift_));
+          }
+        }
+      }
+    }
+    const BroadcastShape& shape = p_.bias;
+    for (std::size_t e = 0; e < dbias_.size(); ++e) {
+      const auto at = static_cast<std::int64_t>(e);
+      const std::int64_t j = at % p_.seq_k, bq = (at / p_.seq_k) % shape.rows, bh = (at / (p_.seq_k * shape.rows)) % shape.heads;
+      const std::int64_t bb = at / (p_.seq_k * shape.rows * shape.heads);
+      if (!std::isfinite(dbias_[e])) overflowed_ = true;
+      store_float(io_.dbias, io_.dbias.offset(bb, bh, bq, j), static_cast<float>(std::ldexp(dbias_[e], shift_)));
+    }
+  }
+
+  void head(std::int64_t b, std::int64_t h) {
+    widen_rows(io_.forward.q, b, h, p_.seq_q, p_.head_dim, q_.data());
+    widen_rows(io_.dout, b, h, p_.seq_q, p_.head_dim_v, dout_.data());
+    if (shift_ > 0) std::transform(dout_.begin(), dout_.end(), dout_.begin(), [&](float x) { return std::ldexp(x, -shift_); });
+    for (std::int64_t i0 = 0; i0 < p_.seq_q; i0 += kRowBlock) {
+      const std::int64_t rows = std::min(kRowBlock, p_.seq_q - i0);
+      if (p_.seq_k == 0) {
+        std::fill(dq_.begin(), dq_.end(), 0.0f);
+      } else {
+        block(b, h, i0, rows);
+      }
+      check(dq_);
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t c = 0; c < p_.head_dim; ++c) {
+          store_float(io_.dq, io_.dq.offset(b, h, i0 + r, c), std::ldexp(dq_[static_cast<std::size_t>(r * p_.head_dim + c)], shift_));
+        }
+    }
+  }
+
+  void block(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t rows) {
+    BackwardPrimitives& pr = rows == std::min(kRowBlock, p_.seq_q) ? full_ : tail_;
+    const std::int64_t n = p_.seq_k;
+    float* q = q_.data() + i0 * p_.head_dim;
+    float* dout = dout_.data() + i0 * p_.head_dim_v;
+    memory q_mem(pr.q_md, engine_, q), kt_mem(pr.kt_md, engine_, k_.data()), k_mem(pr.k_md, engine_, k_.data());
+    memory p_mem(pr.s_md, engine_, prob_.data()), dp_mem(pr.s_md, engine_, dp_.data()), ds_mem(pr.s_md, engine_, ds_.data());
+    memory dout_mem(pr.dout_md, engine_, dout), vt_mem(pr.vt_md, engine_, v_.data());
+    memory pt_mem(pr.pt_md, engine_, prob_.data()), dst_mem(pr.pt_md, engine_, ds_.data());
+    memory dv_mem(pr.dv_md, engine_, dv_.data()), dk_mem(pr.dk_md, engine_, dk_.data()), dq_mem(pr.dq_md, engine_, dq_.data());
+    checked("backward matmul Q K^T", [&] {
+      pr.scores.execute(stream_, {{DNNL_ARG_SRC, q_mem}, {DNNL_ARG_WEIGHTS, kt_mem}, {DNNL_ARG_DST, p_mem}});
+      stream_.wait();
+    });
+    std::vector<char> hidden(static_cast<std::size_t>(rows), 0);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      float* row = prob_.data() + r * n;
+      float* th = tanh_.empty() ? nullptr : tanh_.data() + r * n;
+      hidden[static_cast<std::size_t>(r)] = !hide_row(b, h, i0 + r, row, th);
+    }
+    checked("backward softmax", [&] {
+      pr.softmax.execute(stream_, {{DNNL_ARG_SRC, p_mem}, {DNNL_ARG_DST, p_mem}});
+      pr.dp.execute(stream_, {{DNNL_ARG_SRC, dout_mem}, {DNNL_ARG_WEIGHTS, vt_mem}, {DNNL_ARG_DST, dp_mem}});
+      stream_.wait();
+    });
+    for (std::int64_t r = 0; r < rows; ++r) {  // a row with no visible key: P = 0, not softmax's NaN
+      if (hidden[static_cast<std::size_t>(r)]) std::fill_n(prob_.data() + r * n, n, 0.0f);
+    }
+    checked("softmax backward", [&] {
+      pr.softmax_grad.execute(stream_, {{DNNL_ARG_DST, p_mem}, {DNNL_ARG_DIFF_DST, dp_mem}, {DNNL_ARG_DIFF_SRC, ds_mem}});
+      stream_.wait();
+    });
+    const float scale = static_cast<float>(p_.scale);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      float* ds = ds_.data() + r * n;
+      if (hidden[static_cast<std::size_t>(r)]) std::fill_n(ds, n, 0.0f);
+      if (!dbias_.empty()) {
+        const BroadcastShape& shape = p_.bias;
+        const std::int64_t i = i0 + r, bb = shape.batch == 1 ? 0 : b, bh = shape.heads == 1 ? 0 : h, bq = shape.rows == 1 ? 0 : i;
+        double* sums = dbias_.data() + ((bb * shape.heads + bh) * shape.rows + bq) * n;
+        for (std::int64_t j = 0; j < n; ++j) sums[j] += static_cast<double>(ds[j]);
+      }
+      const float* th = tanh_.empty() ? nullptr : tanh_.data() + r * n;
+      for (std::int64_t j = 0; j < n; ++j) ds[j] *= th ? scale * (1.0f - th[j] * th[j]) : scale;
+    }
+    checked("backward matmuls dV, dK, dQ", [&] {
+      pr.dv.execute(stream_, {{DNNL_ARG_SRC, pt_mem}, {DNNL_ARG_WEIGHTS, dout_mem}, {DNNL_ARG_DST, dv_mem}});
+      pr.dk.execute(stream_, {{DNNL_ARG_SRC, dst_mem}, {DNNL_ARG_WEIGHTS, q_mem}, {DNNL_ARG_DST, dk_mem}});
+      pr.dq.execute(stream_, {{DNNL_ARG_SRC, ds_mem}, {DNNL_ARG_WEIGHTS, k_mem}, {DNNL_ARG_DST, dq_mem}});
+      stream_.wait();
+    });
+  }
+
+  // The forward's hide_keys for one row of scale * q.k (softcap, ALiBi, mask,
+  // bias, the position rules), with tanh(s / cap) kept for the softcap's
+  // slope; whether any key is visible.
+  bool hide_row(std::int64_t b, std::int64_t h, std::int64_t i, float* row, float* th) const {
+    const AttentionIO& f = io_.forward;
+    const SequenceMap::Row place = f.sequences(p_).entry_row(b, i);
+    const std::int64_t begin = place.keys.lo, end = place.keys.hi;
+    std::fill(row, row + begin, kNegInf);
+    std::fill(row + end, row + p_.seq_k, kNegInf);
+    bool any = false;
+    for (std::int64_t j = begin; j < end; ++j) {
+      if (p_.softcap != 0) {
+        th[j] = std::tanh(row[j] / static_cast<float>(p_.softcap));
+        row[j] = softcapped(row[j], static_cast<float>(p_.softcap));
+      }
+      if (f.alibi_slopes) row[j] += alibi_term(f.alibi_slopes[h], place.diag, j);
+      if (!f.mask.empty() && f.mask.at(b, h, i, j) == 0) row[j] = kNegInf;
+      if (!f.bias.empty() && row[j] != kNegInf) {
+        const float bias = load_float(f.bias, f.bias.offset(b, h, i, j));
+        row[j] = std::isinf(bias) && bias < 0 ? kNegInf : row[j] + bias;
+      }
+      any = any || row[j] != kNegInf;
+    }
+    return any;
+  }
+
+  void check(const std::vector<float>& x) {
+    if (!std::all_of(x.begin(), x.end(), [](float e) { return std::isfinite(e); })) overflowed_ = true;
+  }
+
+  int overflow_shift() const {
+    auto max_abs = [&](const TensorView& t, std::int64_t heads, std::int64_t seq, std::int64_t width) {
+      double m = 0;
+      for (std::int64_t b = 0; b < p_.batch; ++b)
+        for (std::int64_t h = 0; h < heads; ++h)
+          for (std::int64_t s = 0; s < seq; ++s)
+            for (std::int64_t c = 0; c < width; ++c) m = std::max(m, std::fabs(static_cast<double>(load_float(t, t.offset(b, h, s, c)))));
+      return m;
+    };
+    const AttentionIO& f = io_.forward;
+    return cpu::gradient_overflow_shift(max_abs(io_.dout, p_.heads_q, p_.seq_q, p_.head_dim_v),
+                                        max_abs(f.v, p_.heads_kv, p_.seq_k, p_.head_dim_v),
+                                        max_abs(f.q, p_.heads_q, p_.seq_q, p_.head_dim),
+                                        max_abs(f.k, p_.heads_kv, p_.seq_k, p_.head_dim), p_.head_dim_v, p_.scale,
+                                        static_cast<double>(p_.seq_q * p_.group_size()));
+  }
+
+  Problem p_;
+  BackwardIO io_;
+  dnnl::engine engine_;
+  dnnl::stream stream_;
+  int threads_ = 1, shift_ = 0;
+  bool overflowed_ = false;
+  BackwardPrimitives full_, tail_;
+  std::vector<float> q_, dout_, k_, v_, dk_, dv_, prob_, dp_, ds_, tanh_, dq_;
+  std::vector<double> dbias_;
+};
+
 class OneDnnBackend final : public Backend {
  public:
   OneDnnBackend() {
@@ -242,13 +506,18 @@ class OneDnnBackend final : public Backend {
   Capabilities capabilities() const override {
     unsigned dtypes = dtype_bit(DType::f32) | dtype_bit(DType::f16);
     if (bf16_refusal_.empty()) dtypes |= dtype_bit(DType::bf16);
-    return {dtypes, kFeatureWindow | kFeatureSoftcap | kFeatureAlibi | kFeatureRagged, false};
+    return {dtypes, kFeatureWindow | kFeatureSoftcap | kFeatureAlibi | kFeatureRagged, false, true};
   }
   Status supports(const Problem&) const override { return Status::yes(); }
   std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& options) const override {
     require_float32_scores(p, io);  // scores in float32: values beyond its range are refused, not computed wrong
     if (p.ragged) return plan_per_entry(p, io, options, *this);
     return std::make_unique<OneDnnPlan>(p, io, options);
+  }
+  std::unique_ptr<BackwardPlan> prepare_backward(const Problem& p, const BackwardIO& io, const RunOptions& options) const override {
+    require_float32_scores(p, io.forward);
+    if (p.ragged) return plan_backward_per_entry(p, io, options, *this);
+    return std::make_unique<OneDnnBackwardPlan>(p, io, options);
   }
 
  private:
