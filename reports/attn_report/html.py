@@ -58,7 +58,10 @@ FLOP_CONVENTION = (
     "FLOP convention: useful flops = 2 (d + dv) x batch x query heads x the query-key pairs the causal alignment "
     "leaves visible (all sq x sk pairs when not causal); a causal square case counts about half the pairs. Tools "
     "that count every pair report the dense-equivalent figure, given in the table beside it. Times are the "
-    "backend's own timed region (manual time), medians over the repetitions; spreads are interquartile ranges.")
+    "backend's own timed region (manual time), medians over the repetitions; spreads are interquartile ranges. "
+    "A case marked [backward] times the backward pass alone (after an untimed forward) and counts 2.5 times the "
+    "forward's useful flops, [forward+backward] both passes and 3.5 times, as FlashAttention counts them (five "
+    "matrix products against two); its roofline point moves twice (three times) the forward's bytes.")
 
 
 def _pct(value, of):

@@ -65,16 +65,19 @@ def gflops_vs_seq(measurements, peaks):
     if not rows:
         return None
     hosts = sorted({m.host for m in rows})
-    panels = sorted({(m.problem.head_dim, m.problem.causal, m.problem.dtype, m.problem.variant) for m in rows})
+    # The backward's panels beside the forward's of the same shape.
+    panels = sorted({(m.problem.head_dim, m.problem.causal, m.problem.dtype, m.problem.variant, m.problem.direction)
+                     for m in rows})
     columns = min(3, len(panels))
     grid_rows = math.ceil(len(panels) / columns)
     fig, axes = plt.subplots(grid_rows, columns, figsize=(7.2 * columns, 3.8 * grid_rows), squeeze=False)
     for ax in axes.flat[len(panels):]:
         ax.axis("off")
-    for ax, (head_dim, causal, dtype, variant) in zip(axes.flat, panels):
+    for ax, (head_dim, causal, dtype, variant, direction) in zip(axes.flat, panels):
         lines = defaultdict(list)
         for m in rows:
-            if (m.problem.head_dim, m.problem.causal, m.problem.dtype, m.problem.variant) == (head_dim, causal, dtype, variant):
+            if (m.problem.head_dim, m.problem.causal, m.problem.dtype, m.problem.variant,
+                    m.problem.direction) == (head_dim, causal, dtype, variant, direction):
                 lines[(m.backend, m.host, m.problem.heads_q, m.problem.heads_kv)].append(
                     (m.problem.seq_q, m.gflops, m.gflops_iqr))
         head_configs = {(hq, hkv) for (_, _, hq, hkv) in lines}
@@ -102,7 +105,8 @@ def gflops_vs_seq(measurements, peaks):
                 ax.annotate(f"peak {peak:.0f}{at}", (0.01, peak), xycoords=("axes fraction", "data"), fontsize=7,
                             va="bottom")
         ax.set_xscale("log", base=2)
-        ax.set_title(f"{dtype}, head_dim {head_dim}, causal {causal}" + (f", {variant}" if variant else ""), fontsize=10)
+        ax.set_title(f"{dtype}, head_dim {head_dim}, causal {causal}" + (f", {variant}" if variant else "") +
+                     ("" if direction == "forward" else f" [{direction}]"), fontsize=10)
         ax.set_xlabel("sequence length")
         ax.set_ylabel("useful GFLOP/s (median, IQR bars)")
         ax.set_ylim(bottom=0)
@@ -305,15 +309,16 @@ def roofline(measurements, peaks, bandwidths):
     fig, axes = plt.subplots(1, len(dtypes), figsize=(7.0 * len(dtypes), 4.4), squeeze=False)
     for ax, dtype in zip(axes[0], dtypes):
         points = [m for m in rows if m.problem.dtype == dtype]
-        for backend in sorted({m.backend for m in points}):
-            mine = [m for m in points if m.backend == backend]
-            label = backend
+        for backend, direction in sorted({(m.backend, m.problem.direction) for m in points}):
+            mine = [m for m in points if m.backend == backend and m.problem.direction == direction]
+            label = backend if direction == "forward" else f"{backend} [{direction}]"
+            hollow = {} if direction == "forward" else {"mfc": "none"}
             low = [m.gflops - m.gflops_iqr[0] if m.gflops_iqr else 0.0 for m in mine]
             high = [m.gflops_iqr[1] - m.gflops if m.gflops_iqr else 0.0 for m in mine]
             xs = [m.problem.useful_flops() / m.problem.min_bytes() for m in mine]
             ax.errorbar(xs, [m.gflops for m in mine],
                         yerr=[low, high], color=_color(backend), marker=_marker(backend), ms=4, linestyle="none",
-                        label=label, zorder=3, capsize=2, elinewidth=1)
+                        label=label, zorder=3, capsize=2, elinewidth=1, **hollow)
             for x, m in zip(xs, mine):
                 ax.annotate(str(number[(dtype, m.problem.shape_label)]), (x, m.gflops), xytext=(3, 2),
                             textcoords="offset points", fontsize=6, color=_color(backend), zorder=4)

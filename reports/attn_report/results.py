@@ -28,6 +28,10 @@ class Problem:
     # paged cases' pairs depend on lengths the problem string does not carry.
     counted_useful: float = None
     counted_dense: float = None
+    # What was timed: "forward", "backward" (the backward pass alone) or
+    # "forward+backward" (attn bench --direction); the counted flops are the
+    # direction's (2.5 and 3.5 times the forward's, FlashAttention's count).
+    direction: str = "forward"
 
     @property
     def decode(self):
@@ -75,11 +79,13 @@ class Problem:
         return 2.0 * (self.head_dim + self.head_dim_v) * self.batch * self.heads_q * self.seq_q * self.seq_k
 
     def min_bytes(self):
-        """Q, K, V read once and the output written once: the least memory traffic."""
+        """Q, K, V read once and the output written once: the least memory traffic;
+        the backward reads those and dO and writes dQ, dK, dV (twice as much)."""
         size = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2}.get(self.dtype, 4)
         elements = (self.batch * self.heads_q * self.seq_q * (self.head_dim + self.head_dim_v) +
                     self.batch * self.heads_kv * self.seq_k * (self.head_dim + self.head_dim_v))
-        return float(size * elements)
+        passes = {"forward": 1, "backward": 2, "forward+backward": 3}.get(self.direction, 1)
+        return float(size * elements * passes)
 
     @property
     def shape_label(self):
@@ -91,6 +97,8 @@ class Problem:
             label += " causal"
         if self.variant:
             label += ", " + self.variant
+        if self.direction != "forward":
+            label += f" [{self.direction}]"
         return label
 
 
@@ -179,6 +187,7 @@ class BenchFile:
 
 
 _UNIT = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+DIRECTIONS = ("forward", "backward", "forward+backward")
 
 
 def load_bench(path, data=None):
@@ -201,6 +210,9 @@ def load_bench(path, data=None):
         if len(parts) < 2:
             continue
         backend, problem = parts[0], parse_problem(parts[1])
+        if len(parts) > 2 and parts[2] in DIRECTIONS[1:]:  # <backend>/<problem>/<direction>/manual_time
+            problem.direction = parts[2]
+            problem.text += f" [{parts[2]}]"  # a case of its own wherever cases are told apart
         m = by_name.get(name)
         if m is None:
             threads = int(entry.get("attn_threads", context.get("attn_threads", 1)))

@@ -45,6 +45,22 @@ class Results(unittest.TestCase):
         self.assertTrue(any("no CUDA device" in m.skipped for m in skipped))
         self.assertTrue(all(not m.seconds for m in skipped))
 
+    def test_backward_directions_are_cases_of_their_own_with_their_flops(self):
+        # attn bench --direction forward,backward,forward+backward (bench_backward.json, a real run).
+        f = results.load_bench(data("bench_backward.json"))
+        by = {(m.backend, m.problem.direction): m for m in f.measurements}
+        self.assertEqual({d for _, d in by}, {"forward", "backward", "forward+backward"})
+        forward, backward, both = (by[("streaming", d)] for d in ("forward", "backward", "forward+backward"))
+        self.assertAlmostEqual(backward.problem.useful_flops() / forward.problem.useful_flops(), 2.5)
+        self.assertAlmostEqual(both.problem.useful_flops() / forward.problem.useful_flops(), 3.5)
+        self.assertEqual(backward.problem.min_bytes(), 2 * forward.problem.min_bytes())
+        self.assertTrue(backward.problem.shape_label.endswith("[backward]"))
+        self.assertNotEqual(backward.problem.text, forward.problem.text)
+        self.assertEqual(len({m.problem.shape_label for m in f.measurements if m.backend == "streaming"}), 3)
+        # The backward panels beside the forward ones, and every direction on the roofline.
+        self.assertIsNotNone(plots.gflops_vs_seq(f.measurements, {"vm": {"fp32": 200.0}}))
+        self.assertEqual(len(plots.roofline_cases(f.measurements)), 3)
+
     def test_repetitions_and_aggregates(self):
         f = results.load_bench(data("compare_new.json"))
         self.assertEqual(len(f.measurements), 2)  # aggregates are not measurements
