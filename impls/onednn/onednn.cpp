@@ -250,7 +250,7 @@ class OneDnnBackwardPlan final : public BackwardPlan {
     auto d = [](std::int64_t x) { return static_cast<double>(x); };
     const double n = d(std::max<std::int64_t>(p.seq_k, 1));
     require_workspace(4.0 * (d(p.seq_q) * d(2 * p.head_dim + 2 * p.head_dim_v) + 2.0 * n * d(p.head_dim + p.head_dim_v) +
-                             d(rows) * (3.0 * n + d(p.head_dim))) +
+                             d(rows) * (5.0 * n + d(p.head_dim))) +
                           8.0 * (io.dbias.empty() ? 0.0 : d(p.broadcast_elements(p.bias))),
                       "onednn's float32 copies of a head, its gradients and a row block's P and dS");
     auto sized = [](std::vector<float>& v, double count) { v.assign(static_cast<std::size_t>(count), 0.0f); };
@@ -263,6 +263,7 @@ class OneDnnBackwardPlan final : public BackwardPlan {
     sized(prob_, d(rows) * n);
     sized(dp_, d(rows) * n);
     sized(ds_, d(rows) * n);
+    sized(saved_, d(rows) * n);
     sized(tanh_, p.softcap != 0 ? d(rows) * n : 0.0);
     sized(dq_, d(rows) * d(p.head_dim));
     dbias_.assign(io.dbias.empty() ? 0 : static_cast<std::size_t>(p.broadcast_elements(p.bias)), 0.0);
@@ -390,11 +391,22 @@ class OneDnnBackwardPlan final : public BackwardPlan {
       pr.scores.execute(stream_, {{DNNL_ARG_SRC, q_mem}, {DNNL_ARG_WEIGHTS, kt_mem}, {DNNL_ARG_DST, p_mem}});
       stream_.wait();
     });
-    std::vector<char> hidden(static_cast<std::size_t>(rows), 0);
+    std::vector<char> hidden(static_cast<std::size_t>(rows), 0), tiny(static_cast<std::size_t>(rows), 0);
     for (std::int64_t r = 0; r < rows; ++r) {
       float* row = prob_.data() + r * n;
       float* th = tanh_.empty() ? nullptr : tanh_.data() + r * n;
       hidden[static_cast<std::size_t>(r)] = !hide_row(b, h, i0 + r, row, th);
+      // A weight below float32's smallest normal is a gradient term of its own
+      // (a key nearly hidden by a bias or ALiBi), which the softmax primitive
+      // flushes: such rows keep their scores and are redone exactly below.
+      const float top = *std::max_element(row, row + n);
+      for (std::int64_t j = 0; j < n && !hidden[static_cast<std::size_t>(r)]; ++j) {
+        if (row[j] - top < -87.0f && row[j] - top > -105.0f) {
+          tiny[static_cast<std::size_t>(r)] = 1;
+          std::copy_n(row, n, saved_.data() + r * n);
+          break;
+        }
+      }
     }
     checked("backward softmax", [&] {
       pr.softmax.execute(stream_, {{DNNL_ARG_SRC, p_mem}, {DNNL_ARG_DST, p_mem}});
@@ -402,7 +414,14 @@ class OneDnnBackwardPlan final : public BackwardPlan {
       stream_.wait();
     });
     for (std::int64_t r = 0; r < rows; ++r) {  // a row with no visible key: P = 0, not softmax's NaN
-      if (hidden[static_cast<std::size_t>(r)]) std::fill_n(prob_.data() + r * n, n, 0.0f);
+      float* row = prob_.data() + r * n;
+      if (hidden[static_cast<std::size_t>(r)]) std::fill_n(row, n, 0.0f);
+      if (!tiny[static_cast<std::size_t>(r)]) continue;
+      const float* scores = saved_.data() + r * n;
+      const double top = *std::max_element(scores, scores + n);
+      double sum = 0;
+      for (std::int64_t j = 0; j < n; ++j) sum += std::exp(static_cast<double>(scores[j]) - top);
+      for (std::int64_t j = 0; j < n; ++j) row[j] = static_cast<float>(std::exp(static_cast<double>(scores[j]) - top) / sum);
     }
     checked("softmax backward", [&] {
       pr.softmax_grad.execute(stream_, {{DNNL_ARG_DST, p_mem}, {DNNL_ARG_DIFF_DST, dp_mem}, {DNNL_ARG_DIFF_SRC, ds_mem}});
@@ -483,7 +502,7 @@ class OneDnnBackwardPlan final : public BackwardPlan {
   int threads_ = 1, shift_ = 0;
   bool overflowed_ = false;
   BackwardPrimitives full_, tail_;
-  std::vector<float> q_, dout_, k_, v_, dk_, dv_, prob_, dp_, ds_, tanh_, dq_;
+  std::vector<float> q_, dout_, k_, v_, dk_, dv_, prob_, dp_, ds_, saved_, tanh_, dq_;
   std::vector<double> dbias_;
 };
 
