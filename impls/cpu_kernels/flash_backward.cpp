@@ -30,6 +30,10 @@ std::size_t size(std::int64_t n) { return static_cast<std::size_t>(n); }
 // dQ, V^T for dP), its dK and dV sums, and one tile's scores.
 struct Worker {
   LineVector<float> kt, kr, vt, v_row, dk, dv, s, dp, raw, t, row_max;
+  // The bfloat16 path's: K as pairs of dims per key (S) and as pairs of keys
+  // per column (dQ), V as pairs of dims per key (dP); a 64-row chunk of P^T
+  // or dS^T, of Q or dO as pairs of rows per column, and dS of a tile.
+  LineVector<bf16> kp, kpairs, vp, pt, pb, ds;
 };
 
 class FlashBackwardPlan final : public BackwardPlan {
@@ -48,6 +52,16 @@ class FlashBackwardPlan final : public BackwardPlan {
     g_.scratch_rows = g_.tile_rows;
     threads_ = resolve_threads(options.threads);
     d_pad_ = round_up(p.head_dim, 16);
+    // bfloat16 cases multiply in bfloat16 pairs (vdpbf16ps), P and dS rounded
+    // to bfloat16 as FlashAttention-2's 16-bit backward feeds them, where the
+    // kernels take any row count (AVX-512, portable); the AMX set wants rows
+    // and pairs padded to its tiles and keeps the float32 path.
+    bf16_ = p.dtype == DType::bf16 && kernels_.bf16_rows_align == 1 && kernels_.bf16_pairs_align == 1;
+    qpairs_ = (p.head_dim + 1) / 2;
+    vpairs_ = (p.head_dim_v + 1) / 2;
+    if (bf16_) {
+      g_.q_prescaled = false;  // the raw products, scaled by finish_scores as the forward's bfloat16 tiles are
+    }
     units_ = p.batch * p.heads_kv;
     rows_ = p.seq_q * g_.group;
     with_dbias_ = !io.dbias.empty();
@@ -71,7 +85,23 @@ class FlashBackwardPlan final : public BackwardPlan {
     dbias_.assign(size(static_cast<std::int64_t>(dbias_elements)), 0.0);
     tile_keys_.assign(size(units_ * g_.query_tiles), {0, 0});
     workers_.resize(size(threads_));
+    if (bf16_) {
+      qb_.assign(size(units_ * rows_ * qpairs_ * 2), bf16{});
+      dob_.assign(size(units_ * rows_ * vpairs_ * 2), bf16{});
+      chunks_per_tile_ = (g_.tile_rows + kKeyBlock - 1) / kKeyBlock;
+      const std::int64_t chunks = units_ * g_.query_tiles * chunks_per_tile_ * kKeyBlock;
+      row_pairs_q_.assign(size(chunks * d_pad_), bf16{});
+      row_pairs_dout_.assign(size(chunks * g_.dv_pad), bf16{});
+    }
     for (Worker& w : workers_) {
+      if (bf16_) {
+        w.kp.assign(size(qpairs_ * kKeyBlock * 2), bf16{});
+        w.kpairs.assign(size(kKeyBlock * d_pad_), bf16{});
+        w.vp.assign(size(vpairs_ * kKeyBlock * 2), bf16{});
+        w.pt.assign(size(kKeyBlock * kKeyBlock), bf16{});
+        w.ds.assign(size(g_.tile_rows * kKeyBlock), bf16{});
+        w.pb.assign(size(g_.tile_rows * kKeyBlock), bf16{});
+      }
       w.kt.assign(size(d_pad_ * kKeyBlock), 0.0f);
       w.kr.assign(size(kKeyBlock * d_pad_), 0.0f);
       w.vt.assign(size(g_.dv_pad * kKeyBlock), 0.0f);
@@ -140,6 +170,10 @@ class FlashBackwardPlan final : public BackwardPlan {
     return gradient_overflow_shift(dout, v, q, k, p_.head_dim_v, p_.scale, static_cast<double>(rows_));
   }
 
+  // A result of this pass at dO's true scale (ldexp only when rescued: it is
+  // a library call per element, 7% of a backward when made every time).
+  float unshifted(float x) const { return shift_ == 0 ? x : std::ldexp(x, shift_); }
+
   // Whether n results are finite; marks the pass as overflowed when not.
   bool finite(const float* x, std::int64_t n) {
     for (std::int64_t e = 0; e < n; ++e) {
@@ -173,6 +207,12 @@ class FlashBackwardPlan final : public BackwardPlan {
         if (shift_ > 0) {
           for (std::int64_t c = 0; c < p_.head_dim_v; ++c) dout[c] = std::ldexp(dout[c], -shift_);
         }
+        if (bf16_) {  // exact: the case is bfloat16 (dO scaled by a power of two)
+          bf16* qb = qb_.data() + at * qpairs_ * 2;
+          bf16* dob = dob_.data() + at * vpairs_ * 2;
+          for (std::int64_t d = 0; d < p_.head_dim; ++d) qb[d] = float_to_bf16(qn[d]);
+          for (std::int64_t c = 0; c < p_.head_dim_v; ++c) dob[c] = float_to_bf16(dout[c]);
+        }
         read_row(out, out.offset(b, h, i, 0), p_.head_dim_v, o.data());
         double delta = 0;
         for (std::int64_t c = 0; c < p_.head_dim_v; ++c) delta += static_cast<double>(dout[c]) * static_cast<double>(o[size(c)]);
@@ -188,6 +228,24 @@ class FlashBackwardPlan final : public BackwardPlan {
     for (std::int64_t tile = 0; tile < g_.query_tiles; ++tile) {
       const QueryTile t = query_tile(p_, g_, unit * g_.query_tiles + tile);
       tile_keys_[size(unit * g_.query_tiles + tile)] = {visible_key_begin(p_, f, t), visible_key_end(p_, f, t)};
+      if (!bf16_) continue;
+      // Q and dO of each 64-row chunk of the tile as pairs of rows per column
+      // (what pv_bf16 reads as its V), zero past the tile's rows.
+      const std::int64_t r0 = t.first_query * g_.group;
+      for (std::int64_t c = 0; c < chunks_per_tile_; ++c) {
+        bf16* q_pairs = row_pairs_q_.data() + ((unit * g_.query_tiles + tile) * chunks_per_tile_ + c) * kKeyBlock * d_pad_;
+        bf16* dout_pairs = row_pairs_dout_.data() + ((unit * g_.query_tiles + tile) * chunks_per_tile_ + c) * kKeyBlock * g_.dv_pad;
+        for (std::int64_t r = 0; r < kKeyBlock; ++r) {
+          const std::int64_t row = c * kKeyBlock + r;
+          const bool real = row < t.rows();
+          const bf16* q = real ? qb_.data() + row_of(unit, r0 + row) * qpairs_ * 2 : nullptr;
+          const bf16* dout = real ? dob_.data() + row_of(unit, r0 + row) * vpairs_ * 2 : nullptr;
+          for (std::int64_t d = 0; d < d_pad_; ++d) q_pairs[((r / 2) * d_pad_ + d) * 2 + r % 2] = real && d < p_.head_dim ? q[d] : bf16{};
+          for (std::int64_t d = 0; d < g_.dv_pad; ++d) {
+            dout_pairs[((r / 2) * g_.dv_pad + d) * 2 + r % 2] = real && d < p_.head_dim_v ? dout[d] : bf16{};
+          }
+        }
+      }
     }
   }
 
@@ -205,8 +263,34 @@ class FlashBackwardPlan final : public BackwardPlan {
         std::fill_n(kr, p_.head_dim, 0.0f);
         std::fill_n(vrow, p_.head_dim_v, 0.0f);
       }
+      if (bf16_) {
+        for (std::int64_t d = 0; d < p_.head_dim; ++d) {
+          const bf16 x = float_to_bf16(kr[d]);
+          w.kp[size(((d / 2) * kKeyBlock + jj) * 2 + d % 2)] = x;
+          w.kpairs[size(((jj / 2) * d_pad_ + d) * 2 + jj % 2)] = x;
+        }
+        for (std::int64_t c = 0; c < p_.head_dim_v; ++c) w.vp[size(((c / 2) * kKeyBlock + jj) * 2 + c % 2)] = float_to_bf16(vrow[c]);
+        continue;
+      }
       for (std::int64_t d = 0; d < p_.head_dim; ++d) w.kt[size(d * kKeyBlock + jj)] = kr[d];
       for (std::int64_t c = 0; c < p_.head_dim_v; ++c) w.vt[size(c * kKeyBlock + jj)] = vrow[c];
+    }
+  }
+
+  // acc[64][width] += x^T y in bfloat16 pairs: x is rows x 64 bfloat16 (row
+  // stride 64), transposed 64 rows at a time; y_pairs the tile's rows in
+  // 64-row chunks as pairs of rows per column (packed in pack_rows).
+  void add_transposed_bf16(const bf16* x, std::int64_t rows, const bf16* y_pairs, std::int64_t width, float* acc,
+                           Worker& w) const {
+    for (std::int64_t r0 = 0, c = 0; r0 < rows; r0 += kKeyBlock, ++c) {
+      const std::int64_t n = std::min(kKeyBlock, rows - r0), even = (n + 1) / 2 * 2;
+      for (std::int64_t j = 0; j < kKeyBlock; ++j) {
+        bf16* tj = w.pt.data() + j * kKeyBlock;
+        const bf16* xj = x + r0 * kKeyBlock + j;
+        for (std::int64_t r = 0; r < n; ++r) tj[r] = xj[r * kKeyBlock];
+        if (even > n) tj[n] = bf16{};
+      }
+      kernels_.pv_bf16(w.pt.data(), kKeyBlock, even, y_pairs + c * kKeyBlock * width, width, acc);
     }
   }
 
@@ -241,13 +325,15 @@ class FlashBackwardPlan final : public BackwardPlan {
     pack_keys(b, kv_head, j0, w);
     std::fill(w.dk.begin(), w.dk.end(), 0.0f);
     std::fill(w.dv.begin(), w.dv.end(), 0.0f);
-    const float scale = static_cast<float>(p_.scale);
-    const float cap2 = static_cast<float>(p_.softcap * kLog2e);
     for (std::int64_t tile = 0; tile < g_.query_tiles; ++tile) {
       const auto [begin, end] = tile_keys_[size(unit * g_.query_tiles + tile)];
       if (end <= j0 || begin >= j0 + kKeyBlock || begin >= end) continue;  // no row of the tile sees this block
       const QueryTile t = query_tile(p_, g_, unit * g_.query_tiles + tile);
       const std::int64_t rows = t.rows(), r0 = t.first_query * g_.group;
+      if (bf16_) {
+        tile_bf16(unit, t, j0, keys, partial, w);
+        continue;
+      }
       const float* lse_hi = lse_hi_.data() + row_of(unit, r0);
       const float* lse_lo = lse_lo_.data() + row_of(unit, r0);
       const float* delta = delta_.data() + row_of(unit, r0);
@@ -262,21 +348,7 @@ class FlashBackwardPlan final : public BackwardPlan {
       // dP = dO V^T, then dS = P (dP - D) in place of dP, times scale and the
       // softcap's slope 1 - tanh^2 (what Q K^T is multiplied by).
       kernels_.qk_f32(dout, rows, g_.dv_pad, w.vt.data(), w.dp.data(), w.row_max.data());
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const float* pr = w.s.data() + r * kKeyBlock;
-        float* dsr = w.dp.data() + r * kKeyBlock;
-        for (std::int64_t j = 0; j < kKeyBlock; ++j) dsr[j] = pr[j] * (dsr[j] - delta[r]);
-        if (with_dbias_) add_dbias(t, r, j0, keys, dsr);
-        if (p_.softcap != 0) {
-          const float* raw = w.raw.data() + r * kKeyBlock;
-          for (std::int64_t j = 0; j < kKeyBlock; ++j) {
-            const float th = std::tanh(raw[j] / cap2);
-            dsr[j] *= scale * (1.0f - th * th);
-          }
-        } else {
-          for (std::int64_t j = 0; j < kKeyBlock; ++j) dsr[j] *= scale;
-        }
-      }
+      scores_to_ds(t, rows, j0, keys, delta, w);
       add_transposed(w.s.data(), rows, dout, g_.dv_pad, g_.dv_pad, w.dv.data(), w);  // dV += P^T dO
       add_transposed(w.dp.data(), rows, qn, d_pad_, d_pad_, w.dk.data(), w);        // dK += dS^T Q
       kernels_.pv_f32(w.dp.data(), rows, keys, w.kr.data(), d_pad_, d_pad_, partial + r0 * d_pad_);  // dQ += dS K
@@ -287,8 +359,56 @@ class FlashBackwardPlan final : public BackwardPlan {
       const float* dv = w.dv.data() + jj * g_.dv_pad;
       finite(dk, p_.head_dim);
       finite(dv, p_.head_dim_v);
-      for (std::int64_t d = 0; d < p_.head_dim; ++d) store_float(io_.dk, io_.dk.offset(b, kv_head, j, d), std::ldexp(dk[d], shift_));
-      for (std::int64_t c = 0; c < p_.head_dim_v; ++c) store_float(io_.dv, io_.dv.offset(b, kv_head, j, c), std::ldexp(dv[c], shift_));
+      for (std::int64_t d = 0; d < p_.head_dim; ++d) store_float(io_.dk, io_.dk.offset(b, kv_head, j, d), unshifted(dk[d]));
+      for (std::int64_t c = 0; c < p_.head_dim_v; ++c) store_float(io_.dv, io_.dv.offset(b, kv_head, j, c), unshifted(dv[c]));
+    }
+  }
+
+  // One tile against one key block in bfloat16 pairs: S = Q K^T and dP = dO
+  // V^T (qk_bf16), dS in float32, then dV += R(P)^T dO, dK += R(dS)^T Q and
+  // dQ += R(dS) K (pv_bf16).
+  void tile_bf16(std::int64_t unit, const QueryTile& t, std::int64_t j0, std::int64_t keys, float* partial, Worker& w) {
+    const std::int64_t rows = t.rows(), r0 = t.first_query * g_.group;
+    const float* lse_hi = lse_hi_.data() + row_of(unit, r0);
+    const float* lse_lo = lse_lo_.data() + row_of(unit, r0);
+    const float* delta = delta_.data() + row_of(unit, r0);
+    const bf16* qb = qb_.data() + row_of(unit, r0) * qpairs_ * 2;
+    const bf16* dob = dob_.data() + row_of(unit, r0) * vpairs_ * 2;
+    kernels_.qk_bf16(qb, rows, qpairs_, w.kp.data(), w.s.data());
+    if (p_.softcap != 0) {
+      for (std::int64_t e = 0; e < rows * kKeyBlock; ++e) w.raw[size(e)] = w.s[size(e)] * g_.score_scale;
+    }
+    finish_scores(p_, g_, io_.forward, kernels_, t, j0, w.s.data(), w.row_max.data(), false);
+    for (std::int64_t r = 0; r < rows; ++r) probabilities_from_lse(kernels_, w.s.data() + r * kKeyBlock, kKeyBlock, lse_hi[r], lse_lo[r]);
+    kernels_.qk_bf16(dob, rows, vpairs_, w.vp.data(), w.dp.data());
+    scores_to_ds(t, rows, j0, keys, delta, w);
+    kernels_.to_bf16(w.s.data(), rows * kKeyBlock, w.pb.data());   // R(P)
+    kernels_.to_bf16(w.dp.data(), rows * kKeyBlock, w.ds.data());  // R(dS)
+    const std::int64_t chunk0 = (unit * g_.query_tiles + t.first_query / g_.tile_queries) * chunks_per_tile_ * kKeyBlock;
+    add_transposed_bf16(w.pb.data(), rows, row_pairs_dout_.data() + chunk0 * g_.dv_pad, g_.dv_pad, w.dv.data(), w);  // dV += P^T dO
+    add_transposed_bf16(w.ds.data(), rows, row_pairs_q_.data() + chunk0 * d_pad_, d_pad_, w.dk.data(), w);         // dK += dS^T Q
+    kernels_.pv_bf16(w.ds.data(), rows, (keys + 1) / 2 * 2, w.kpairs.data(), d_pad_, partial + r0 * d_pad_);  // dQ += dS K
+  }
+
+  // dS = P (dP - D) in place of dP (rows x 64), dbias from it, then times
+  // scale and the softcap's slope 1 - tanh^2 (from the raw scores in w.raw).
+  void scores_to_ds(const QueryTile& t, std::int64_t rows, std::int64_t j0, std::int64_t keys, const float* delta, Worker& w) {
+    const float scale = static_cast<float>(p_.scale);
+    const float cap2 = static_cast<float>(p_.softcap * kLog2e);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float* pr = w.s.data() + r * kKeyBlock;
+      float* dsr = w.dp.data() + r * kKeyBlock;
+      for (std::int64_t j = 0; j < kKeyBlock; ++j) dsr[j] = pr[j] * (dsr[j] - delta[r]);
+      if (with_dbias_) add_dbias(t, r, j0, keys, dsr);
+      if (p_.softcap != 0) {
+        const float* raw = w.raw.data() + r * kKeyBlock;
+        for (std::int64_t j = 0; j < kKeyBlock; ++j) {
+          const float th = std::tanh(raw[j] / cap2);
+          dsr[j] *= scale * (1.0f - th * th);
+        }
+      } else {
+        for (std::int64_t j = 0; j < kKeyBlock; ++j) dsr[j] *= scale;
+      }
     }
   }
 
@@ -312,7 +432,7 @@ class FlashBackwardPlan final : public BackwardPlan {
         float sum = 0;
         for (std::int64_t c = 0; c < chunks_; ++c) sum += partials[(c * rows_ + r) * d_pad_ + d];
         finite(&sum, 1);
-        store_float(io_.dq, io_.dq.offset(b, h, i, d), std::ldexp(sum, shift_));
+        store_float(io_.dq, io_.dq.offset(b, h, i, d), unshifted(sum));
       }
     }
   }
@@ -353,6 +473,11 @@ class FlashBackwardPlan final : public BackwardPlan {
   int threads_ = 1;
   std::int64_t d_pad_ = 16, units_ = 0, rows_ = 0, chunks_ = 1, per_chunk_ = 0;
   bool with_dbias_ = false;
+  bool bf16_ = false;                      // the bfloat16 pairs path
+  std::int64_t qpairs_ = 1, vpairs_ = 1;   // bfloat16 pairs along head_dim and head_dim_v
+  LineVector<bf16> qb_, dob_;              // Q and dO in bfloat16 [rows][pairs * 2]
+  LineVector<bf16> row_pairs_q_, row_pairs_dout_;  // per tile and 64-row chunk: [32][width][2]
+  std::int64_t chunks_per_tile_ = 1;
   int shift_ = 0;                          // dO scaled by 2^-shift_ in this pass
   std::atomic<bool> overflowed_{false};    // a result of this pass is not finite
   LineVector<float> qs_, qn_, dout_, delta_, lse_hi_, lse_lo_, partial_;
