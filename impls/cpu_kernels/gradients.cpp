@@ -24,12 +24,14 @@ void probabilities_from_lse(const Kernels& kernels, float* s, std::int64_t n, fl
     std::fill_n(s, n, 0.0f);
     return;
   }
-  bool tiny = false;
+  // The lowest weight that is not 0 for certain (a branch-free loop the
+  // compiler vectorises).
+  float lowest = 0.0f;
   for (std::int64_t j = 0; j < n; ++j) {
     s[j] -= hi;
-    tiny |= s[j] < -125.0f && s[j] > -151.0f;
+    lowest = std::min(lowest, s[j] > -151.0f ? s[j] : 0.0f);
   }
-  if (tiny) {
+  if (lowest < -125.0f) {
     for (std::int64_t j = 0; j < n; ++j) {
       s[j] = s[j] == kNegInf ? 0.0f : static_cast<float>(std::exp2(static_cast<double>(s[j]) - static_cast<double>(lo)));
     }
