@@ -270,7 +270,7 @@ class FlashBackwardPlan final : public BackwardPlan {
           w.kpairs[size(((jj / 2) * d_pad_ + d) * 2 + jj % 2)] = x;
         }
         for (std::int64_t c = 0; c < p_.head_dim_v; ++c) w.vp[size(((c / 2) * kKeyBlock + jj) * 2 + c % 2)] = float_to_bf16(vrow[c]);
-        continue;
+        // and the float32 layouts, for a tile whose P or dS is too small for them
       }
       for (std::int64_t d = 0; d < p_.head_dim; ++d) w.kt[size(d * kKeyBlock + jj)] = kr[d];
       for (std::int64_t c = 0; c < p_.head_dim_v; ++c) w.vt[size(c * kKeyBlock + jj)] = vrow[c];
@@ -338,7 +338,6 @@ class FlashBackwardPlan final : public BackwardPlan {
       const float* lse_lo = lse_lo_.data() + row_of(unit, r0);
       const float* delta = delta_.data() + row_of(unit, r0);
       const float* qs = qs_.data() + row_of(unit, r0) * d_pad_;
-      const float* qn = qn_.data() + row_of(unit, r0) * d_pad_;
       const float* dout = dout_.data() + row_of(unit, r0) * g_.dv_pad;
       // P from the recomputed scores and the forward's lse.
       kernels_.qk_f32(qs, rows, d_pad_, w.kt.data(), w.s.data(), w.row_max.data());
@@ -349,9 +348,7 @@ class FlashBackwardPlan final : public BackwardPlan {
       // softcap's slope 1 - tanh^2 (what Q K^T is multiplied by).
       kernels_.qk_f32(dout, rows, g_.dv_pad, w.vt.data(), w.dp.data(), w.row_max.data());
       scores_to_ds(t, rows, j0, keys, delta, w);
-      add_transposed(w.s.data(), rows, dout, g_.dv_pad, g_.dv_pad, w.dv.data(), w);  // dV += P^T dO
-      add_transposed(w.dp.data(), rows, qn, d_pad_, d_pad_, w.dk.data(), w);        // dK += dS^T Q
-      kernels_.pv_f32(w.dp.data(), rows, keys, w.kr.data(), d_pad_, d_pad_, partial + r0 * d_pad_);  // dQ += dS K
+      float32_products(unit, t, keys, partial, w);
     }
     for (std::int64_t jj = 0; jj < keys; ++jj) {
       const std::int64_t j = j0 + jj;
@@ -379,9 +376,19 @@ class FlashBackwardPlan final : public BackwardPlan {
       for (std::int64_t e = 0; e < rows * kKeyBlock; ++e) w.raw[size(e)] = w.s[size(e)] * g_.score_scale;
     }
     finish_scores(p_, g_, io_.forward, kernels_, t, j0, w.s.data(), w.row_max.data(), false);
-    for (std::int64_t r = 0; r < rows; ++r) probabilities_from_lse(kernels_, w.s.data() + r * kKeyBlock, kKeyBlock, lse_hi[r], lse_lo[r]);
+    bool tiny = false;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      tiny |= probabilities_from_lse(kernels_, w.s.data() + r * kKeyBlock, kKeyBlock, lse_hi[r], lse_lo[r]);
+    }
     kernels_.qk_bf16(dob, rows, vpairs_, w.vp.data(), w.dp.data());
-    scores_to_ds(t, rows, j0, keys, delta, w);
+    // bfloat16 dot products read a subnormal input as 0: a tile whose P or
+    // dS holds one (a key nearly hidden, a gradient near float32's smallest
+    // normal) takes the float32 products, which keep it.
+    tiny |= scores_to_ds(t, rows, j0, keys, delta, w) < std::numeric_limits<float>::min();
+    if (tiny) {
+      float32_products(unit, t, keys, partial, w);
+      return;
+    }
     kernels_.to_bf16(w.s.data(), rows * kKeyBlock, w.pb.data());   // R(P)
     kernels_.to_bf16(w.dp.data(), rows * kKeyBlock, w.ds.data());  // R(dS)
     const std::int64_t chunk0 = (unit * g_.query_tiles + t.first_query / g_.tile_queries) * chunks_per_tile_ * kKeyBlock;
@@ -390,9 +397,22 @@ class FlashBackwardPlan final : public BackwardPlan {
     kernels_.pv_bf16(w.ds.data(), rows, (keys + 1) / 2 * 2, w.kpairs.data(), d_pad_, partial + r0 * d_pad_);  // dQ += dS K
   }
 
+  // dV += P^T dO, dK += dS^T Q and dQ += dS K in float32 from P in w.s and
+  // dS in w.dp.
+  void float32_products(std::int64_t unit, const QueryTile& t, std::int64_t keys, float* partial, Worker& w) const {
+    const std::int64_t rows = t.rows(), r0 = t.first_query * g_.group;
+    const float* qn = qn_.data() + row_of(unit, r0) * d_pad_;
+    const float* dout = dout_.data() + row_of(unit, r0) * g_.dv_pad;
+    add_transposed(w.s.data(), rows, dout, g_.dv_pad, g_.dv_pad, w.dv.data(), w);
+    add_transposed(w.dp.data(), rows, qn, d_pad_, d_pad_, w.dk.data(), w);
+    kernels_.pv_f32(w.dp.data(), rows, keys, w.kr.data(), d_pad_, d_pad_, partial + r0 * d_pad_);
+  }
+
   // dS = P (dP - D) in place of dP (rows x 64), dbias from it, then times
   // scale and the softcap's slope 1 - tanh^2 (from the raw scores in w.raw).
-  void scores_to_ds(const QueryTile& t, std::int64_t rows, std::int64_t j0, std::int64_t keys, const float* delta, Worker& w) {
+  // Returns the smallest |dS| that is not 0 (infinity when none).
+  float scores_to_ds(const QueryTile& t, std::int64_t rows, std::int64_t j0, std::int64_t keys, const float* delta, Worker& w) {
+    float smallest = std::numeric_limits<float>::infinity();
     const float scale = static_cast<float>(p_.scale);
     const float cap2 = static_cast<float>(p_.softcap * kLog2e);
     for (std::int64_t r = 0; r < rows; ++r) {
@@ -409,7 +429,12 @@ class FlashBackwardPlan final : public BackwardPlan {
       } else {
         for (std::int64_t j = 0; j < kKeyBlock; ++j) dsr[j] *= scale;
       }
+      for (std::int64_t j = 0; j < kKeyBlock; ++j) {
+        const float a = std::fabs(dsr[j]);
+        smallest = std::min(smallest, a > 0.0f ? a : std::numeric_limits<float>::infinity());
+      }
     }
+    return smallest;
   }
 
   // dbias over the bias's stored shape, summed over its broadcast axes: row r

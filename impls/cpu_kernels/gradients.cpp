@@ -19,10 +19,10 @@ void split_lse2(double lse, float& hi, float& lo) {
   lo = std::isfinite(lse2) ? static_cast<float>(lse2 - static_cast<double>(hi)) : 0.0f;
 }
 
-void probabilities_from_lse(const Kernels& kernels, float* s, std::int64_t n, float hi, float lo) {
+bool probabilities_from_lse(const Kernels& kernels, float* s, std::int64_t n, float hi, float lo) {
   if (hi == kNegInf) {  // no visible key
     std::fill_n(s, n, 0.0f);
-    return;
+    return false;
   }
   // The lowest weight that is not 0 for certain (a branch-free loop the
   // compiler vectorises).
@@ -35,9 +35,10 @@ void probabilities_from_lse(const Kernels& kernels, float* s, std::int64_t n, fl
     for (std::int64_t j = 0; j < n; ++j) {
       s[j] = s[j] == kNegInf ? 0.0f : static_cast<float>(std::exp2(static_cast<double>(s[j]) - static_cast<double>(lo)));
     }
-    return;
+    return true;
   }
   kernels.exp2_sum(s, n, 1.0f, lo, 0);
+  return false;
 }
 
 int gradient_overflow_shift(double max_dout, double max_v, double max_q, double max_k, std::int64_t head_dim_v,

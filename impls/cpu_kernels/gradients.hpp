@@ -14,7 +14,9 @@ struct Kernels;
 // near the row's largest scores, so P keeps its bits however large |lse| is;
 // a row holding a weight below 2^-126, which the fast exp2 may flush, is done
 // exactly (such a P is a gradient term of its own). hi = -inf: P = 0.
-void probabilities_from_lse(const Kernels& kernels, float* s, std::int64_t n, float hi, float lo);
+// Returns whether the row holds such a weight (a bfloat16 dot product, which
+// treats subnormal inputs as 0, must not be fed it).
+bool probabilities_from_lse(const Kernels& kernels, float* s, std::int64_t n, float hi, float lo);
 void split_lse2(double lse, float& hi, float& lo);  // natural-log lse -> log2 units, hi + lo
 
 // Every gradient is linear in dO: when a pass's float32 sums overflow (V near
