@@ -13,8 +13,12 @@ A mutant that `attn list` shows as unavailable on this machine (the AVX-512 kern
 exp2 on a CPU that runs others) is left out with its reason; when none is left the
 test exits 77, which ctest reports as skipped.
 
-    expect_caught.py CLI MAKEFILE FOLDER OUT MUTANT=WITNESS...
+    expect_caught.py CLI MAKEFILE FOLDER[:only=GLOB|:skip=GLOB] OUT MUTANT=WITNESS...
+
+FOLDER may name a part of the folder (its files whose names match, or do not
+match, a glob): a mutant that FAILs there FAILs make verify, which runs them all.
 """
+import fnmatch
 import json
 import os
 import re
@@ -26,8 +30,22 @@ import sys
 BACKWARD_PREFIXES = ("bwd_", "fbwd_")
 
 
+def fixtures_of(spec):
+    """The folder, and the fixture files (or the folder itself) attn verify is given."""
+    folder, _, part = spec.partition(":")
+    if not part:
+        return folder, [folder]
+    kind, _, pattern = part.partition("=")
+    names = sorted(n for n in os.listdir(folder) if n.endswith(".h5"))
+    keep = [n for n in names if fnmatch.fnmatch(n, pattern) == (kind == "only")]
+    if kind not in ("only", "skip") or not keep:
+        sys.exit(f"{spec}: expected FOLDER:only=GLOB or FOLDER:skip=GLOB matching some of its files")
+    return folder, [os.path.join(folder, n) for n in keep]
+
+
 def main():
-    cli, makefile, folder, out = sys.argv[1:5]
+    cli, makefile, spec, out = sys.argv[1:5]
+    folder, inputs = fixtures_of(spec)
     pairs = [arg.split("=", 1) for arg in sys.argv[5:]]
     with open(makefile) as f:
         line = next((l for l in f if re.match(r"^VERIFY_ARGS \??= ", l)), None)
@@ -46,14 +64,15 @@ def main():
         sys.exit(77)
     pairs = available
     os.makedirs(out, exist_ok=True)
-    report = os.path.join(out, os.path.basename(folder) + ".json")
+    # One report per part: the parts of a folder run side by side.
+    report = os.path.join(out, re.sub(r"[^A-Za-z0-9_]+", "_", os.path.basename(folder) + spec[len(folder):]) + ".json")
     mutants = ",".join(name for name, _ in pairs)
     # Mutants of a backward (bwd_* of naive's, fbwd_* of the fast one) compute
     # their backend's own forward: only their gradients can FAIL, so only those
     # are judged (make verify judges both).
     if all(name.startswith(BACKWARD_PREFIXES) for name, _ in pairs):
         args = [*args, "--direction", "backward"]
-    run = subprocess.run([cli, "verify", folder, "--backend", mutants, *args, "--quiet", "--json", report],
+    run = subprocess.run([cli, "verify", *inputs, "--backend", mutants, *args, "--quiet", "--json", report],
                          capture_output=True, text=True)
     if run.returncode != 1:
         sys.exit(f"{mutants} on {folder} with {args}: exit {run.returncode}, expected 1\n{run.stdout}\n{run.stderr}")
