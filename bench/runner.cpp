@@ -158,21 +158,22 @@ void make_gradients(Prepared& prepared, const Problem& p) {
   io.dsinks = p.sinks ? prepared.dsinks.data() : nullptr;
 }
 
-// After the forward plan: its untimed run (out and lse for the backward),
-// then the backward's plan.
-void prepare_backward(const Backend& backend, Prepared& prepared, const Problem& p, const RunOptions& options) {
+// The forward plan's untimed run: the out and lse the backward starts from.
+void run_forward_for_backward(Prepared& prepared) {
   prepared.plan->run();
   prepared.plan->read_output();
   prepared.backward_io.forward = prepared.io;
   if (!prepared.plan->has_lse()) prepared.backward_io.forward.lse = nullptr;
-  prepared.backward = backend.prepare_backward(p, prepared.backward_io, options);
 }
 
 std::unique_ptr<Prepared> prepare(const Backend& backend, const Problem& p, Direction d, const RunOptions& options) {
   auto prepared = make_inputs(p);
   if (d != Direction::forward) make_gradients(*prepared, p);
   prepared->plan = backend.prepare(p, prepared->io, options);
-  if (d != Direction::forward) prepare_backward(backend, *prepared, p, options);
+  if (d != Direction::forward) {
+    run_forward_for_backward(*prepared);
+    prepared->backward = backend.prepare_backward(p, prepared->backward_io, options);
+  }
   return prepared;
 }
 
@@ -252,12 +253,14 @@ void run_one(benchmark::State& state, const Backend& backend, const Problem& p, 
   std::int64_t heap_before = AllocTracker::current_bytes();
   AllocTracker::reset_peak();
   prepared->plan = backend.prepare(p, prepared->io, run);
-  if (d == Direction::backward) {
-    prepared->plan->run();
-    heap_before = AllocTracker::current_bytes();
-    AllocTracker::reset_peak();
+  if (d != Direction::forward) {
+    run_forward_for_backward(*prepared);
+    if (d == Direction::backward) {  // the backward's own, from here
+      heap_before = AllocTracker::current_bytes();
+      AllocTracker::reset_peak();
+    }
+    prepared->backward = backend.prepare_backward(p, prepared->backward_io, run);
   }
-  if (d != Direction::forward) prepare_backward(backend, *prepared, p, run);
   prepared->call(d);  // first call: page faults, caches
   const double extra = static_cast<double>(AllocTracker::peak_bytes() - heap_before);
   for (auto _ : state) {

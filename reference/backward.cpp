@@ -55,20 +55,20 @@ ReferenceGradients reference_backward(const CaseData& data, const std::vector<do
   // Error magnitudes, and the sums of |terms| and term counts whose rounding they add at the end.
   std::vector<double> e_dq, e_dk, e_dv, e_db, e_ds, m_dk, m_dv, m_db, m_ds;
   std::vector<double> c_dq_all, c_dk, c_db;  // the magnitudes (GradientErrors::magnitude) where dS's terms count before cancelling
-  // dV's and dsinks' magnitudes: their sums of |terms| and what the score's
-  // rounding at its own size moves (c_* hold the same for dQ, dK, dbias).
-  std::vector<double> c_dv, c_ds;
+  // dV's magnitude: its sum of |terms| and what rounding the score at the
+  // size of its bias and ALiBi moves (c_* hold the same for dQ, dK, dbias).
+  std::vector<double> c_dv;
   std::vector<std::int64_t> n_dk, n_db;
   if (track) {
     e_dq.assign(g.dq.size(), 0.0), c_dq_all.assign(g.dq.size(), 0.0);
     e_dk.assign(dk.size(), 0.0), m_dk.assign(dk.size(), 0.0), c_dk.assign(dk.size(), 0.0), n_dk.assign(dk.size() / static_cast<std::size_t>(std::max<std::int64_t>(d_qk, 1)), 0);
     e_dv.assign(dv.size(), 0.0), m_dv.assign(dv.size(), 0.0), c_dv.assign(dv.size(), 0.0);
     e_db.assign(dbias.size(), 0.0), m_db.assign(dbias.size(), 0.0), c_db.assign(dbias.size(), 0.0), n_db.assign(dbias.size(), 0);
-    e_ds.assign(dsinks.size(), 0.0), m_ds.assign(dsinks.size(), 0.0), c_ds.assign(dsinks.size(), 0.0);
+    e_ds.assign(dsinks.size(), 0.0), m_ds.assign(dsinks.size(), 0.0);
   }
 
   ReferenceRowView view;
-  std::vector<double> prob, dscore, dx, tanh_x, abs_dp, gap, abs_score;
+  std::vector<double> prob, dscore, dx, tanh_x, abs_dp, gap, added;
   std::vector<CompensatedSum> dq_row(static_cast<std::size_t>(d_qk));
   std::vector<double> m_dq(static_cast<std::size_t>(d_qk)), c_dq(static_cast<std::size_t>(d_qk));
   for (std::int64_t b = 0; b < p.q_batch(); ++b) {
@@ -90,13 +90,13 @@ ReferenceGradients reference_backward(const CaseData& data, const std::vector<do
           abs_delta += std::fabs(dO[d] * o[d]);
         }
         const double D = delta.value();
-        prob.resize(n), dscore.resize(n), dx.resize(n), tanh_x.resize(n), abs_dp.resize(n), gap.resize(n), abs_score.resize(n);
+        prob.resize(n), dscore.resize(n), dx.resize(n), tanh_x.resize(n), abs_dp.resize(n), gap.resize(n), added.resize(n);
         for (std::size_t t = 0; t < n; ++t) {
           const std::int64_t j = view.visible[t];
           const double* k = view.k_rows[t];
           const double* v = view.v_rows[t];
           prob[t] = detmath::exp(reference_score(data, b, h, i, j) - lse);
-          abs_score[t] = track ? reference_added_magnitude(data, b, h, i, j) : 0.0;
+          added[t] = track ? reference_added_magnitude(data, b, h, i, j) : 0.0;
           tanh_x[t] = 0;
           if (p.softcap != 0) {
             // The cap's derivative at the scaled product, computed as the forward computes it.
@@ -174,7 +174,7 @@ ReferenceGradients reference_backward(const CaseData& data, const std::vector<do
           // Any float formulation rounds the score at the size of the bias and
           // ALiBi it adds: P moves by that many roundoffs relative, and dS, dQ,
           // dK, dV, dbias with it (a bias of -1000 puts it in the thousands).
-          const double moved = prob[t] * abs_score[t];
+          const double moved = prob[t] * added[t];
           const double moved_x = scale * moved * std::fabs(gap[t]) * slope;
           for (std::int64_t d = 0; d < d_qk; ++d) {
             e_dq[static_cast<std::size_t>(row * d_qk + d)] += scale * e_x * std::fabs(k[d]);
@@ -214,7 +214,6 @@ ReferenceGradients reference_backward(const CaseData& data, const std::vector<do
             e_ds[static_cast<std::size_t>(h)] +=
                 p_sink * (std::fabs(D) * (u + 2.0 * score_error + sqrt_n * ua + lse_error) + e_delta);
             m_ds[static_cast<std::size_t>(h)] += std::fabs(p_sink * D);
-            c_ds[static_cast<std::size_t>(h)] += std::fabs(p_sink * D);
           }
         }
       }
@@ -245,7 +244,7 @@ ReferenceGradients reference_backward(const CaseData& data, const std::vector<do
       e_ds[e] += std::sqrt(std::max(rows_per_head, 1.0)) * ua * m_ds[e] + u * std::fabs(g.dsinks[e]);
     }
     *errors = {std::move(e_dq), std::move(e_dk), std::move(e_dv), std::move(e_db), std::move(e_ds),
-               {std::move(c_dq_all), std::move(c_dk), std::move(c_dv), std::move(c_db), std::move(c_ds)}};
+               {std::move(c_dq_all), std::move(c_dk), std::move(c_dv), std::move(c_db), std::move(m_ds)}};
   }
   return g;
 }

@@ -42,26 +42,23 @@ class FlashBackwardPlan final : public BackwardPlan {
       : p_(p), io_(io), kernels_(best_kernels()), g_(Geometry::of(p, max_tile_rows, kernels_)) {
     if (p.ragged || p.paged()) throw Unsupported("the flash backward takes dense problems (packed ones run per entry)");
     if (!io.forward.lse) throw Unsupported("the flash backward needs the forward's lse");
-    // float32 dot products throughout; the scores exactly the forward's (Q
-    // prescaled, log2 units, finish_scores), so that P meets the forward's
-    // lse: scores rounded otherwise would be off from it by their rounding,
-    // which at |s| in the thousands (a very negative bias) is a part in a
-    // thousand of P.
-    g_.bf16_kernels = false;
-    g_.q_prescaled = true;
-    g_.scratch_rows = g_.tile_rows;
-    threads_ = resolve_threads(options.threads);
-    d_pad_ = round_up(p.head_dim, 16);
     // bfloat16 cases multiply in bfloat16 pairs (vdpbf16ps), P and dS rounded
     // to bfloat16 as FlashAttention-2's 16-bit backward feeds them, where the
     // kernels take any row count (AVX-512, portable); the AMX set wants rows
     // and pairs padded to its tiles and keeps the float32 path.
     bf16_ = p.dtype == DType::bf16 && kernels_.bf16_rows_align == 1 && kernels_.bf16_pairs_align == 1;
+    // The scores exactly the forward's (log2 units, finish_scores; float32 Q
+    // prescaled, bfloat16 products scaled there as the forward's bfloat16
+    // tiles are), so that P meets the forward's lse: scores rounded otherwise
+    // would be off from it by their rounding, which at |s| in the thousands
+    // (a very negative bias) is a part in a thousand of P.
+    g_.bf16_kernels = false;
+    g_.q_prescaled = !bf16_;
+    g_.scratch_rows = g_.tile_rows;
+    threads_ = resolve_threads(options.threads);
+    d_pad_ = round_up(p.head_dim, 16);
     qpairs_ = (p.head_dim + 1) / 2;
     vpairs_ = (p.head_dim_v + 1) / 2;
-    if (bf16_) {
-      g_.q_prescaled = false;  // the raw products, scaled by finish_scores as the forward's bfloat16 tiles are
-    }
     units_ = p.batch * p.heads_kv;
     rows_ = p.seq_q * g_.group;
     with_dbias_ = !io.dbias.empty();
@@ -71,10 +68,13 @@ class FlashBackwardPlan final : public BackwardPlan {
     auto d = [](std::int64_t x) { return static_cast<double>(x); };
     const double all_rows = d(units_) * d(rows_);
     const double dbias_elements = with_dbias_ ? d(p.broadcast_elements(p.bias)) : 0.0;
+    chunks_per_tile_ = (g_.tile_rows + kKeyBlock - 1) / kKeyBlock;
+    const double pair_rows = bf16_ ? d(units_) * d(g_.query_tiles * chunks_per_tile_ * kKeyBlock) : 0.0;
     require_workspace(4.0 * all_rows * d(2 * d_pad_ + g_.dv_pad + 2 + chunks_ * d_pad_) + 8.0 * dbias_elements +
-                          4.0 * d(threads_) * (d(kKeyBlock) * d(3 * d_pad_ + 3 * g_.dv_pad) + 4.0 * d(g_.tile_rows) * d(kKeyBlock) + 4096.0),
+                          4.0 * d(threads_) * (d(kKeyBlock) * d(3 * d_pad_ + 3 * g_.dv_pad) + 4.0 * d(g_.tile_rows) * d(kKeyBlock) + 4096.0) +
+                          (bf16_ ? 2.0 * (all_rows * d(2 * (qpairs_ + vpairs_)) + pair_rows * d(d_pad_ + g_.dv_pad)) : 0.0),
                       "the flash backward's packed Q and dO, dQ partials and key blocks");
-    qs_.assign(size(units_ * rows_ * d_pad_), 0.0f);
+    if (!bf16_) qs_.assign(size(units_ * rows_ * d_pad_), 0.0f);
     qn_.assign(size(units_ * rows_ * d_pad_), 0.0f);
     dout_.assign(size(units_ * rows_ * g_.dv_pad), 0.0f);
     delta_.assign(size(units_ * rows_), 0.0f);
@@ -88,10 +88,8 @@ class FlashBackwardPlan final : public BackwardPlan {
     if (bf16_) {
       qb_.assign(size(units_ * rows_ * qpairs_ * 2), bf16{});
       dob_.assign(size(units_ * rows_ * vpairs_ * 2), bf16{});
-      chunks_per_tile_ = (g_.tile_rows + kKeyBlock - 1) / kKeyBlock;
-      const std::int64_t chunks = units_ * g_.query_tiles * chunks_per_tile_ * kKeyBlock;
-      row_pairs_q_.assign(size(chunks * d_pad_), bf16{});
-      row_pairs_dout_.assign(size(chunks * g_.dv_pad), bf16{});
+      row_pairs_q_.assign(size(static_cast<std::int64_t>(pair_rows) * d_pad_), bf16{});
+      row_pairs_dout_.assign(size(static_cast<std::int64_t>(pair_rows) * g_.dv_pad), bf16{});
     }
     for (Worker& w : workers_) {
       if (bf16_) {
@@ -102,9 +100,11 @@ class FlashBackwardPlan final : public BackwardPlan {
         w.ds.assign(size(g_.tile_rows * kKeyBlock), bf16{});
         w.pb.assign(size(g_.tile_rows * kKeyBlock), bf16{});
       }
-      w.kt.assign(size(d_pad_ * kKeyBlock), 0.0f);
-      w.kr.assign(size(kKeyBlock * d_pad_), 0.0f);
-      w.vt.assign(size(g_.dv_pad * kKeyBlock), 0.0f);
+      if (!bf16_) {
+        w.kt.assign(size(d_pad_ * kKeyBlock), 0.0f);
+        w.vt.assign(size(g_.dv_pad * kKeyBlock), 0.0f);
+      }
+      w.kr.assign(size(kKeyBlock * d_pad_), 0.0f);  // dQ's float32 product in both paths
       w.v_row.assign(size(g_.dv_pad), 0.0f);
       w.dk.assign(size(kKeyBlock * d_pad_), 0.0f);
       w.dv.assign(size(kKeyBlock * g_.dv_pad), 0.0f);
@@ -123,7 +123,7 @@ class FlashBackwardPlan final : public BackwardPlan {
     overflowed_ = false;
     pass();
     if (overflowed_) {
-      shift_ = overflow_shift();
+      shift_ = gradient_overflow_shift(p_, io_);
       overflowed_ = false;
       pass();
     }
@@ -132,7 +132,7 @@ class FlashBackwardPlan final : public BackwardPlan {
  private:
   void pass() {
     ThreadPool& pool = ThreadPool::get(threads_);
-    pool.parallel_for(units_, [&](std::int64_t unit, int) { pack_rows(unit); });
+    pool.parallel_for(units_, [&](std::int64_t unit, int worker) { pack_rows(unit, workers_[size(worker)]); });
     std::fill(dbias_.begin(), dbias_.end(), 0.0);
     if (with_dbias_) {
       // A chunk of keys across every (batch, kv head): its dbias sums stay in this task.
@@ -145,44 +145,8 @@ class FlashBackwardPlan final : public BackwardPlan {
       });
     }
     pool.parallel_for(units_, [&](std::int64_t unit, int) { write_dq(unit); });
-    if (with_dbias_) write_dbias();
+    if (with_dbias_ && !store_dbias(p_, io_.dbias, dbias_, shift_)) overflowed_ = true;
     if (io_.dsinks) write_dsinks();
-  }
-
-  int overflow_shift() const {
-    const AttentionIO& f = io_.forward;
-    auto max_abs = [](const float* x, std::int64_t n, float m) {
-      for (std::int64_t e = 0; e < n; ++e) m = std::max(m, std::fabs(x[e]));
-      return m;
-    };
-    const float q = max_abs(qn_.data(), static_cast<std::int64_t>(qn_.size()), 0.0f);
-    const float dout = max_abs(dout_.data(), static_cast<std::int64_t>(dout_.size()), 0.0f);
-    float k = 0, v = 0;
-    std::vector<float> row(size(std::max(p_.head_dim, p_.head_dim_v)));
-    for (std::int64_t b = 0; b < p_.batch; ++b)
-      for (std::int64_t g = 0; g < p_.heads_kv; ++g)
-        for (std::int64_t j = 0; j < p_.seq_k; ++j) {
-          read_row(f.k, f.k.offset(b, g, j, 0), p_.head_dim, row.data());
-          k = max_abs(row.data(), p_.head_dim, k);
-          read_row(f.v, f.v.offset(b, g, j, 0), p_.head_dim_v, row.data());
-          v = max_abs(row.data(), p_.head_dim_v, v);
-        }
-    return gradient_overflow_shift(dout, v, q, k, p_.head_dim_v, p_.scale, static_cast<double>(rows_));
-  }
-
-  // A result of this pass at dO's true scale (ldexp only when rescued: it is
-  // a library call per element, 7% of a backward when made every time).
-  float unshifted(float x) const { return shift_ == 0 ? x : std::ldexp(x, shift_); }
-
-  // Whether n results are finite; marks the pass as overflowed when not.
-  bool finite(const float* x, std::int64_t n) {
-    for (std::int64_t e = 0; e < n; ++e) {
-      if (!std::isfinite(x[e])) {
-        overflowed_ = true;
-        return false;
-      }
-    }
-    return true;
   }
 
   std::int64_t row_of(std::int64_t unit, std::int64_t r) const { return unit * rows_ + r; }
@@ -190,18 +154,20 @@ class FlashBackwardPlan final : public BackwardPlan {
   // Q (unscaled and times score_scale), dO, D = rowsum(dO o O) and lse in
   // log2 units of one (batch, kv head), rows r = position * group + head in
   // group; and the keys each of its tiles may see.
-  void pack_rows(std::int64_t unit) {
+  void pack_rows(std::int64_t unit, Worker& w) {
     const std::int64_t b = unit / p_.heads_kv, kv_head = unit % p_.heads_kv;
     const AttentionIO& f = io_.forward;
     const TensorView out{f.out.data, f.out.dtype, f.out.shape, f.out.strides};
-    std::vector<float> o(size(p_.head_dim_v));
+    float* o = w.v_row.data();  // a row of O
     for (std::int64_t i = 0; i < p_.seq_q; ++i) {
       for (std::int64_t hg = 0; hg < g_.group; ++hg) {
         const std::int64_t h = kv_head * g_.group + hg, at = row_of(unit, i * g_.group + hg);
         float* qn = qn_.data() + at * d_pad_;
-        float* qs = qs_.data() + at * d_pad_;
         read_row(f.q, f.q.offset(b, h, i, 0), p_.head_dim, qn);
-        for (std::int64_t d = 0; d < p_.head_dim; ++d) qs[d] = qn[d] * g_.score_scale;
+        if (!bf16_) {
+          float* qs = qs_.data() + at * d_pad_;
+          for (std::int64_t d = 0; d < p_.head_dim; ++d) qs[d] = qn[d] * g_.score_scale;
+        }
         float* dout = dout_.data() + at * g_.dv_pad;
         read_row(io_.dout, io_.dout.offset(b, h, i, 0), p_.head_dim_v, dout);
         if (shift_ > 0) {
@@ -213,9 +179,9 @@ class FlashBackwardPlan final : public BackwardPlan {
           for (std::int64_t d = 0; d < p_.head_dim; ++d) qb[d] = float_to_bf16(qn[d]);
           for (std::int64_t c = 0; c < p_.head_dim_v; ++c) dob[c] = float_to_bf16(dout[c]);
         }
-        read_row(out, out.offset(b, h, i, 0), p_.head_dim_v, o.data());
+        read_row(out, out.offset(b, h, i, 0), p_.head_dim_v, o);
         double delta = 0;
-        for (std::int64_t c = 0; c < p_.head_dim_v; ++c) delta += static_cast<double>(dout[c]) * static_cast<double>(o[size(c)]);
+        for (std::int64_t c = 0; c < p_.head_dim_v; ++c) delta += static_cast<double>(dout[c]) * static_cast<double>(o[c]);
         delta_[size(at)] = static_cast<float>(delta);
         if (io_.dsinks) delta64_[size(at)] = delta;
         // lse in log2 units as a float and what its rounding left out: at
@@ -270,10 +236,10 @@ class FlashBackwardPlan final : public BackwardPlan {
           w.kpairs[size(((jj / 2) * d_pad_ + d) * 2 + jj % 2)] = x;
         }
         for (std::int64_t c = 0; c < p_.head_dim_v; ++c) w.vp[size(((c / 2) * kKeyBlock + jj) * 2 + c % 2)] = float_to_bf16(vrow[c]);
-        // and the float32 layouts, for a tile whose P or dS is too small for them
+      } else {
+        for (std::int64_t d = 0; d < p_.head_dim; ++d) w.kt[size(d * kKeyBlock + jj)] = kr[d];
+        for (std::int64_t c = 0; c < p_.head_dim_v; ++c) w.vt[size(c * kKeyBlock + jj)] = vrow[c];
       }
-      for (std::int64_t d = 0; d < p_.head_dim; ++d) w.kt[size(d * kKeyBlock + jj)] = kr[d];
-      for (std::int64_t c = 0; c < p_.head_dim_v; ++c) w.vt[size(c * kKeyBlock + jj)] = vrow[c];
     }
   }
 
@@ -350,15 +316,8 @@ class FlashBackwardPlan final : public BackwardPlan {
       scores_to_ds(t, rows, j0, keys, delta, w);
       float32_products(unit, t, keys, partial, w);
     }
-    for (std::int64_t jj = 0; jj < keys; ++jj) {
-      const std::int64_t j = j0 + jj;
-      const float* dk = w.dk.data() + jj * d_pad_;
-      const float* dv = w.dv.data() + jj * g_.dv_pad;
-      finite(dk, p_.head_dim);
-      finite(dv, p_.head_dim_v);
-      for (std::int64_t d = 0; d < p_.head_dim; ++d) store_float(io_.dk, io_.dk.offset(b, kv_head, j, d), unshifted(dk[d]));
-      for (std::int64_t c = 0; c < p_.head_dim_v; ++c) store_float(io_.dv, io_.dv.offset(b, kv_head, j, c), unshifted(dv[c]));
-    }
+    if (!store_rows(io_.dk, b, kv_head, j0, w.dk.data(), keys, p_.head_dim, d_pad_, shift_)) overflowed_ = true;
+    if (!store_rows(io_.dv, b, kv_head, j0, w.dv.data(), keys, p_.head_dim_v, g_.dv_pad, shift_)) overflowed_ = true;
   }
 
   // One tile against one key block in bfloat16 pairs: S = Q K^T and dP = dO
@@ -384,7 +343,7 @@ class FlashBackwardPlan final : public BackwardPlan {
     // bfloat16 dot products read a subnormal input as 0: a tile whose P or
     // dS holds one (a key nearly hidden, a gradient near float32's smallest
     // normal) takes the float32 products, which keep it.
-    tiny |= scores_to_ds(t, rows, j0, keys, delta, w) < std::numeric_limits<float>::min();
+    tiny |= scores_to_ds(t, rows, j0, keys, delta, w, true) < std::numeric_limits<float>::min();
     if (tiny) {
       float32_products(unit, t, keys, partial, w);
       return;
@@ -410,8 +369,10 @@ class FlashBackwardPlan final : public BackwardPlan {
 
   // dS = P (dP - D) in place of dP (rows x 64), dbias from it, then times
   // scale and the softcap's slope 1 - tanh^2 (from the raw scores in w.raw).
-  // Returns the smallest |dS| that is not 0 (infinity when none).
-  float scores_to_ds(const QueryTile& t, std::int64_t rows, std::int64_t j0, std::int64_t keys, const float* delta, Worker& w) {
+  // With `smallest`, returns the smallest |dS| that is not 0 (infinity when
+  // none; what the bfloat16 products must not be fed).
+  float scores_to_ds(const QueryTile& t, std::int64_t rows, std::int64_t j0, std::int64_t keys, const float* delta, Worker& w,
+                     bool smallest_wanted = false) {
     float smallest = std::numeric_limits<float>::infinity();
     const float scale = static_cast<float>(p_.scale);
     const float cap2 = static_cast<float>(p_.softcap * kLog2e);
@@ -429,6 +390,7 @@ class FlashBackwardPlan final : public BackwardPlan {
       } else {
         for (std::int64_t j = 0; j < kKeyBlock; ++j) dsr[j] *= scale;
       }
+      if (!smallest_wanted) continue;
       for (std::int64_t j = 0; j < kKeyBlock; ++j) {
         const float a = std::fabs(dsr[j]);
         smallest = std::min(smallest, a > 0.0f ? a : std::numeric_limits<float>::infinity());
@@ -440,10 +402,7 @@ class FlashBackwardPlan final : public BackwardPlan {
   // dbias over the bias's stored shape, summed over its broadcast axes: row r
   // of tile t, keys [j0, j0 + keys).
   void add_dbias(const QueryTile& t, std::int64_t r, std::int64_t j0, std::int64_t keys, const float* ds) {
-    const BroadcastShape& shape = p_.bias;
-    const std::int64_t bb = shape.batch == 1 ? 0 : t.b, bh = shape.heads == 1 ? 0 : t.head(g_, r);
-    const std::int64_t bq = shape.rows == 1 ? 0 : t.query(g_, r);
-    double* sums = dbias_.data() + ((bb * shape.heads + bh) * shape.rows + bq) * p_.seq_k + j0;
+    double* sums = dbias_.data() + dbias_row(p_, t.b, t.head(g_, r), t.query(g_, r)) + j0;
     for (std::int64_t j = 0; j < keys; ++j) sums[j] += static_cast<double>(ds[j]);
   }
 
@@ -456,22 +415,10 @@ class FlashBackwardPlan final : public BackwardPlan {
       for (std::int64_t d = 0; d < p_.head_dim; ++d) {
         float sum = 0;
         for (std::int64_t c = 0; c < chunks_; ++c) sum += partials[(c * rows_ + r) * d_pad_ + d];
-        finite(&sum, 1);
-        store_float(io_.dq, io_.dq.offset(b, h, i, d), unshifted(sum));
+        if (!std::isfinite(sum)) overflowed_ = true;
+        store_float(io_.dq, io_.dq.offset(b, h, i, d), shift_ == 0 ? sum : std::ldexp(sum, shift_));
       }
     }
-  }
-
-  void write_dbias() {
-    const BroadcastShape& shape = p_.bias;
-    for (std::int64_t bb = 0; bb < shape.batch; ++bb)
-      for (std::int64_t bh = 0; bh < shape.heads; ++bh)
-        for (std::int64_t bq = 0; bq < shape.rows; ++bq)
-          for (std::int64_t j = 0; j < p_.seq_k; ++j) {
-            const double sum = dbias_[size(((bb * shape.heads + bh) * shape.rows + bq) * p_.seq_k + j)];
-            if (!std::isfinite(sum)) overflowed_ = true;
-            store_float(io_.dbias, io_.dbias.offset(bb, bh, bq, j), static_cast<float>(std::ldexp(sum, shift_)));
-          }
   }
 
   // dsinks_h = -sum over the head's rows of exp(sink - lse) D.

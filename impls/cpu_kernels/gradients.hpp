@@ -4,6 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
+
+#include "attnbench/backend.hpp"
 
 namespace attn::cpu {
 
@@ -25,7 +28,21 @@ void split_lse2(double lse, float& hi, float& lo);  // natural-log lse -> log2 u
 // which nothing can overflow, from the largest |dO|, |V|, |Q|, |K|: |dP| and
 // |D| are at most a = max|dO| max|V| head_dim_v and sum_j |dS_ij| at most 2a,
 // so |dQ| <= 2a scale max|K|, |dK| <= 2a scale max|Q| rows, |dV| <= max|dO| rows.
-int gradient_overflow_shift(double max_dout, double max_v, double max_q, double max_k, std::int64_t head_dim_v,
-                            double scale, double rows);
+// The shift of a dense problem's backward, from the largest |dO|, |V|, |Q|,
+// |K| in its views (read only when a pass overflowed).
+int gradient_overflow_shift(const Problem& p, const BackwardIO& io);
+
+// Where row (b, h, i)'s keys start in dbias sums kept in the bias's stored
+// shape, canonical [bb][bh][bq][seq_k] (a broadcast axis gives index 0).
+std::int64_t dbias_row(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t i);
+
+// The gradients' float32 results into their views, times 2^shift (a pass
+// whose dO was scaled down). Each returns false when a value is not finite
+// (the pass overflowed).
+// rows [seq][width] (row stride ld) into (b, h, first..first + seq) of a view:
+bool store_rows(const MutableTensorView& view, std::int64_t b, std::int64_t h, std::int64_t first, const float* rows,
+                std::int64_t seq, std::int64_t width, std::int64_t ld, int shift);
+// the dbias sums (dbias_row's layout) into io.dbias:
+bool store_dbias(const Problem& p, const MutableTensorView& dbias, const std::vector<double>& sums, int shift);
 
 }  // namespace attn::cpu

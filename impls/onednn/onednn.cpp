@@ -40,6 +40,32 @@ template <typename Fn> auto checked(const char* what, Fn&& fn) {
 }
 
 
+// One row of scale * q.k made into scores: softcap on the scaled score, then
+// ALiBi, then mask and bias, -inf at every hidden key (the position rules
+// too); tanh(s / cap) into th where given (the softcap's slope, for the
+// backward). Whether any key is visible.
+bool hide_row(const Problem& p, const AttentionIO& io, std::int64_t b, std::int64_t h, std::int64_t i, float* row, float* th) {
+  const SequenceMap::Row place = io.sequences(p).entry_row(b, i);  // causal, window, kv_len
+  const std::int64_t begin = place.keys.lo, end = place.keys.hi;
+  std::fill(row, row + begin, kNegInf);
+  std::fill(row + end, row + p.seq_k, kNegInf);
+  bool any = false;
+  for (std::int64_t j = begin; j < end; ++j) {
+    if (p.softcap != 0) {
+      if (th) th[j] = std::tanh(row[j] / static_cast<float>(p.softcap));
+      row[j] = softcapped(row[j], static_cast<float>(p.softcap));
+    }
+    if (io.alibi_slopes) row[j] += alibi_term(io.alibi_slopes[h], place.diag, j);
+    if (!io.mask.empty() && io.mask.at(b, h, i, j) == 0) row[j] = kNegInf;
+    if (!io.bias.empty() && row[j] != kNegInf) {
+      const float bias = load_float(io.bias, io.bias.offset(b, h, i, j));
+      row[j] = std::isinf(bias) && bias < 0 ? kNegInf : row[j] + bias;
+    }
+    any = any || row[j] != kNegInf;
+  }
+  return any;
+}
+
 // The two matmuls and the softmax for one block height.
 struct Primitives {
   dnnl::matmul scores, values;
@@ -182,25 +208,7 @@ class OneDnnPlan final : public Plan {
   // -inf at every hidden key; bias added. Marks rows with nothing visible.
   void hide_keys(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t rows, std::vector<char>& hidden_rows) {
     for (std::int64_t r = 0; r < rows; ++r) {
-      const std::int64_t i = i0 + r;
-      const SequenceMap::Row place = io_.sequences(p_).entry_row(b, i);  // causal, window, kv_len
-      const std::int64_t begin = place.keys.lo, end = place.keys.hi;
-      float* row = s_.data() + r * p_.seq_k;
-      std::fill(row, row + begin, kNegInf);
-      std::fill(row + end, row + p_.seq_k, kNegInf);
-      bool any = false;
-      for (std::int64_t j = begin; j < end; ++j) {
-        // Softcap on the scaled score, then ALiBi, then mask and bias.
-        if (p_.softcap != 0) row[j] = softcapped(row[j], static_cast<float>(p_.softcap));
-        if (io_.alibi_slopes) row[j] += alibi_term(io_.alibi_slopes[h], place.diag, j);
-        if (!io_.mask.empty() && io_.mask.at(b, h, i, j) == 0) row[j] = kNegInf;
-        if (!io_.bias.empty() && row[j] != kNegInf) {
-          const float bias = load_float(io_.bias, io_.bias.offset(b, h, i, j));
-          row[j] = std::isinf(bias) && bias < 0 ? kNegInf : row[j] + bias;
-        }
-        any = any || row[j] != kNegInf;
-      }
-      hidden_rows[static_cast<std::size_t>(r)] = !any;
+      hidden_rows[static_cast<std::size_t>(r)] = !hide_row(p_, io_, b, h, i0 + r, s_.data() + r * p_.seq_k, nullptr);
     }
   }
 
@@ -267,6 +275,8 @@ class OneDnnBackwardPlan final : public BackwardPlan {
     sized(tanh_, p.softcap != 0 ? d(rows) * n : 0.0);
     sized(dq_, d(rows) * d(p.head_dim));
     dbias_.assign(io.dbias.empty() ? 0 : static_cast<std::size_t>(p.broadcast_elements(p.bias)), 0.0);
+    hidden_.assign(static_cast<std::size_t>(rows), 0);
+    tiny_.assign(static_cast<std::size_t>(rows), 0);
     if (p.seq_k > 0 && p.seq_q > 0) {
       full_ = make_primitives(rows);
       if (p.seq_q % rows != 0) tail_ = make_primitives(p.seq_q % rows);
@@ -279,7 +289,7 @@ class OneDnnBackwardPlan final : public BackwardPlan {
     overflowed_ = false;
     pass();
     if (overflowed_) {
-      shift_ = overflow_shift();
+      shift_ = cpu::gradient_overflow_shift(p_, io_);
       overflowed_ = false;
       pass();
     }
@@ -336,26 +346,11 @@ class OneDnnBackwardPlan final : public BackwardPlan {
         std::fill(dk_.begin(), dk_.end(), 0.0f);
         std::fill(dv_.begin(), dv_.end(), 0.0f);
         for (std::int64_t h = g * p_.group_size(); h < (g + 1) * p_.group_size(); ++h) head(b, h);
-        check(dk_);
-        check(dv_);
-        for (std::int64_t j = 0; j < p_.seq_k; ++j) {
-          for (std::int64_t c = 0; c < p_.head_dim; ++c) {
-            store_float(io_.dk, io_.dk.offset(b, g, j, c), std::ldexp(dk_[static_cast<std::size_t>(j * p_.head_dim + c)], shift_));
-          }
-          for (std::int64_t c = 0; c < p_.head_dim_v; ++c) {
-            store_float(io_.dv, io_.dv.offset(b, g, j, c), std::ldexp(dv_[static_cast<std::size_t>(j * p_.head_dim_v + c)], shift_));
-          }
-        }
+        if (!cpu::store_rows(io_.dk, b, g, 0, dk_.data(), p_.seq_k, p_.head_dim, p_.head_dim, shift_)) overflowed_ = true;
+        if (!cpu::store_rows(io_.dv, b, g, 0, dv_.data(), p_.seq_k, p_.head_dim_v, p_.head_dim_v, shift_)) overflowed_ = true;
       }
     }
-    const BroadcastShape& shape = p_.bias;
-    for (std::size_t e = 0; e < dbias_.size(); ++e) {
-      const auto at = static_cast<std::int64_t>(e);
-      const std::int64_t j = at % p_.seq_k, bq = (at / p_.seq_k) % shape.rows, bh = (at / (p_.seq_k * shape.rows)) % shape.heads;
-      const std::int64_t bb = at / (p_.seq_k * shape.rows * shape.heads);
-      if (!std::isfinite(dbias_[e])) overflowed_ = true;
-      store_float(io_.dbias, io_.dbias.offset(bb, bh, bq, j), static_cast<float>(std::ldexp(dbias_[e], shift_)));
-    }
+    if (!dbias_.empty() && !cpu::store_dbias(p_, io_.dbias, dbias_, shift_)) overflowed_ = true;
   }
 
   void head(std::int64_t b, std::int64_t h) {
@@ -369,11 +364,7 @@ class OneDnnBackwardPlan final : public BackwardPlan {
       } else {
         block(b, h, i0, rows);
       }
-      check(dq_);
-      for (std::int64_t r = 0; r < rows; ++r)
-        for (std::int64_t c = 0; c < p_.head_dim; ++c) {
-          store_float(io_.dq, io_.dq.offset(b, h, i0 + r, c), std::ldexp(dq_[static_cast<std::size_t>(r * p_.head_dim + c)], shift_));
-        }
+      if (!cpu::store_rows(io_.dq, b, h, i0, dq_.data(), rows, p_.head_dim, p_.head_dim, shift_)) overflowed_ = true;
     }
   }
 
@@ -391,11 +382,13 @@ class OneDnnBackwardPlan final : public BackwardPlan {
       pr.scores.execute(stream_, {{DNNL_ARG_SRC, q_mem}, {DNNL_ARG_WEIGHTS, kt_mem}, {DNNL_ARG_DST, p_mem}});
       stream_.wait();
     });
-    std::vector<char> hidden(static_cast<std::size_t>(rows), 0), tiny(static_cast<std::size_t>(rows), 0);
+    std::vector<char>&hidden = hidden_, &tiny = tiny_;
+    std::fill(hidden.begin(), hidden.end(), 0);
+    std::fill(tiny.begin(), tiny.end(), 0);
     for (std::int64_t r = 0; r < rows; ++r) {
       float* row = prob_.data() + r * n;
       float* th = tanh_.empty() ? nullptr : tanh_.data() + r * n;
-      hidden[static_cast<std::size_t>(r)] = !hide_row(b, h, i0 + r, row, th);
+      hidden[static_cast<std::size_t>(r)] = !hide_row(p_, io_.forward, b, h, i0 + r, row, th);
       // A weight below float32's smallest normal is a gradient term of its own
       // (a key nearly hidden by a bias or ALiBi), which the softmax primitive
       // flushes: such rows keep their scores and are redone exactly below.
@@ -432,9 +425,7 @@ class OneDnnBackwardPlan final : public BackwardPlan {
       float* ds = ds_.data() + r * n;
       if (hidden[static_cast<std::size_t>(r)]) std::fill_n(ds, n, 0.0f);
       if (!dbias_.empty()) {
-        const BroadcastShape& shape = p_.bias;
-        const std::int64_t i = i0 + r, bb = shape.batch == 1 ? 0 : b, bh = shape.heads == 1 ? 0 : h, bq = shape.rows == 1 ? 0 : i;
-        double* sums = dbias_.data() + ((bb * shape.heads + bh) * shape.rows + bq) * n;
+        double* sums = dbias_.data() + cpu::dbias_row(p_, b, h, i0 + r);
         for (std::int64_t j = 0; j < n; ++j) sums[j] += static_cast<double>(ds[j]);
       }
       const float* th = tanh_.empty() ? nullptr : tanh_.data() + r * n;
@@ -448,53 +439,6 @@ class OneDnnBackwardPlan final : public BackwardPlan {
     });
   }
 
-  // The forward's hide_keys for one row of scale * q.k (softcap, ALiBi, mask,
-  // bias, the position rules), with tanh(s / cap) kept for the softcap's
-  // slope; whether any key is visible.
-  bool hide_row(std::int64_t b, std::int64_t h, std::int64_t i, float* row, float* th) const {
-    const AttentionIO& f = io_.forward;
-    const SequenceMap::Row place = f.sequences(p_).entry_row(b, i);
-    const std::int64_t begin = place.keys.lo, end = place.keys.hi;
-    std::fill(row, row + begin, kNegInf);
-    std::fill(row + end, row + p_.seq_k, kNegInf);
-    bool any = false;
-    for (std::int64_t j = begin; j < end; ++j) {
-      if (p_.softcap != 0) {
-        th[j] = std::tanh(row[j] / static_cast<float>(p_.softcap));
-        row[j] = softcapped(row[j], static_cast<float>(p_.softcap));
-      }
-      if (f.alibi_slopes) row[j] += alibi_term(f.alibi_slopes[h], place.diag, j);
-      if (!f.mask.empty() && f.mask.at(b, h, i, j) == 0) row[j] = kNegInf;
-      if (!f.bias.empty() && row[j] != kNegInf) {
-        const float bias = load_float(f.bias, f.bias.offset(b, h, i, j));
-        row[j] = std::isinf(bias) && bias < 0 ? kNegInf : row[j] + bias;
-      }
-      any = any || row[j] != kNegInf;
-    }
-    return any;
-  }
-
-  void check(const std::vector<float>& x) {
-    if (!std::all_of(x.begin(), x.end(), [](float e) { return std::isfinite(e); })) overflowed_ = true;
-  }
-
-  int overflow_shift() const {
-    auto max_abs = [&](const TensorView& t, std::int64_t heads, std::int64_t seq, std::int64_t width) {
-      double m = 0;
-      for (std::int64_t b = 0; b < p_.batch; ++b)
-        for (std::int64_t h = 0; h < heads; ++h)
-          for (std::int64_t s = 0; s < seq; ++s)
-            for (std::int64_t c = 0; c < width; ++c) m = std::max(m, std::fabs(static_cast<double>(load_float(t, t.offset(b, h, s, c)))));
-      return m;
-    };
-    const AttentionIO& f = io_.forward;
-    return cpu::gradient_overflow_shift(max_abs(io_.dout, p_.heads_q, p_.seq_q, p_.head_dim_v),
-                                        max_abs(f.v, p_.heads_kv, p_.seq_k, p_.head_dim_v),
-                                        max_abs(f.q, p_.heads_q, p_.seq_q, p_.head_dim),
-                                        max_abs(f.k, p_.heads_kv, p_.seq_k, p_.head_dim), p_.head_dim_v, p_.scale,
-                                        static_cast<double>(p_.seq_q * p_.group_size()));
-  }
-
   Problem p_;
   BackwardIO io_;
   dnnl::engine engine_;
@@ -504,6 +448,7 @@ class OneDnnBackwardPlan final : public BackwardPlan {
   BackwardPrimitives full_, tail_;
   std::vector<float> q_, dout_, k_, v_, dk_, dv_, prob_, dp_, ds_, saved_, tanh_, dq_;
   std::vector<double> dbias_;
+  std::vector<char> hidden_, tiny_;  // per row of a block: no visible key; weights the softmax primitive flushes
 };
 
 class OneDnnBackend final : public Backend {

@@ -230,7 +230,7 @@ class OpenBlasBackwardPlan final : public BackwardPlan {
     overflowed_ = false;
     pass();
     if (overflowed_) {  // dO scaled down and the pass redone (impls/cpu_kernels/gradients.hpp)
-      shift_ = overflow_shift();
+      shift_ = cpu::gradient_overflow_shift(p_, io_);
       overflowed_ = false;
       pass();
     }
@@ -247,26 +247,11 @@ class OpenBlasBackwardPlan final : public BackwardPlan {
         std::fill(dk_.begin(), dk_.end(), 0.0f);
         std::fill(dv_.begin(), dv_.end(), 0.0f);
         for (std::int64_t h = g * p_.group_size(); h < (g + 1) * p_.group_size(); ++h) head(b, h);
-        check(dk_.data(), p_.seq_k * p_.head_dim);
-        check(dv_.data(), p_.seq_k * p_.head_dim_v);
-        for (std::int64_t j = 0; j < p_.seq_k; ++j) {
-          for (std::int64_t c = 0; c < p_.head_dim; ++c) {
-            store_float(io_.dk, io_.dk.offset(b, g, j, c), std::ldexp(dk_[static_cast<std::size_t>(j * p_.head_dim + c)], shift_));
-          }
-          for (std::int64_t c = 0; c < p_.head_dim_v; ++c) {
-            store_float(io_.dv, io_.dv.offset(b, g, j, c), std::ldexp(dv_[static_cast<std::size_t>(j * p_.head_dim_v + c)], shift_));
-          }
-        }
+        if (!cpu::store_rows(io_.dk, b, g, 0, dk_.data(), p_.seq_k, p_.head_dim, p_.head_dim, shift_)) overflowed_ = true;
+        if (!cpu::store_rows(io_.dv, b, g, 0, dv_.data(), p_.seq_k, p_.head_dim_v, p_.head_dim_v, shift_)) overflowed_ = true;
       }
     }
-    const BroadcastShape& shape = p_.bias;
-    for (std::size_t e = 0; e < dbias_.size(); ++e) {
-      const auto at = static_cast<std::int64_t>(e);
-      const std::int64_t j = at % p_.seq_k, bq = (at / p_.seq_k) % shape.rows, bh = (at / (p_.seq_k * shape.rows)) % shape.heads;
-      const std::int64_t bb = at / (p_.seq_k * shape.rows * shape.heads);
-      if (!std::isfinite(dbias_[e])) overflowed_ = true;
-      store_float(io_.dbias, io_.dbias.offset(bb, bh, bq, j), static_cast<float>(std::ldexp(dbias_[e], shift_)));
-    }
+    if (!dbias_.empty() && !cpu::store_dbias(p_, io_.dbias, dbias_, shift_)) overflowed_ = true;
     if (io_.dsinks) {
       for (std::int64_t h = 0; h < p_.heads_q; ++h) io_.dsinks[h] = std::ldexp(io_.dsinks[h], shift_);
     }
@@ -315,9 +300,7 @@ class OpenBlasBackwardPlan final : public BackwardPlan {
         const float delta = static_cast<float>(delta_[static_cast<std::size_t>(i)]);
         for (std::int64_t j = 0; j < n; ++j) ds[j] = prob[j] * (ds[j] - delta);
         if (!dbias_.empty()) {
-          const BroadcastShape& shape = p_.bias;
-          const std::int64_t bb = shape.batch == 1 ? 0 : b, bh = shape.heads == 1 ? 0 : h, bq = shape.rows == 1 ? 0 : i;
-          double* sums = dbias_.data() + ((bb * shape.heads + bh) * shape.rows + bq) * n;
+          double* sums = dbias_.data() + cpu::dbias_row(p_, b, h, i);
           for (std::int64_t j = 0; j < n; ++j) sums[j] += static_cast<double>(ds[j]);
         }
         if (th) {
@@ -334,32 +317,7 @@ class OpenBlasBackwardPlan final : public BackwardPlan {
   }
 
   void write_dq(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t rows) {
-    check(dq_.data(), rows * p_.head_dim);
-    for (std::int64_t r = 0; r < rows; ++r)
-      for (std::int64_t c = 0; c < p_.head_dim; ++c) {
-        store_float(io_.dq, io_.dq.offset(b, h, i0 + r, c), std::ldexp(dq_[static_cast<std::size_t>(r * p_.head_dim + c)], shift_));
-      }
-  }
-
-  void check(const float* x, std::int64_t n) {
-    if (!std::all_of(x, x + n, [](float e) { return std::isfinite(e); })) overflowed_ = true;
-  }
-
-  int overflow_shift() const {
-    auto max_abs = [&](const TensorView& t, std::int64_t batch, std::int64_t heads, std::int64_t seq, std::int64_t width) {
-      double m = 0;
-      for (std::int64_t b = 0; b < batch; ++b)
-        for (std::int64_t h = 0; h < heads; ++h)
-          for (std::int64_t s = 0; s < seq; ++s)
-            for (std::int64_t c = 0; c < width; ++c) m = std::max(m, std::fabs(static_cast<double>(load_float(t, t.offset(b, h, s, c)))));
-      return m;
-    };
-    const AttentionIO& f = io_.forward;
-    return cpu::gradient_overflow_shift(max_abs(io_.dout, p_.batch, p_.heads_q, p_.seq_q, p_.head_dim_v),
-                                        max_abs(f.v, p_.batch, p_.heads_kv, p_.seq_k, p_.head_dim_v),
-                                        max_abs(f.q, p_.batch, p_.heads_q, p_.seq_q, p_.head_dim),
-                                        max_abs(f.k, p_.batch, p_.heads_kv, p_.seq_k, p_.head_dim), p_.head_dim_v, p_.scale,
-                                        static_cast<double>(p_.seq_q * p_.group_size()));
+    if (!cpu::store_rows(io_.dq, b, h, i0, dq_.data(), rows, p_.head_dim, p_.head_dim, shift_)) overflowed_ = true;
   }
 
   Problem p_;
