@@ -18,8 +18,10 @@
 // dbias sums stay in one task too.
 //
 // Extra memory: O(seq): Q, dO, D and lse in float32, the dQ partials, and per
-// thread a key block's K, V, dK, dV and one tile's scores. The 16-bit dtypes
-// are widened to float32 as they are packed (float32 dot products throughout).
+// thread a key block's K, V, dK, dV and one tile's scores. bfloat16 cases
+// multiply in bfloat16 pairs where the kernel set takes any row count
+// (AVX-512, portable), on R(P) and R(dS), and a tile holding a subnormal P or
+// dS in float32; float16 (and bfloat16 under AMX) is widened to float32.
 #pragma once
 
 #include <cstdint>
