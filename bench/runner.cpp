@@ -348,7 +348,9 @@ int run_benchmarks(const std::vector<std::unique_ptr<Backend>>& backends, const 
   if (benchmark::ReportUnrecognizedArguments(argc, argv.data())) return 2;
   // Sharded: every (backend, problem) of the preset is a unit, split by its
   // useful flops (plus a fixed part per benchmark), the same way everywhere.
-  const std::vector<Problem> problems = benchmark_problems(options.preset);
+  std::vector<Problem> problems;
+  if (options.problems.empty()) problems = benchmark_problems(options.preset);
+  for (const std::string& spec : options.problems) problems.push_back(Problem::parse(spec));
   // A benchmark's name: <backend>/<problem>, then /backward or
   // /forward+backward for those directions (the forward's name is unchanged).
   auto bench_name = [](const Backend& b, const Problem& p, Direction d) {

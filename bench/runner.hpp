@@ -27,6 +27,8 @@ double direction_flops_factor(Direction d);
 
 struct BenchOptions {
   std::string preset = "quick";
+  // Problems to time instead of the preset's (Problem::parse's syntax).
+  std::vector<std::string> problems;
   std::vector<Direction> directions{Direction::forward};
   int threads = 0;
   // Skip a backend on a problem whose estimated time per call exceeds this

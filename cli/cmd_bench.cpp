@@ -54,6 +54,10 @@ Runner add_bench_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("bench", "Time backends over the benchmark matrix (Google Benchmark; --benchmark_* flags pass through)");
   cmd->add_option("--preset", options->preset, "quick (about a minute on 2 cores), standard (about 12 minutes), full, gpu (for scripts/gpu-check)")
       ->check(CLI::IsMember({"quick", "standard", "full", "gpu"}));
+  cmd->add_option("--problem", options->problems,
+                  "Time this problem instead of the preset's (repeatable; the fixture catalogue's syntax, e.g. "
+                  "dtype=bf16,b=8,hq=32,hkv=8,sq=1,sk=4096,d=128,causal=bottom_right,paged=16x2049)")
+      ->allow_extra_args(false);
   cmd->add_option("-b,--backend", *names, "Backends to time, e.g. -b naive,streaming (default: all)")
       ->allow_extra_args(false)
       ->delimiter(',');

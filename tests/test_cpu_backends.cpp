@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 
 #include "core/registry.hpp"
 #include "fixtures/fixture.hpp"
@@ -41,29 +42,50 @@ TEST(CpuBackends, StreamingIsBitwiseReproducibleAtAFixedThreadCount) {
   }
 }
 
-// The decode kernel reduces 16 dot products at once and scatters them: every
-// row count (1, 2, 4 and 8 per group, partial groups) and key tail must land
-// each sum in its own place, and leave the columns past `keys` alone.
-TEST(CpuKernels, DirectDecodeKernelAgreesWithPortable) {
+// The decode kernels read K and V rows in place in each dtype. Q K^T reduces
+// 16 dot products at once and stores them row by row: every row count (1, 2,
+// 4 and 8 per group, partial groups) and key tail must land each sum in its
+// own place and leave the columns past `keys` alone; P V must read no column
+// of V past dv (a 16-bit row's tail) and leave O's padding alone.
+TEST(CpuKernels, DirectDecodeKernelsAgreeWithPortable) {
   const cpu::Kernels* avx = cpu::avx512_kernels();
   if (!avx) GTEST_SKIP() << "this CPU lacks AVX-512 BF16: only the portable kernels run here";
   const cpu::Kernels& portable = cpu::portable_kernels();
   std::mt19937 gen(5);
   std::normal_distribution<float> normal;
-  const std::int64_t head_dim = 40, ldk = 48;
-  std::vector<float> q(13 * head_dim), k(64 * ldk);
-  for (auto* a : {&q, &k})
+  const std::int64_t head_dim = 40, ldk = 48, dv = 37, dv_pad = 48;
+  std::vector<float> q(13 * head_dim), kf(64 * ldk), p(13 * 64);
+  for (auto* a : {&q, &kf, &p})
     for (float& x : *a) x = normal(gen);
-  for (std::int64_t rows : {1, 2, 3, 4, 5, 8, 9, 13}) {
-    for (std::int64_t keys : {1, 7, 16, 33, 64}) {
-      std::vector<float> s1(rows * 64, 7.0f), s2(rows * 64, 7.0f);
-      avx->qk_f32_direct(q.data(), rows, head_dim, k.data(), ldk, keys, s1.data());
-      portable.qk_f32_direct(q.data(), rows, head_dim, k.data(), ldk, keys, s2.data());
-      for (std::int64_t r = 0; r < rows; ++r) {
-        for (std::int64_t j = 0; j < 64; ++j) {
-          const std::size_t e = static_cast<std::size_t>(r * 64 + j);
-          if (j >= keys) EXPECT_EQ(s1[e], 7.0f) << "rows " << rows << " keys " << keys << " wrote past keys at " << r << "," << j;
-          else EXPECT_NEAR(s1[e], s2[e], 1e-4f) << "rows " << rows << " keys " << keys << " at " << r << "," << j;
+  std::vector<bf16> kb(kf.size());
+  std::vector<f16> kh(kf.size());
+  for (std::size_t e = 0; e < kf.size(); ++e) kb[e] = float_to_bf16(kf[e]), kh[e] = float_to_f16(kf[e]);
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+    const void* k = dtype == DType::f32 ? static_cast<const void*>(kf.data())
+                    : dtype == DType::bf16 ? static_cast<const void*>(kb.data()) : static_cast<const void*>(kh.data());
+    const std::string what = std::string(dtype_name(dtype));
+    for (std::int64_t rows : {1, 2, 3, 4, 5, 8, 9, 13}) {
+      for (std::int64_t keys : {1, 7, 16, 33, 64}) {
+        std::vector<float> s1(rows * 64, 7.0f), s2(rows * 64, 7.0f);
+        avx->qk_direct(q.data(), rows, head_dim, k, dtype, ldk, keys, s1.data());
+        portable.qk_direct(q.data(), rows, head_dim, k, dtype, ldk, keys, s2.data());
+        for (std::int64_t r = 0; r < rows; ++r) {
+          for (std::int64_t j = 0; j < 64; ++j) {
+            const std::size_t e = static_cast<std::size_t>(r * 64 + j);
+            if (j >= keys) EXPECT_EQ(s1[e], 7.0f) << what << " rows " << rows << " keys " << keys << " wrote past keys at " << r << "," << j;
+            else EXPECT_NEAR(s1[e], s2[e], 1e-4f) << what << " rows " << rows << " keys " << keys << " at " << r << "," << j;
+          }
+        }
+        // V is K's storage read as rows of dv (< ldk) columns.
+        std::vector<float> o1(rows * dv_pad, 0.5f), o2(rows * dv_pad, 0.5f);
+        avx->pv_direct(p.data(), rows, keys, k, dtype, ldk, dv, dv_pad, o1.data());
+        portable.pv_direct(p.data(), rows, keys, k, dtype, ldk, dv, dv_pad, o2.data());
+        for (std::int64_t r = 0; r < rows; ++r) {
+          for (std::int64_t c = 0; c < dv_pad; ++c) {
+            const std::size_t e = static_cast<std::size_t>(r * dv_pad + c);
+            if (c >= dv) EXPECT_EQ(o1[e], 0.5f) << what << " rows " << rows << " keys " << keys << " wrote O's padding at " << r << "," << c;
+            else EXPECT_NEAR(o1[e], o2[e], 1e-4f) << what << " rows " << rows << " keys " << keys << " at " << r << "," << c;
+          }
         }
       }
     }

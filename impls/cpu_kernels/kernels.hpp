@@ -57,10 +57,16 @@ struct Kernels {
   float (*exp2_sum_bf16)(const float* x, std::int64_t n, float scale, float m, int shift, bf16* out);
   // max_j x[j] for j < n (n >= 1).
   float (*max_of)(const float* x, std::int64_t n);
-  // Decode shapes: S[r][j] = sum_d Q[r][d] * K[j * ldk + d] for j < keys, reading
-  // float32 K rows in place (no packing); columns from keys to 64 are left alone.
-  void (*qk_f32_direct)(const float* q, std::int64_t rows, std::int64_t head_dim, const float* k, std::int64_t ldk,
-                        std::int64_t keys, float* s);
+  // Decode shapes, K and V read in place (no packing): rows of float32,
+  // bfloat16 or float16 (`dtype`), widened exactly on load, multiplied in
+  // float32. S[r][j] = sum_d Q[r][d] * K[j * ldk + d] for j < keys; the
+  // columns from keys to 64 are left alone.
+  void (*qk_direct)(const float* q, std::int64_t rows, std::int64_t head_dim, const void* k, DType dtype,
+                    std::int64_t ldk, std::int64_t keys, float* s);
+  // O[r][c] += sum_{j < keys} P[r][j] * V[j * ldv + c] for c < dv (no column
+  // of V past dv is read; O's columns dv to dv_pad are left alone).
+  void (*pv_direct)(const float* p, std::int64_t rows, std::int64_t keys, const void* v, DType dtype, std::int64_t ldv,
+                    std::int64_t dv, std::int64_t dv_pad, float* o);
   // x[j] *= scale for j < visible, x[j] = -inf for visible <= j < 64; returns the max.
   float (*scale_row)(float* x, float scale, std::int64_t visible);
   // out[j] = bfloat16(x[j]), round to nearest even, j < n.

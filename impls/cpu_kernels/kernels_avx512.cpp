@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
 
 #include "core/cpu.hpp"
 #include "impls/cpu_kernels/kernels.hpp"
@@ -302,45 +303,62 @@ ATTN_AVX512 inline __m512 reduce16(const __m512 (&v)[16]) {
   return _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xDD));
 }
 
+// 16 elements of a row of K or V in place, widened exactly to float32; lanes
+// outside `m` read nothing and are 0.
+ATTN_AVX512 inline __m512 load16(const float* x, __mmask16 m) { return _mm512_maskz_loadu_ps(m, x); }
+ATTN_AVX512 inline __m512 load16(const bf16* x, __mmask16 m) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, x)), 16));
+}
+ATTN_AVX512 inline __m512 load16(const f16* x, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, x)); }
+
+ATTN_AVX512 inline __mmask16 lanes_below(std::int64_t n) {
+  return static_cast<__mmask16>(n >= 16 ? 0xFFFF : (1u << n) - 1);
+}
+
 // R rows (1, 2, 4 or 8; nr of them real) against 16 / R keys per step: 16
-// accumulators v[key * R + row], reduced together and scattered into S.
-template <int R>
-ATTN_AVX512 void qk_direct_rows(const float* q, std::int64_t nr, std::int64_t head_dim, const float* k,
-                                std::int64_t ldk, std::int64_t keys, float* s) {
+// accumulators v[key * R + row], reduced together, put in row-major order
+// (lane row * 16/R + key) by one permute, and stored row by row with masks
+// (a scatter costs several times more on every AVX-512 CPU measured).
+template <int R, typename T>
+ATTN_AVX512 void qk_direct_rows(const float* q, std::int64_t nr, std::int64_t head_dim, const T* k, std::int64_t ldk,
+                                std::int64_t keys, float* s) {
   constexpr int kKeys = 16 / R;
-  alignas(64) std::int32_t index[16];
+  // Lane L of the reduced vector holds v[kTreeOrder[L]]: the permute brings
+  // entity (key c, row r) to lane r * kKeys + c.
+  alignas(64) std::int32_t from[16];
   for (int lane = 0; lane < 16; ++lane) {
     const int entity = kTreeOrder[lane];
-    index[lane] = (entity % R) * static_cast<int>(kKeyBlock) + entity / R;
+    from[(entity % R) * kKeys + entity / R] = lane;
   }
-  const __m512i idx = _mm512_load_si512(index);
+  const __m512i order = _mm512_load_si512(from);
   const float* qrow[R];
   for (int r = 0; r < R; ++r) qrow[r] = q + std::min<std::int64_t>(r, nr - 1) * head_dim;
   for (std::int64_t j = 0; j < keys; j += kKeys) {
-    const float* krow[kKeys];
+    const T* krow[kKeys];
     for (int c = 0; c < kKeys; ++c) krow[c] = k + std::min<std::int64_t>(j + c, keys - 1) * ldk;
     __m512 acc[16];
     for (__m512& a : acc) a = _mm512_setzero_ps();
     for (std::int64_t d = 0; d < head_dim; d += 16) {
-      const __mmask16 m = static_cast<__mmask16>(head_dim - d >= 16 ? 0xFFFF : (1u << (head_dim - d)) - 1);
+      const __mmask16 m = lanes_below(head_dim - d);
       __m512 qv[R];
       for (int r = 0; r < R; ++r) qv[r] = _mm512_maskz_loadu_ps(m, qrow[r] + d);
       for (int c = 0; c < kKeys; ++c) {
-        const __m512 kv = _mm512_maskz_loadu_ps(m, krow[c] + d);
+        const __m512 kv = load16(krow[c] + d, m);
         for (int r = 0; r < R; ++r) acc[c * R + r] = _mm512_fmadd_ps(qv[r], kv, acc[c * R + r]);
       }
     }
-    std::uint32_t live = 0;
-    for (int lane = 0; lane < 16; ++lane) {
-      const int entity = kTreeOrder[lane];
-      if (entity % R < nr && j + entity / R < keys) live |= 1u << lane;
+    const __m512 sums = _mm512_permutexvar_ps(order, reduce16(acc));
+    const unsigned live_keys = (1u << std::min<std::int64_t>(kKeys, keys - j)) - 1;
+    for (int r = 0; r < R && r < nr; ++r) {
+      // Lanes [r * kKeys, (r + 1) * kKeys) land on s[r][j ...].
+      _mm512_mask_storeu_ps(s + r * kKeyBlock + j - r * kKeys, static_cast<__mmask16>(live_keys << (r * kKeys)), sums);
     }
-    _mm512_mask_i32scatter_ps(s + j, static_cast<__mmask16>(live), idx, reduce16(acc), 4);
   }
 }
 
-ATTN_AVX512 void qk_f32_direct(const float* q, std::int64_t rows, std::int64_t head_dim, const float* k,
-                               std::int64_t ldk, std::int64_t keys, float* s) {
+template <typename T>
+ATTN_AVX512 void qk_direct_typed(const float* q, std::int64_t rows, std::int64_t head_dim, const T* k, std::int64_t ldk,
+                                 std::int64_t keys, float* s) {
   for (std::int64_t r0 = 0; r0 < rows; r0 += 8) {
     const std::int64_t nr = std::min<std::int64_t>(8, rows - r0);
     const float* qr = q + r0 * head_dim;
@@ -349,6 +367,78 @@ ATTN_AVX512 void qk_f32_direct(const float* q, std::int64_t rows, std::int64_t h
     else if (nr == 2) qk_direct_rows<2>(qr, nr, head_dim, k, ldk, keys, sr);
     else if (nr <= 4) qk_direct_rows<4>(qr, nr, head_dim, k, ldk, keys, sr);
     else qk_direct_rows<8>(qr, nr, head_dim, k, ldk, keys, sr);
+  }
+}
+
+ATTN_AVX512 void qk_direct(const float* q, std::int64_t rows, std::int64_t head_dim, const void* k, DType dtype,
+                           std::int64_t ldk, std::int64_t keys, float* s) {
+  switch (dtype) {
+    case DType::f32: return qk_direct_typed(q, rows, head_dim, static_cast<const float*>(k), ldk, keys, s);
+    case DType::bf16: return qk_direct_typed(q, rows, head_dim, static_cast<const bf16*>(k), ldk, keys, s);
+    case DType::f16: return qk_direct_typed(q, rows, head_dim, static_cast<const f16*>(k), ldk, keys, s);
+    default: throw std::logic_error("the in-place kernels read float32, bfloat16 or float16 rows");
+  }
+}
+
+// O rows [0, NR), columns [0, 16 NV) of which `dv` are V's: += P V over
+// `keys` rows of V in place (the last vector's lanes past dv read nothing).
+template <int NR, int NV, typename T>
+ATTN_AVX512 void pv_direct_block(const float* p, std::int64_t keys, const T* v, std::int64_t ldv, std::int64_t dv,
+                                 std::int64_t dv_pad, float* o) {
+  __m512 acc[NR][NV];
+  __mmask16 cols[NV];
+#pragma GCC unroll 4
+  for (int c = 0; c < NV; ++c) cols[c] = lanes_below(dv - 16 * c);
+#pragma GCC unroll 8
+  for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_loadu_ps(o + r * dv_pad + 16 * c);
+  for (std::int64_t j = 0; j < keys; ++j) {
+    __m512 vj[NV];
+#pragma GCC unroll 4
+    for (int c = 0; c < NV; ++c) vj[c] = load16(v + j * ldv + 16 * c, cols[c]);
+#pragma GCC unroll 8
+    for (int r = 0; r < NR; ++r) {
+      const __m512 pb = _mm512_set1_ps(p[r * kKeyBlock + j]);
+#pragma GCC unroll 4
+      for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_fmadd_ps(pb, vj[c], acc[r][c]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < NV; ++c) _mm512_storeu_ps(o + r * dv_pad + 16 * c, acc[r][c]);
+}
+
+template <typename T> struct PvDirectTables {
+  using Fn = void (*)(const float*, std::int64_t, const T*, std::int64_t, std::int64_t, std::int64_t, float*);
+  template <int NV>
+  static constexpr auto rows = make_table([](auto n) -> Fn { return &pv_direct_block<decltype(n)::value, NV, T>; },
+                                          std::make_index_sequence<kRowsPerStep>{});
+};
+
+template <typename T>
+ATTN_AVX512 void pv_direct_typed(const float* p, std::int64_t rows, std::int64_t keys, const T* v, std::int64_t ldv,
+                                 std::int64_t dv, std::int64_t dv_pad, float* o) {
+  using Tables = PvDirectTables<T>;
+  for (std::int64_t c0 = 0; c0 < dv; c0 += 64) {
+    const std::int64_t nv = std::min<std::int64_t>(4, (dv - c0 + 15) / 16);
+    const auto& table = pick(nv, Tables::template rows<1>, Tables::template rows<2>, Tables::template rows<3>,
+                             Tables::template rows<4>);
+    for (std::int64_t r = 0; r < rows; r += kRowsPerStep) {
+      const std::int64_t n = std::min<std::int64_t>(kRowsPerStep, rows - r);
+      table[static_cast<std::size_t>(n - 1)](p + r * kKeyBlock, keys, v + c0, ldv, dv - c0, dv_pad, o + r * dv_pad + c0);
+    }
+  }
+}
+
+ATTN_AVX512 void pv_direct(const float* p, std::int64_t rows, std::int64_t keys, const void* v, DType dtype,
+                           std::int64_t ldv, std::int64_t dv, std::int64_t dv_pad, float* o) {
+  switch (dtype) {
+    case DType::f32: return pv_direct_typed(p, rows, keys, static_cast<const float*>(v), ldv, dv, dv_pad, o);
+    case DType::bf16: return pv_direct_typed(p, rows, keys, static_cast<const bf16*>(v), ldv, dv, dv_pad, o);
+    case DType::f16: return pv_direct_typed(p, rows, keys, static_cast<const f16*>(v), ldv, dv, dv_pad, o);
+    default: throw std::logic_error("the in-place kernels read float32, bfloat16 or float16 rows");
   }
 }
 
@@ -384,7 +474,7 @@ ATTN_AVX512 void widen_f16(const f16* x, std::int64_t n, float* out) {
 }
 
 const Kernels kAvx512{"avx512_bf16", qk_f32, qk_bf16, pv_f32, pv_bf16, exp2_sum, exp2_sum_bf16,
-                      max_of, qk_f32_direct, scale_row, to_bf16, widen_f16};
+                      max_of, qk_direct, pv_direct, scale_row, to_bf16, widen_f16};
 
 }  // namespace
 

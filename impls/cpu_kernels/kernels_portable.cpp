@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
 #include <string>
 
 #include <fmt/format.h>
@@ -93,14 +94,35 @@ float exp2_sum_bf16(const float* x, std::int64_t n, float scale, float m, int sh
 
 float max_of(const float* x, std::int64_t n) { return *std::max_element(x, x + n); }
 
-void qk_f32_direct(const float* q, std::int64_t rows, std::int64_t head_dim, const float* k, std::int64_t ldk,
-                   std::int64_t keys, float* s) {
+// Element e of a row of K or V in place, widened to float.
+float element(const void* x, DType dtype, std::int64_t e) {
+  switch (dtype) {
+    case DType::f32: return static_cast<const float*>(x)[e];
+    case DType::bf16: return bf16_to_float(static_cast<const bf16*>(x)[e]);
+    case DType::f16: return f16_to_float(static_cast<const f16*>(x)[e]);
+    default: throw std::logic_error("the in-place kernels read float32, bfloat16 or float16 rows");
+  }
+}
+
+void qk_direct(const float* q, std::int64_t rows, std::int64_t head_dim, const void* k, DType dtype, std::int64_t ldk,
+               std::int64_t keys, float* s) {
   for (std::int64_t j = 0; j < keys; ++j)
     for (std::int64_t r = 0; r < rows; ++r) {
       float acc = 0;
-      for (std::int64_t d = 0; d < head_dim; ++d) acc += q[r * head_dim + d] * k[j * ldk + d];
+      for (std::int64_t d = 0; d < head_dim; ++d) acc += q[r * head_dim + d] * element(k, dtype, j * ldk + d);
       s[r * kKeyBlock + j] = acc;
     }
+}
+
+void pv_direct(const float* p, std::int64_t rows, std::int64_t keys, const void* v, DType dtype, std::int64_t ldv,
+               std::int64_t dv, std::int64_t dv_pad, float* o) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float* out = o + r * dv_pad;
+    for (std::int64_t j = 0; j < keys; ++j) {
+      const float w = p[r * kKeyBlock + j];
+      for (std::int64_t c = 0; c < dv; ++c) out[c] += w * element(v, dtype, j * ldv + c);
+    }
+  }
 }
 
 float scale_row(float* x, float scale, std::int64_t visible) {
@@ -121,7 +143,7 @@ void widen_f16(const f16* x, std::int64_t n, float* out) {
 }
 
 const Kernels kPortable{"portable", qk_f32, qk_bf16, pv_f32, pv_bf16, exp2_sum, exp2_sum_bf16,
-                        max_of, qk_f32_direct, scale_row, to_bf16, widen_f16};
+                        max_of, qk_direct, pv_direct, scale_row, to_bf16, widen_f16};
 
 }  // namespace
 

@@ -83,6 +83,14 @@ Geometry Geometry::of(const Problem& p, std::int64_t max_tile_rows, const Kernel
   return g;
 }
 
+Geometry Geometry::with_float32_products() const {
+  Geometry g = *this;
+  g.bf16_kernels = false;
+  g.q_prescaled = true;
+  g.scratch_rows = g.tile_rows;
+  return g;
+}
+
 void HeadPack::reserve(const Problem& p, const Geometry& g) {
   const std::int64_t keys = g.key_blocks * kKeyBlock;
   if (g.bf16_kernels) {

@@ -55,6 +55,9 @@ struct Geometry {
   // units (the backward, with score_scale = scale).
   float score_unit = 1.4426950408889634f;
   static Geometry of(const Problem& p, std::int64_t max_tile_rows, const Kernels& kernels);
+  // The same tiles with float32 products whatever the dtype (decode reads
+  // 16-bit K and V in place and widens them on load): Q in float32, prescaled.
+  Geometry with_float32_products() const;
 };
 
 // K and V of one (batch, kv head) in the kernels' layouts, for keys

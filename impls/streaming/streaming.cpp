@@ -1,6 +1,7 @@
 #include "impls/streaming/streaming.hpp"
 
 #include <algorithm>
+#include <cstddef>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -32,17 +33,18 @@ class StreamingPlan final : public Plan {
   StreamingPlan(const Problem& p, const AttentionIO& io, const RunOptions& options)
       : p_(p), io_(io), kernels_(cpu::best_kernels()), g_(Geometry::of(p, kMaxTileRows, kernels_)) {
     threads_ = resolve_threads(options.threads);
+    // Few rows a tile (decode): packing K and V would cost as much as the
+    // whole computation, so the kernels read them in place, through the page
+    // table when paged, widening 16-bit rows on load and multiplying in
+    // float32 (the products are then bandwidth's, not the dot product peak's).
+    direct_ = g_.tile_rows <= kDirectRows && p.dtype != DType::f64 && io.k.strides[3] == 1 && io.v.strides[3] == 1;
+    if (direct_) g_ = g_.with_float32_products();
     tiles_ = p.batch * p.heads_kv * g_.query_tiles;
     // Few tiles and long rows (decode): split the keys so every thread works.
     // The split is fixed by the problem, never by the thread count, so out
     // and lse are bitwise the same at any number of threads (the backward
     // starts from them, and its gradients must be).
     if (tiles_ < kSplitChunks && g_.key_blocks >= 2 * kSplitChunks) chunks_ = kSplitChunks;
-    // Few rows against float32 K and V in place (decode): packing would cost as
-    // much as the whole computation, so the kernels read K and V directly.
-    // Paged K and V qualify when every 64-key block lies in one page.
-    direct_ = g_.tile_rows <= kDirectRows && p.dtype == DType::f32 && io.k.strides[3] == 1 && io.v.strides[3] == 1 &&
-              p.head_dim_v == g_.dv_pad && (!p.paged() || p.page_size % kKeyBlock == 0);
     require_workspace(threads_ * Scratch::bytes_for(p, g_, !direct_, 1) +
                           (chunks_ > 1 ? 4.0 * static_cast<double>(tiles_ * chunks_ * g_.tile_rows) * static_cast<double>(g_.dv_pad + 2) : 0.0),
                       "streaming's tile scratch and split-K partials");
@@ -90,9 +92,11 @@ class StreamingPlan final : public Plan {
     // Blocks left of every row's window hold no visible key: skipped, as the
     // blocks past the causal diagonal are.
     const std::int64_t begin_block = cpu::visible_key_begin(p_, io_, t) / kKeyBlock;
-    const std::int64_t per_chunk = (g_.key_blocks + chunks_ - 1) / chunks_;
-    const std::int64_t first = std::min(chunk * per_chunk, g_.key_blocks);
-    const std::int64_t last = std::min(first + per_chunk, g_.key_blocks);
+    // A split tile's chunks share out its own visible blocks (a paged entry's,
+    // not the table's capacity): fixed by the tile, whatever the threads.
+    const std::int64_t per_chunk = (end_block - begin_block + chunks_ - 1) / chunks_;
+    const std::int64_t first = std::min(begin_block + chunk * per_chunk, end_block);
+    const std::int64_t last = std::min(first + per_chunk, end_block);
     const bool direct = direct_;
     if (!direct) s.pack.pack(p_, g_, io_, t.b, t.kv_head, first, last);
     cpu::pack_queries(p_, g_, io_, t, s.q.data(), s.q_bf16.data());
@@ -104,9 +108,15 @@ class StreamingPlan final : public Plan {
 
     for (std::int64_t block = std::max(first, begin_block); block < std::min(last, end_block); ++block) {
       const std::int64_t j0 = block * kKeyBlock;
-      const std::int64_t keys = std::min(kKeyBlock, p_.seq_k - j0);
+      // In place, no key past the tile's last visible one is read (a paged
+      // entry's unused slots, keys hidden by kv_len); packed, they are zeros.
+      const std::int64_t keys = std::min(kKeyBlock, (direct ? end_key : p_.seq_k) - j0);
       if (direct) {
-        kernels_.qk_f32_direct(s.q.data(), rows, p_.head_dim, k_row(t, j0), io_.k.strides[2], keys, s.scores.data());
+        if (block + 1 < std::min(last, end_block)) prefetch(t, j0 + kKeyBlock, std::min(kKeyBlock, end_key - j0 - kKeyBlock));
+        for_each_run(j0, keys, [&](std::int64_t j, std::int64_t n) {
+          kernels_.qk_direct(s.q.data(), rows, p_.head_dim, in_place(io_.k, t, j), io_.k.dtype, io_.k.strides[2], n,
+                             s.scores.data() + (j - j0));
+        });
       } else if (g_.bf16_kernels) {
         kernels_.qk_bf16(s.q_bf16.data(), rows, g_.head_dim_pairs, s.pack.k_bf16(block), s.scores.data());
       } else {
@@ -126,11 +136,15 @@ class StreamingPlan final : public Plan {
         cpu::finish_scores(p_, g_, io_, kernels_, t, j0, s.scores.data(), s.block_max.data(), kernel_max);
       }
       for (std::int64_t r = 0; r < rows; ++r) online_softmax_row(s, r, pending, shift);
-      if (g_.bf16_kernels) {
+      if (direct) {
+        for_each_run(j0, keys, [&](std::int64_t j, std::int64_t n) {
+          kernels_.pv_direct(s.scores.data() + (j - j0), rows, n, in_place(io_.v, t, j), io_.v.dtype, io_.v.strides[2],
+                             p_.head_dim_v, g_.dv_pad, s.o.data());
+        });
+      } else if (g_.bf16_kernels) {
         kernels_.pv_bf16(s.p_bf16.data(), rows, (keys + 1) / 2 * 2, s.pack.v_bf16(j0), g_.dv_pad, s.o.data());
       } else {
-        const float* v = direct ? static_cast<const float*>(io_.v.data) + key_offset(io_.v, t, j0) : s.pack.v_f32(j0);
-        kernels_.pv_f32(s.scores.data(), rows, keys, v, direct ? io_.v.strides[2] : s.pack.ldv(), g_.dv_pad, s.o.data());
+        kernels_.pv_f32(s.scores.data(), rows, keys, s.pack.v_f32(j0), s.pack.ldv(), g_.dv_pad, s.o.data());
       }
     }
     if (chunks_ == 1) {
@@ -147,13 +161,38 @@ class StreamingPlan final : public Plan {
     std::copy_n(s.o.begin(), rows * g_.dv_pad, partial_o_.begin() + base * g_.dv_pad);
   }
 
-  // Key j's row in a K or V view, in place: through the page table when paged.
-  std::int64_t key_offset(const TensorView& view, const QueryTile& t, std::int64_t j) const {
-    const SequenceMap::Key key = io_.sequences(p_).key(t.b, j);
-    return view.offset(key.b, t.kv_head, key.s, 0);
+  // Keys [j0, j0 + keys) of the tile's entry as runs that are each
+  // contiguous in K and V (rows strides[2] apart): one run, or one per page.
+  template <typename Fn> void for_each_run(std::int64_t j0, std::int64_t keys, Fn fn) const {
+    for (std::int64_t j = j0; j < j0 + keys;) {
+      const std::int64_t end = p_.paged() ? std::min(j0 + keys, (j / p_.page_size + 1) * p_.page_size) : j0 + keys;
+      fn(j, end - j);
+      j = end;
+    }
   }
-  const float* k_row(const QueryTile& t, std::int64_t j) const {
-    return static_cast<const float*>(io_.k.data) + key_offset(io_.k, t, j);
+
+  // Asks for the K and V rows of keys [j0, j0 + keys) while the block before
+  // them is computed: pages lie anywhere in the pool, and a page of 16 keys
+  // is too short a stream for the hardware's prefetchers to find.
+  void prefetch(const QueryTile& t, std::int64_t j0, std::int64_t keys) const {
+    for_each_run(j0, keys, [&](std::int64_t j, std::int64_t n) {
+      for (const TensorView* view : {&io_.k, &io_.v}) {
+        const std::int64_t element = static_cast<std::int64_t>(dtype_size(view->dtype));
+        const std::int64_t row_bytes = (view == &io_.k ? p_.head_dim : p_.head_dim_v) * element;
+        const std::int64_t step = view->strides[2] * element;
+        const auto* first = static_cast<const char*>(in_place(*view, t, j));
+        for (std::int64_t r = 0; r < n; ++r) {
+          for (std::int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(first + r * step + b, 0, 2);
+        }
+      }
+    });
+  }
+
+  // Key j's row in a K or V view, in place: through the page table when paged.
+  const void* in_place(const TensorView& view, const QueryTile& t, std::int64_t j) const {
+    const SequenceMap::Key key = io_.sequences(p_).key(t.b, j);
+    const std::int64_t offset = view.offset(key.b, t.kv_head, key.s, 0);
+    return static_cast<const std::byte*>(view.data) + offset * static_cast<std::int64_t>(dtype_size(view.dtype));
   }
 
   // Folds the scores of one row of the current block (times `pending`) into
@@ -219,7 +258,7 @@ class StreamingPlan final : public Plan {
   const cpu::Kernels& kernels_;
   Geometry g_;
   int threads_ = 1;
-  bool direct_ = false;  // every tile reads K and V in place
+  bool direct_ = false;  // every tile reads K and V in place, with float32 products
   std::int64_t tiles_ = 0, chunks_ = 1;
   std::vector<Scratch> scratch_;
   std::vector<float> partial_o_, partial_m_, partial_l_;
