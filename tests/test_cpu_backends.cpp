@@ -57,9 +57,11 @@ TEST(CpuKernels, DirectDecodeKernelsAgreeWithPortable) {
   std::vector<float> q(13 * head_dim), kf(64 * ldk), p(13 * 64);
   for (auto* a : {&q, &kf, &p})
     for (float& x : *a) x = normal(gen);
-  std::vector<bf16> kb(kf.size());
+  std::vector<bf16> kb(kf.size()), qb(13 * (head_dim + 2)), pb(p.size());
   std::vector<f16> kh(kf.size());
   for (std::size_t e = 0; e < kf.size(); ++e) kb[e] = float_to_bf16(kf[e]), kh[e] = float_to_f16(kf[e]);
+  for (std::size_t e = 0; e < qb.size(); ++e) qb[e] = float_to_bf16(normal(gen));
+  for (std::size_t e = 0; e < pb.size(); ++e) pb[e] = float_to_bf16(p[e]);
   for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
     const void* k = dtype == DType::f32 ? static_cast<const void*>(kf.data())
                     : dtype == DType::bf16 ? static_cast<const void*>(kb.data()) : static_cast<const void*>(kh.data());
@@ -80,6 +82,28 @@ TEST(CpuKernels, DirectDecodeKernelsAgreeWithPortable) {
         std::vector<float> o1(rows * dv_pad, 0.5f), o2(rows * dv_pad, 0.5f);
         avx->pv_direct(p.data(), rows, keys, k, dtype, ldk, dv, dv_pad, o1.data());
         portable.pv_direct(p.data(), rows, keys, k, dtype, ldk, dv, dv_pad, o2.data());
+        if (dtype == DType::bf16) {  // and with bfloat16 dot products (Q rows 2 apart from head_dim)
+          std::fill(s1.begin(), s1.end(), 7.0f), std::fill(s2.begin(), s2.end(), 7.0f);
+          avx->qk_bf16_direct(qb.data(), rows, head_dim, head_dim + 2, kb.data(), ldk, keys, s1.data());
+          portable.qk_bf16_direct(qb.data(), rows, head_dim, head_dim + 2, kb.data(), ldk, keys, s2.data());
+          for (std::int64_t r = 0; r < rows; ++r) {
+            for (std::int64_t j = 0; j < 64; ++j) {
+              const std::size_t e = static_cast<std::size_t>(r * 64 + j);
+              if (j >= keys) EXPECT_EQ(s1[e], 7.0f) << "bf16 dot rows " << rows << " keys " << keys << " wrote past keys at " << r << "," << j;
+              else EXPECT_NEAR(s1[e], s2[e], 1e-4f) << "bf16 dot rows " << rows << " keys " << keys << " at " << r << "," << j;
+            }
+          }
+          std::vector<float> b1(rows * dv_pad, 0.5f), b2(rows * dv_pad, 0.5f);
+          avx->pv_bf16_direct(pb.data(), rows, keys, kb.data(), ldk, dv, dv_pad, b1.data());
+          portable.pv_bf16_direct(pb.data(), rows, keys, kb.data(), ldk, dv, dv_pad, b2.data());
+          for (std::int64_t r = 0; r < rows; ++r) {
+            for (std::int64_t c = 0; c < dv_pad; ++c) {
+              const std::size_t e = static_cast<std::size_t>(r * dv_pad + c);
+              if (c >= dv) EXPECT_EQ(b1[e], 0.5f) << "bf16 dot rows " << rows << " keys " << keys << " wrote O's padding at " << r << "," << c;
+              else EXPECT_NEAR(b1[e], b2[e], 1e-4f) << "bf16 dot rows " << rows << " keys " << keys << " at " << r << "," << c;
+            }
+          }
+        }
         for (std::int64_t r = 0; r < rows; ++r) {
           for (std::int64_t c = 0; c < dv_pad; ++c) {
             const std::size_t e = static_cast<std::size_t>(r * dv_pad + c);

@@ -67,6 +67,14 @@ struct Kernels {
   // of V past dv is read; O's columns dv to dv_pad are left alone).
   void (*pv_direct)(const float* p, std::int64_t rows, std::int64_t keys, const void* v, DType dtype, std::int64_t ldv,
                     std::int64_t dv, std::int64_t dv_pad, float* o);
+  // bfloat16 Q, K and V with bfloat16 dot products (pairs of exact products
+  // summed in float32, as qk_bf16/pv_bf16): Q [rows][ldq] as given (not
+  // scaled), K and V rows in place, P bfloat16 rows of 64; otherwise as
+  // qk_direct and pv_direct (dv columns of V read, O's padding left alone).
+  void (*qk_bf16_direct)(const bf16* q, std::int64_t rows, std::int64_t head_dim, std::int64_t ldq, const bf16* k,
+                         std::int64_t ldk, std::int64_t keys, float* s);
+  void (*pv_bf16_direct)(const bf16* p, std::int64_t rows, std::int64_t keys, const bf16* v, std::int64_t ldv,
+                         std::int64_t dv, std::int64_t dv_pad, float* o);
   // x[j] *= scale for j < visible, x[j] = -inf for visible <= j < 64; returns the max.
   float (*scale_row)(float* x, float scale, std::int64_t visible);
   // out[j] = bfloat16(x[j]), round to nearest even, j < n.

@@ -312,7 +312,7 @@ ATTN_AVX512 inline __m512 load16(const bf16* x, __mmask16 m) {
 ATTN_AVX512 inline __m512 load16(const f16* x, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, x)); }
 
 ATTN_AVX512 inline __mmask16 lanes_below(std::int64_t n) {
-  return static_cast<__mmask16>(n >= 16 ? 0xFFFF : (1u << n) - 1);
+  return static_cast<__mmask16>(n >= 16 ? 0xFFFF : n <= 0 ? 0 : (1u << n) - 1);
 }
 
 // R rows (1, 2, 4 or 8; nr of them real) against 16 / R keys per step: 16
@@ -442,6 +442,123 @@ ATTN_AVX512 void pv_direct(const float* p, std::int64_t rows, std::int64_t keys,
   }
 }
 
+// qk_direct_rows with bfloat16 dot products: 32 dims a step, no widening.
+template <int R>
+ATTN_AVX512 void qk_bf16_direct_rows(const bf16* q, std::int64_t nr, std::int64_t head_dim, std::int64_t ldq,
+                                     const bf16* k, std::int64_t ldk, std::int64_t keys, float* s) {
+  constexpr int kKeys = 16 / R;
+  alignas(64) std::int32_t from[16];
+  for (int lane = 0; lane < 16; ++lane) {
+    const int entity = kTreeOrder[lane];
+    from[(entity % R) * kKeys + entity / R] = lane;
+  }
+  const __m512i order = _mm512_load_si512(from);
+  const bf16* qrow[R];
+  for (int r = 0; r < R; ++r) qrow[r] = q + std::min<std::int64_t>(r, nr - 1) * ldq;
+  for (std::int64_t j = 0; j < keys; j += kKeys) {
+    const bf16* krow[kKeys];
+    for (int c = 0; c < kKeys; ++c) krow[c] = k + std::min<std::int64_t>(j + c, keys - 1) * ldk;
+    __m512 acc[16];
+    for (__m512& a : acc) a = _mm512_setzero_ps();
+    for (std::int64_t d = 0; d < head_dim; d += 32) {
+      const __mmask32 m = head_dim - d >= 32 ? 0xFFFFFFFFu : (1u << (head_dim - d)) - 1;
+      __m512bh qv[R];
+      for (int r = 0; r < R; ++r) qv[r] = (__m512bh)_mm512_maskz_loadu_epi16(m, qrow[r] + d);
+      for (int c = 0; c < kKeys; ++c) {
+        const __m512bh kv = (__m512bh)_mm512_maskz_loadu_epi16(m, krow[c] + d);
+        for (int r = 0; r < R; ++r) acc[c * R + r] = _mm512_dpbf16_ps(acc[c * R + r], qv[r], kv);
+      }
+    }
+    const __m512 sums = _mm512_permutexvar_ps(order, reduce16(acc));
+    const unsigned live_keys = (1u << std::min<std::int64_t>(kKeys, keys - j)) - 1;
+    for (int r = 0; r < R && r < nr; ++r) {
+      _mm512_mask_storeu_ps(s + r * kKeyBlock + j - r * kKeys, static_cast<__mmask16>(live_keys << (r * kKeys)), sums);
+    }
+  }
+}
+
+ATTN_AVX512 void qk_bf16_direct(const bf16* q, std::int64_t rows, std::int64_t head_dim, std::int64_t ldq, const bf16* k,
+                                std::int64_t ldk, std::int64_t keys, float* s) {
+  for (std::int64_t r0 = 0; r0 < rows; r0 += 8) {
+    const std::int64_t nr = std::min<std::int64_t>(8, rows - r0);
+    const bf16* qr = q + r0 * ldq;
+    float* sr = s + r0 * kKeyBlock;
+    if (nr == 1) qk_bf16_direct_rows<1>(qr, nr, head_dim, ldq, k, ldk, keys, sr);
+    else if (nr == 2) qk_bf16_direct_rows<2>(qr, nr, head_dim, ldq, k, ldk, keys, sr);
+    else if (nr <= 4) qk_bf16_direct_rows<4>(qr, nr, head_dim, ldq, k, ldk, keys, sr);
+    else qk_bf16_direct_rows<8>(qr, nr, head_dim, ldq, k, ldk, keys, sr);
+  }
+}
+
+// O rows [0, NR), 32 columns from V's rows in place (cols of them V's): key
+// pairs interleaved by unpacking two rows, so one vdpbf16ps adds both keys'
+// products. Unpacking works within 128-bit lanes: the low half holds columns
+// 8L + {0..3} of lane L, the high half 8L + {4..7}; O is permuted to that
+// order on load and back on store.
+template <int NR>
+ATTN_AVX512 void pv_bf16_direct_block(const bf16* p, std::int64_t keys, const bf16* v, std::int64_t ldv,
+                                      std::int64_t cols, std::int64_t dv_pad, float* o) {
+  alignas(64) static constexpr std::int32_t kLo[16] = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
+  alignas(64) static constexpr std::int32_t kHi[16] = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
+  // Back: column c of the first (second) 16 comes from lane c of lo/hi as kLo/kHi list them.
+  alignas(64) static constexpr std::int32_t kBack0[16] = {0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23};
+  alignas(64) static constexpr std::int32_t kBack1[16] = {8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31};
+  const __m512i lo_idx = _mm512_load_si512(kLo), hi_idx = _mm512_load_si512(kHi);
+  const __m512i back0 = _mm512_load_si512(kBack0), back1 = _mm512_load_si512(kBack1);
+  const __mmask32 m = cols >= 32 ? 0xFFFFFFFFu : (1u << cols) - 1;
+  const __mmask16 m0 = lanes_below(cols), m1 = lanes_below(cols - 16);
+  __m512 lo[NR], hi[NR];
+#pragma GCC unroll 8
+  for (int r = 0; r < NR; ++r) {
+    const __m512 a = _mm512_maskz_loadu_ps(m0, o + r * dv_pad), b = _mm512_maskz_loadu_ps(m1, o + r * dv_pad + 16);
+    lo[r] = _mm512_permutex2var_ps(a, lo_idx, b);
+    hi[r] = _mm512_permutex2var_ps(a, hi_idx, b);
+  }
+  std::int64_t j = 0;
+  for (; j + 2 <= keys; j += 2) {
+    const __m512i v0 = _mm512_maskz_loadu_epi16(m, v + j * ldv), v1 = _mm512_maskz_loadu_epi16(m, v + (j + 1) * ldv);
+    const __m512bh vlo = (__m512bh)_mm512_unpacklo_epi16(v0, v1), vhi = (__m512bh)_mm512_unpackhi_epi16(v0, v1);
+#pragma GCC unroll 8
+    for (int r = 0; r < NR; ++r) {
+      std::int32_t pair;
+      std::memcpy(&pair, p + r * kKeyBlock + j, sizeof pair);
+      const __m512bh pb = (__m512bh)_mm512_set1_epi32(pair);
+      lo[r] = _mm512_dpbf16_ps(lo[r], pb, vlo);
+      hi[r] = _mm512_dpbf16_ps(hi[r], pb, vhi);
+    }
+  }
+  if (j < keys) {  // an odd last key: its partner is 0 in V and in P
+    const __m512i v0 = _mm512_maskz_loadu_epi16(m, v + j * ldv), v1 = _mm512_setzero_si512();
+    const __m512bh vlo = (__m512bh)_mm512_unpacklo_epi16(v0, v1), vhi = (__m512bh)_mm512_unpackhi_epi16(v0, v1);
+#pragma GCC unroll 8
+    for (int r = 0; r < NR; ++r) {
+      std::uint16_t w;
+      std::memcpy(&w, p + r * kKeyBlock + j, sizeof w);
+      const __m512bh pb = (__m512bh)_mm512_set1_epi32(static_cast<std::int32_t>(w));
+      lo[r] = _mm512_dpbf16_ps(lo[r], pb, vlo);
+      hi[r] = _mm512_dpbf16_ps(hi[r], pb, vhi);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < NR; ++r) {
+    _mm512_mask_storeu_ps(o + r * dv_pad, m0, _mm512_permutex2var_ps(lo[r], back0, hi[r]));
+    _mm512_mask_storeu_ps(o + r * dv_pad + 16, m1, _mm512_permutex2var_ps(lo[r], back1, hi[r]));
+  }
+}
+
+ATTN_AVX512 void pv_bf16_direct(const bf16* p, std::int64_t rows, std::int64_t keys, const bf16* v, std::int64_t ldv,
+                                std::int64_t dv, std::int64_t dv_pad, float* o) {
+  using Fn = void (*)(const bf16*, std::int64_t, const bf16*, std::int64_t, std::int64_t, std::int64_t, float*);
+  static constexpr auto table =
+      make_table([](auto n) -> Fn { return &pv_bf16_direct_block<decltype(n)::value>; }, std::make_index_sequence<8>{});
+  for (std::int64_t c0 = 0; c0 < dv; c0 += 32) {
+    for (std::int64_t r = 0; r < rows; r += 8) {
+      const std::int64_t n = std::min<std::int64_t>(8, rows - r);
+      table[static_cast<std::size_t>(n - 1)](p + r * kKeyBlock, keys, v + c0, ldv, dv - c0, dv_pad, o + r * dv_pad + c0);
+    }
+  }
+}
+
 ATTN_AVX512 float scale_row(float* x, float scale, std::int64_t visible) {
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   const __m512 sv = _mm512_set1_ps(scale);
@@ -474,7 +591,7 @@ ATTN_AVX512 void widen_f16(const f16* x, std::int64_t n, float* out) {
 }
 
 const Kernels kAvx512{"avx512_bf16", qk_f32, qk_bf16, pv_f32, pv_bf16, exp2_sum, exp2_sum_bf16,
-                      max_of, qk_direct, pv_direct, scale_row, to_bf16, widen_f16};
+                      max_of, qk_direct, pv_direct, qk_bf16_direct, pv_bf16_direct, scale_row, to_bf16, widen_f16};
 
 }  // namespace
 

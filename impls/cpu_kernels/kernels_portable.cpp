@@ -125,6 +125,35 @@ void pv_direct(const float* p, std::int64_t rows, std::int64_t keys, const void*
   }
 }
 
+void qk_bf16_direct(const bf16* q, std::int64_t rows, std::int64_t head_dim, std::int64_t ldq, const bf16* k,
+                    std::int64_t ldk, std::int64_t keys, float* s) {
+  for (std::int64_t j = 0; j < keys; ++j)
+    for (std::int64_t r = 0; r < rows; ++r) {
+      float acc = 0;
+      for (std::int64_t d = 0; d < head_dim; d += 2) {  // a pair of exact products, then the sum
+        float pair = bf16_to_float(q[r * ldq + d]) * bf16_to_float(k[j * ldk + d]);
+        if (d + 1 < head_dim) pair += bf16_to_float(q[r * ldq + d + 1]) * bf16_to_float(k[j * ldk + d + 1]);
+        acc += pair;
+      }
+      s[r * kKeyBlock + j] = acc;
+    }
+}
+
+void pv_bf16_direct(const bf16* p, std::int64_t rows, std::int64_t keys, const bf16* v, std::int64_t ldv, std::int64_t dv,
+                    std::int64_t dv_pad, float* o) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float* out = o + r * dv_pad;
+    for (std::int64_t j = 0; j < keys; j += 2) {
+      const float w0 = bf16_to_float(p[r * kKeyBlock + j]);
+      const float w1 = j + 1 < keys ? bf16_to_float(p[r * kKeyBlock + j + 1]) : 0.0f;
+      for (std::int64_t c = 0; c < dv; ++c) {
+        const float v1 = j + 1 < keys ? bf16_to_float(v[(j + 1) * ldv + c]) : 0.0f;
+        out[c] += w0 * bf16_to_float(v[j * ldv + c]) + w1 * v1;
+      }
+    }
+  }
+}
+
 float scale_row(float* x, float scale, std::int64_t visible) {
   float m = -std::numeric_limits<float>::infinity();
   for (std::int64_t j = 0; j < kKeyBlock; ++j) {
@@ -143,7 +172,7 @@ void widen_f16(const f16* x, std::int64_t n, float* out) {
 }
 
 const Kernels kPortable{"portable", qk_f32, qk_bf16, pv_f32, pv_bf16, exp2_sum, exp2_sum_bf16,
-                        max_of, qk_direct, pv_direct, scale_row, to_bf16, widen_f16};
+                        max_of, qk_direct, pv_direct, qk_bf16_direct, pv_bf16_direct, scale_row, to_bf16, widen_f16};
 
 }  // namespace
 

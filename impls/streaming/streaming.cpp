@@ -23,6 +23,8 @@ using cpu::QueryTile;
 
 constexpr std::int64_t kMaxTileRows = 96;
 constexpr std::int64_t kDirectRows = 8;
+constexpr std::int64_t kRunKeys = 16;     // keys per in-place kernel call (and per prefetch between calls)
+constexpr std::int64_t kPrefetchKeys = 64;  // how far ahead of the keys read their rows are asked for
 constexpr std::int64_t kSplitChunks = 8;  // key chunks of a split (decode) tile: enough for 8 threads
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -35,10 +37,10 @@ class StreamingPlan final : public Plan {
     threads_ = resolve_threads(options.threads);
     // Few rows a tile (decode): packing K and V would cost as much as the
     // whole computation, so the kernels read them in place, through the page
-    // table when paged, widening 16-bit rows on load and multiplying in
-    // float32 (the products are then bandwidth's, not the dot product peak's).
+    // table when paged: bfloat16 with bfloat16 dot products as the packed
+    // path's, float16 widened on load to float32 products.
     direct_ = g_.tile_rows <= kDirectRows && p.dtype != DType::f64 && io.k.strides[3] == 1 && io.v.strides[3] == 1;
-    if (direct_) g_ = g_.with_float32_products();
+    if (direct_ && p.dtype != DType::bf16) g_ = g_.with_float32_products();
     tiles_ = p.batch * p.heads_kv * g_.query_tiles;
     // Few tiles and long rows (decode): split the keys so every thread works.
     // The split is fixed by the problem, never by the thread count, so out
@@ -106,16 +108,22 @@ class StreamingPlan final : public Plan {
     // The AMX kernels read P's padding rows; the softmax writes only real ones.
     if (g_.bf16_kernels) std::fill(s.p_bf16.begin() + rows * kKeyBlock, s.p_bf16.end(), bf16{});
 
+    const std::int64_t read_end = std::min(end_key, std::min(last, end_block) * kKeyBlock);  // this task's last key
     for (std::int64_t block = std::max(first, begin_block); block < std::min(last, end_block); ++block) {
       const std::int64_t j0 = block * kKeyBlock;
       // In place, no key past the tile's last visible one is read (a paged
       // entry's unused slots, keys hidden by kv_len); packed, they are zeros.
       const std::int64_t keys = std::min(kKeyBlock, (direct ? end_key : p_.seq_k) - j0);
       if (direct) {
-        if (block + 1 < std::min(last, end_block)) prefetch(t, j0 + kKeyBlock, std::min(kKeyBlock, end_key - j0 - kKeyBlock));
         for_each_run(j0, keys, [&](std::int64_t j, std::int64_t n) {
-          kernels_.qk_direct(s.q.data(), rows, p_.head_dim, in_place(io_.k, t, j), io_.k.dtype, io_.k.strides[2], n,
-                             s.scores.data() + (j - j0));
+          prefetch(io_.k, p_.head_dim, t, j + kPrefetchKeys, std::min(n, read_end - j - kPrefetchKeys));
+          float* scores = s.scores.data() + (j - j0);
+          if (g_.bf16_kernels) {
+            kernels_.qk_bf16_direct(s.q_bf16.data(), rows, p_.head_dim, g_.head_dim_pairs * 2,
+                                    static_cast<const bf16*>(in_place(io_.k, t, j)), io_.k.strides[2], n, scores);
+          } else {
+            kernels_.qk_direct(s.q.data(), rows, p_.head_dim, in_place(io_.k, t, j), io_.k.dtype, io_.k.strides[2], n, scores);
+          }
         });
       } else if (g_.bf16_kernels) {
         kernels_.qk_bf16(s.q_bf16.data(), rows, g_.head_dim_pairs, s.pack.k_bf16(block), s.scores.data());
@@ -138,8 +146,14 @@ class StreamingPlan final : public Plan {
       for (std::int64_t r = 0; r < rows; ++r) online_softmax_row(s, r, pending, shift);
       if (direct) {
         for_each_run(j0, keys, [&](std::int64_t j, std::int64_t n) {
-          kernels_.pv_direct(s.scores.data() + (j - j0), rows, n, in_place(io_.v, t, j), io_.v.dtype, io_.v.strides[2],
-                             p_.head_dim_v, g_.dv_pad, s.o.data());
+          prefetch(io_.v, p_.head_dim_v, t, j + kPrefetchKeys, std::min(n, read_end - j - kPrefetchKeys));
+          if (g_.bf16_kernels) {
+            kernels_.pv_bf16_direct(s.p_bf16.data() + (j - j0), rows, n, static_cast<const bf16*>(in_place(io_.v, t, j)),
+                                    io_.v.strides[2], p_.head_dim_v, g_.dv_pad, s.o.data());
+          } else {
+            kernels_.pv_direct(s.scores.data() + (j - j0), rows, n, in_place(io_.v, t, j), io_.v.dtype, io_.v.strides[2],
+                               p_.head_dim_v, g_.dv_pad, s.o.data());
+          }
         });
       } else if (g_.bf16_kernels) {
         kernels_.pv_bf16(s.p_bf16.data(), rows, (keys + 1) / 2 * 2, s.pack.v_bf16(j0), g_.dv_pad, s.o.data());
@@ -161,29 +175,30 @@ class StreamingPlan final : public Plan {
     std::copy_n(s.o.begin(), rows * g_.dv_pad, partial_o_.begin() + base * g_.dv_pad);
   }
 
-  // Keys [j0, j0 + keys) of the tile's entry as runs that are each
-  // contiguous in K and V (rows strides[2] apart): one run, or one per page.
+  // Keys [j0, j0 + keys) of the tile's entry as runs of at most kRunKeys
+  // that each lie in one page, contiguous in K and V (rows strides[2] apart).
   template <typename Fn> void for_each_run(std::int64_t j0, std::int64_t keys, Fn fn) const {
     for (std::int64_t j = j0; j < j0 + keys;) {
-      const std::int64_t end = p_.paged() ? std::min(j0 + keys, (j / p_.page_size + 1) * p_.page_size) : j0 + keys;
+      std::int64_t end = std::min(j0 + keys, j + kRunKeys);
+      if (p_.paged()) end = std::min(end, (j / p_.page_size + 1) * p_.page_size);
       fn(j, end - j);
       j = end;
     }
   }
 
-  // Asks for the K and V rows of keys [j0, j0 + keys) while the block before
-  // them is computed: pages lie anywhere in the pool, and a page of 16 keys
-  // is too short a stream for the hardware's prefetchers to find.
-  void prefetch(const QueryTile& t, std::int64_t j0, std::int64_t keys) const {
+  // Asks for the rows of keys [j0, j0 + keys) of a K or V view one block
+  // before they are read, a run at a time between the runs computed, so the
+  // loads overlap the products instead of stalling them in one burst; pages
+  // lie anywhere in the pool, too short a stream for the hardware's
+  // prefetchers to find.
+  void prefetch(const TensorView& view, std::int64_t columns, const QueryTile& t, std::int64_t j0, std::int64_t keys) const {
+    if (keys <= 0) return;
+    const std::int64_t element = static_cast<std::int64_t>(dtype_size(view.dtype));
+    const std::int64_t row_bytes = columns * element, step = view.strides[2] * element;
     for_each_run(j0, keys, [&](std::int64_t j, std::int64_t n) {
-      for (const TensorView* view : {&io_.k, &io_.v}) {
-        const std::int64_t element = static_cast<std::int64_t>(dtype_size(view->dtype));
-        const std::int64_t row_bytes = (view == &io_.k ? p_.head_dim : p_.head_dim_v) * element;
-        const std::int64_t step = view->strides[2] * element;
-        const auto* first = static_cast<const char*>(in_place(*view, t, j));
-        for (std::int64_t r = 0; r < n; ++r) {
-          for (std::int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(first + r * step + b, 0, 2);
-        }
+      const auto* first = static_cast<const char*>(in_place(view, t, j));
+      for (std::int64_t r = 0; r < n; ++r) {
+        for (std::int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(first + r * step + b, 0, 2);
       }
     });
   }
@@ -258,7 +273,7 @@ class StreamingPlan final : public Plan {
   const cpu::Kernels& kernels_;
   Geometry g_;
   int threads_ = 1;
-  bool direct_ = false;  // every tile reads K and V in place, with float32 products
+  bool direct_ = false;  // every tile reads K and V in place
   std::int64_t tiles_ = 0, chunks_ = 1;
   std::vector<Scratch> scratch_;
   std::vector<float> partial_o_, partial_m_, partial_l_;
