@@ -319,18 +319,21 @@ ATTN_AVX512 inline __mmask16 lanes_below(std::int64_t n) {
 // accumulators v[key * R + row], reduced together, put in row-major order
 // (lane row * 16/R + key) by one permute, and stored row by row with masks
 // (a scatter costs several times more on every AVX-512 CPU measured).
+// Lane L of reduce16's result holds v[kTreeOrder[L]]: the permute that
+// brings entity (key c, row r), v[c * R + r], to lane r * (16 / R) + c.
+template <int R> struct RowMajor {
+  static constexpr std::array<std::int32_t, 16> from = [] {
+    std::array<std::int32_t, 16> f{};
+    for (int lane = 0; lane < 16; ++lane) f[(kTreeOrder[lane] % R) * (16 / R) + kTreeOrder[lane] / R] = lane;
+    return f;
+  }();
+};
+
 template <int R, typename T>
 ATTN_AVX512 void qk_direct_rows(const float* q, std::int64_t nr, std::int64_t head_dim, const T* k, std::int64_t ldk,
                                 std::int64_t keys, float* s) {
   constexpr int kKeys = 16 / R;
-  // Lane L of the reduced vector holds v[kTreeOrder[L]]: the permute brings
-  // entity (key c, row r) to lane r * kKeys + c.
-  alignas(64) std::int32_t from[16];
-  for (int lane = 0; lane < 16; ++lane) {
-    const int entity = kTreeOrder[lane];
-    from[(entity % R) * kKeys + entity / R] = lane;
-  }
-  const __m512i order = _mm512_load_si512(from);
+  const __m512i order = _mm512_loadu_si512(RowMajor<R>::from.data());
   const float* qrow[R];
   for (int r = 0; r < R; ++r) qrow[r] = q + std::min<std::int64_t>(r, nr - 1) * head_dim;
   for (std::int64_t j = 0; j < keys; j += kKeys) {
@@ -447,12 +450,7 @@ template <int R>
 ATTN_AVX512 void qk_bf16_direct_rows(const bf16* q, std::int64_t nr, std::int64_t head_dim, std::int64_t ldq,
                                      const bf16* k, std::int64_t ldk, std::int64_t keys, float* s) {
   constexpr int kKeys = 16 / R;
-  alignas(64) std::int32_t from[16];
-  for (int lane = 0; lane < 16; ++lane) {
-    const int entity = kTreeOrder[lane];
-    from[(entity % R) * kKeys + entity / R] = lane;
-  }
-  const __m512i order = _mm512_load_si512(from);
+  const __m512i order = _mm512_loadu_si512(RowMajor<R>::from.data());
   const bf16* qrow[R];
   for (int r = 0; r < R; ++r) qrow[r] = q + std::min<std::int64_t>(r, nr - 1) * ldq;
   for (std::int64_t j = 0; j < keys; j += kKeys) {

@@ -79,16 +79,18 @@ def _all_rows(files, measurements):
         spread = f"{iqr[0] * 1e3:.3g}-{iqr[1] * 1e3:.3g}" if iqr else "-"
         peak = plots._compute_peak(peaks.get(m.host), m.problem.dtype)
         dense = m.gflops * m.problem.dense_flops() / m.problem.useful_flops() if m.gflops else None
+        bound = m.roofline_bound(peak, bandwidths.get(m.host))
         rows.append((m.host, m.backend, m.problem.shape_label, m.threads, m.repetitions,
                      f"{m.median_seconds * 1e3:.3f}", spread,
-                     f"{m.gflops:.1f}" if m.gflops else "-", f"{dense:.1f}" if dense else "-", _pct(m.gflops, peak),
+                     f"{m.gflops:.1f}" if m.gflops else "-", f"{dense:.1f}" if dense else "-", _pct(m.gflops, bound),
+                     _pct(m.gflops, peak),
                      f"{m.kv_gbs:.1f}" if m.kv_gbs else "-", _pct(m.kv_gbs, bandwidths.get(m.host)),
                      f"{m.extra_mib:.2f}" if m.extra_mib is not None else "-"))
     return rows
 
 
 ALL_HEADERS = ["host", "backend", "case", "threads", "repetitions", "median ms", "IQR ms", "GFLOP/s",
-               "dense-equivalent GFLOP/s", "% of peak", "KV GB/s", "% of bandwidth", "extra MiB"]
+               "dense-equivalent GFLOP/s", "% of roofline", "% of peak", "KV GB/s", "% of bandwidth", "extra MiB"]
 
 
 def _header(files, measurements):
@@ -173,7 +175,10 @@ def write_report(files, measurements, verify_results, weights_png, out_dir):
     every = _all_rows(files, measurements)
     if every:
         body += ["<h2>Every backend and case</h2>",
-                 '<p class="note">Click a column to sort. % of peak is against the same run\'s measured peak '
+                 '<p class="note">Click a column to sort. % of roofline is against the smaller of the same run\'s '
+                 'compute peak and its read bandwidth times the case\'s arithmetic intensity (useful flops per byte '
+                 'of Q, K, V and the output moved once; a paged or packed decode counts its entries\' own K and V): '
+                 'how far the case is from what this machine allows. % of peak is against the compute peak alone '
                  '(float32 FMA for f32 and f16, AMX or vdpbf16ps for bf16).</p>',
                  _table(ALL_HEADERS, every, table_id="all")]
         md += ["## Every backend and case", "", "| " + " | ".join(ALL_HEADERS) + " |", "|" + " --- |" * len(ALL_HEADERS)]

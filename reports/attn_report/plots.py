@@ -315,14 +315,14 @@ def roofline(measurements, peaks, bandwidths):
             hollow = {} if direction == "forward" else {"mfc": "none"}
             low = [m.gflops - m.gflops_iqr[0] if m.gflops_iqr else 0.0 for m in mine]
             high = [m.gflops_iqr[1] - m.gflops if m.gflops_iqr else 0.0 for m in mine]
-            xs = [m.problem.useful_flops() / m.problem.min_bytes() for m in mine]
+            xs = [m.problem.useful_flops() / m.moved_bytes() for m in mine]
             ax.errorbar(xs, [m.gflops for m in mine],
                         yerr=[low, high], color=_color(backend), marker=_marker(backend), ms=4, linestyle="none",
                         label=label, zorder=3, capsize=2, elinewidth=1, **hollow)
             for x, m in zip(xs, mine):
                 ax.annotate(str(number[(dtype, m.problem.shape_label)]), (x, m.gflops), xytext=(3, 2),
                             textcoords="offset points", fontsize=6, color=_color(backend), zorder=4)
-        intensities = [m.problem.useful_flops() / m.problem.min_bytes() for m in points]
+        intensities = [m.problem.useful_flops() / m.moved_bytes() for m in points]
         xs = np.geomspace(min(intensities) / 2, max(intensities) * 2, 200)
         for n, host in enumerate(hosts):
             peak, bandwidth = _compute_peak(peaks.get(host), dtype), bandwidths.get(host)

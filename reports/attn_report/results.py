@@ -153,6 +153,26 @@ class Measurement:
     def repetitions(self):
         return len(self.seconds)
 
+    def moved_bytes(self):
+        """The least bytes a call moves: the problem's min_bytes(), except that a
+        decode the bench counted K and V bytes for (KV_bytes/s times the time of
+        a call: a paged or packed batch's own lengths, not the table's capacity)
+        counts those beside Q and the output."""
+        p = self.problem
+        if not (self.kv_bytes and self.seconds and p.direction == "forward"):
+            return p.min_bytes()
+        size = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2}.get(p.dtype, 4)
+        q_and_out = size * p.batch * p.heads_q * p.seq_q * (p.head_dim + p.head_dim_v)
+        return float(q_and_out + self.kv_bytes[0] * self.seconds[0])
+
+    def roofline_bound(self, peak, bandwidth):
+        """GFLOP/s the machine allows this case: the smaller of the compute peak
+        and bandwidth x arithmetic intensity (useful flops per moved byte); None
+        without either figure."""
+        if not peak or not bandwidth:
+            return None
+        return min(peak, bandwidth * self.problem.useful_flops() / self.moved_bytes())
+
     @property
     def gflops_iqr(self):
         """(first quartile, third quartile) of GFLOP/s over the repetitions; None with fewer than 2."""

@@ -45,6 +45,27 @@ class Results(unittest.TestCase):
         self.assertTrue(any("no CUDA device" in m.skipped for m in skipped))
         self.assertTrue(all(not m.seconds for m in skipped))
 
+    def test_roofline_bound_is_the_smaller_of_peak_and_bandwidth_times_intensity(self):
+        f = results.load_bench(data("bench_cpu.json"))
+        by = {(m.backend, m.problem.text): m for m in f.measurements}
+        decode = by[("streaming", "dtype=f32,b=1,hq=8,hkv=8,sq=1,sk=65536,d=64,dv=64,scale=0.125")]
+        prefill = by[("streaming", "dtype=f32,b=1,hq=8,hkv=8,sq=4096,sk=4096,d=64,dv=64,scale=0.125")]
+        # Decode: K and V (65536 x 8 heads x 128 floats) and Q and O (8 x 128 floats) moved once, 2 flops per
+        # 4-byte element of K and V: on the bandwidth slope, at half the bandwidth in GFLOP/s.
+        kv = 65536 * 8 * 128 * 4
+        self.assertAlmostEqual(decode.moved_bytes() / (kv + 8 * 128 * 4), 1.0, places=6)
+        self.assertAlmostEqual(decode.roofline_bound(200.0, 40.0), 40.0 * decode.problem.useful_flops() / decode.moved_bytes())
+        self.assertAlmostEqual(decode.roofline_bound(200.0, 40.0), 20.0, delta=0.01)
+        # A paged decode moves its entries' own K and V (what the bench counted), not the table's capacity.
+        paged = results.Measurement(host="vm", backend="streaming", name="x", threads=2, problem=results.parse_problem(
+            "dtype=bf16,b=8,hq=32,hkv=8,sq=1,sk=4096,d=128,dv=128,scale=0.088,causal=bottom_right,paged=16x2049"))
+        paged.seconds, paged.kv_bytes = [0.01], [3.0e9]  # 30 MB a call, where the capacity holds 134 MB
+        self.assertAlmostEqual(paged.moved_bytes(), 3.0e7 + 2 * 8 * 32 * 256, places=3)
+        self.assertLess(paged.moved_bytes(), paged.problem.min_bytes() / 4)
+        # Prefill: intensity in the hundreds, under the flat roof.
+        self.assertEqual(prefill.roofline_bound(200.0, 40.0), 200.0)
+        self.assertIsNone(prefill.roofline_bound(None, 40.0))
+
     def test_backward_directions_are_cases_of_their_own_with_their_flops(self):
         # attn bench --direction forward,backward,forward+backward (bench_backward.json, a real run).
         f = results.load_bench(data("bench_backward.json"))
