@@ -75,6 +75,8 @@ std::vector<Problem> benchmark_problems(const std::string& preset) {
     }
     for (int seq_k : {4096, 16384, 65536})
       for (int heads_kv : {8, 1}) shapes.push_back(shape("f32", 8, heads_kv, 1, seq_k, 64, "none"));
+    for (int seq_k : {4096, 65536})
+      for (int heads_kv : {8, 1}) shapes.push_back(shape("bf16", 8, heads_kv, 1, seq_k, 64, "none"));
     // Format version 2: sliding-window prefill (Mistral's 4096 window scaled
     // to the sequence), paged decode at page sizes 16 and 64, packed prefill.
     for (const char* dtype : {"f32", "bf16"})
@@ -82,11 +84,15 @@ std::vector<Problem> benchmark_problems(const std::string& preset) {
         shapes.push_back(shape(dtype, 8, 8, seq, seq, 64, "bottom_right") + fmt::format(",wl={}", seq / 8));
         shapes.push_back(packed_prefill(dtype, 6, 8, seq, 64));
       }
-    for (const char* dtype : {"bf16", "f16"})
+    // Paged decode: GQA 32:8 at head_dim 128 and 8:1 at 64, 8 sequences of
+    // unequal lengths, and 64 of them.
+    for (const char* dtype : {"f32", "bf16", "f16"})
       for (int page : {16, 64})
         for (int seq_k : full ? std::vector<int>{1024, 4096, 8192} : std::vector<int>{4096}) {
           shapes.push_back(paged_decode(dtype, 8, 32, 8, seq_k, 128, page));
         }
+    for (const char* dtype : {"f32", "bf16"}) shapes.push_back(paged_decode(dtype, 8, 8, 1, 4096, 64, 16));
+    shapes.push_back(paged_decode("bf16", 64, 32, 8, 1024, 128, 16));
   } else {
     throw Error(fmt::format("unknown preset '{}' (quick, standard, full, gpu)", preset));
   }
