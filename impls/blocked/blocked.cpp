@@ -59,34 +59,50 @@ class BlockedPlan final : public Plan {
     s.pack.pack(p_, g_, io_, t.b, t.kv_head, 0, g_.key_blocks);
     cpu::pack_queries(p_, g_, io_, t, s.q.data(), s.q_bf16.data());
     std::fill_n(s.m.begin(), rows, kNegInf);
+    // Only the rows that see a key of a block compute it (a window's edge
+    // blocks reach part of the tile); AMX works on whole 16-row tiles, so
+    // there every row does (a row that sees none computes nothing).
+    const bool narrow = !g_.bf16_kernels || kernels_.bf16_rows_align == 1;
+    auto rows_of = [&](std::int64_t block) { return narrow ? cpu::rows_seeing_block(p_, io_, t, block * kKeyBlock) : t; };
     // Pass 1: every score of the row block, and the exact row maxima.
     for (std::int64_t block = begin_block; block < end_block; ++block) {
-      float* tile_scores = s.scores.data() + block * g_.scratch_rows * kKeyBlock;
+      const QueryTile seen = rows_of(block);
+      const std::int64_t r0 = (seen.first_query - t.first_query) * g_.group, live = seen.rows();
+      float* tile_scores = s.scores.data() + block * g_.scratch_rows * kKeyBlock + r0 * kKeyBlock;
+      if (live == 0) continue;
       if (g_.bf16_kernels) {
-        kernels_.qk_bf16(s.q_bf16.data(), rows, g_.head_dim_pairs, s.pack.k_bf16(block), tile_scores);
+        kernels_.qk_bf16(s.q_bf16.data() + r0 * g_.head_dim_pairs * 2, live, g_.head_dim_pairs, s.pack.k_bf16(block), tile_scores);
       } else {
-        kernels_.qk_f32(s.q.data(), rows, p_.head_dim, s.pack.k_f32(block), tile_scores, s.block_max.data());
+        kernels_.qk_f32(s.q.data() + r0 * p_.head_dim, live, p_.head_dim, s.pack.k_f32(block), tile_scores, s.block_max.data() + r0);
       }
-      cpu::finish_scores(p_, g_, io_, kernels_, t, block * kKeyBlock, tile_scores, s.block_max.data(), !g_.bf16_kernels);
-      for (std::int64_t r = 0; r < rows; ++r) s.m[r] = std::max(s.m[r], s.block_max[r]);
+      cpu::finish_scores(p_, g_, io_, kernels_, seen, block * kKeyBlock, tile_scores, s.block_max.data() + r0, !g_.bf16_kernels);
+      for (std::int64_t r = r0; r < r0 + live; ++r) s.m[r] = std::max(s.m[r], s.block_max[r]);
     }
     // Pass 2: exponentials against the final maxima, sums, and P V.
     std::fill_n(s.l.begin(), rows, 0.0f);
     std::fill_n(s.o.begin(), rows * g_.dv_pad, 0.0f);
     for (std::int64_t block = begin_block; block < end_block; ++block) {
-      float* tile_scores = s.scores.data() + block * g_.scratch_rows * kKeyBlock;
-      for (std::int64_t r = 0; r < rows; ++r) {
+      const QueryTile seen = rows_of(block);
+      const std::int64_t r0 = (seen.first_query - t.first_query) * g_.group, live = seen.rows();
+      if (live == 0) continue;
+      float* tile_scores = s.scores.data() + block * g_.scratch_rows * kKeyBlock + r0 * kKeyBlock;
+      for (std::int64_t r = 0; r < live; ++r) {
         float* row = tile_scores + r * kKeyBlock;
-        if (s.m[r] == kNegInf) std::fill_n(row, kKeyBlock, 0.0f);
-        else s.l[r] += kernels_.exp2_sum(row, kKeyBlock, 1.0f, s.m[r], shift);
+        if (s.m[r0 + r] == kNegInf) std::fill_n(row, kKeyBlock, 0.0f);
+        else s.l[r0 + r] += kernels_.exp2_sum(row, kKeyBlock, 1.0f, s.m[r0 + r], shift);
       }
       const std::int64_t j0 = block * kKeyBlock;
       const std::int64_t keys = std::min(kKeyBlock, p_.seq_k - j0);
+      float* o = s.o.data() + r0 * g_.dv_pad;
       if (g_.bf16_kernels) {
-        cpu::probabilities_bf16(kernels_, g_, tile_scores, rows, s.p_bf16.data());
-        kernels_.pv_bf16(s.p_bf16.data(), rows, (keys + 1) / 2 * 2, s.pack.v_bf16(j0), g_.dv_pad, s.o.data());
+        // P in bfloat16, and the rows after it zero: the AMX kernels read the
+        // padding rows up to scratch_rows (where r0 is 0).
+        bf16* p_rows = s.p_bf16.data() + r0 * kKeyBlock;
+        kernels_.to_bf16(tile_scores, live * kKeyBlock, p_rows);
+        std::fill(p_rows + live * kKeyBlock, s.p_bf16.data() + g_.scratch_rows * kKeyBlock, bf16{});
+        kernels_.pv_bf16(p_rows, live, (keys + 1) / 2 * 2, s.pack.v_bf16(j0), g_.dv_pad, o);
       } else {
-        kernels_.pv_f32(tile_scores, rows, keys, s.pack.v_f32(j0), s.pack.ldv(), g_.dv_pad, s.o.data());
+        kernels_.pv_f32(tile_scores, live, keys, s.pack.v_f32(j0), s.pack.ldv(), g_.dv_pad, o);
       }
     }
     if (shift == 0 && g_.weight_shift > 0 && !cpu::outputs_finite(g_, s.o.data(), rows)) {

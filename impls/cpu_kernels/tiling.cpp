@@ -239,6 +239,20 @@ std::int64_t visible_key_begin(const Problem& p, const AttentionIO& io, const Qu
   return visible_key_end(p, io, t);  // no row sees a key: nothing to visit
 }
 
+QueryTile rows_seeing_block(const Problem& p, const AttentionIO& io, const QueryTile& t, std::int64_t j0) {
+  auto sees = [&](std::int64_t i) {
+    const Problem::KeyRange keys = row_keys(p, io, t.b, i);
+    return !keys.empty() && keys.lo < j0 + kKeyBlock && keys.hi > j0;
+  };
+  QueryTile seen = t;
+  std::int64_t first = t.first_query, end = t.first_query + t.queries;
+  while (first < end && !sees(first)) ++first;
+  while (end > first && !sees(end - 1)) --end;
+  seen.first_query = first;
+  seen.queries = end - first;
+  return seen;
+}
+
 bool block_fully_visible(const Problem& p, const AttentionIO& io, const QueryTile& t, std::int64_t j0) {
   if (!plain_scores(p, io)) return false;
   const Problem::KeyRange first = row_keys(p, io, t.b, t.first_query);
@@ -288,11 +302,6 @@ void finish_scores(const Problem& p, const Geometry& g, const AttentionIO& io, c
     }
     row_max[r] = *std::max_element(row, row + kKeyBlock);
   }
-}
-
-void probabilities_bf16(const Kernels& kernels, const Geometry& g, const float* p, std::int64_t rows, bf16* out) {
-  kernels.to_bf16(p, rows * kKeyBlock, out);
-  std::fill(out + rows * kKeyBlock, out + g.scratch_rows * kKeyBlock, bf16{});
 }
 
 void write_rows(const Problem& p, const Geometry& g, const AttentionIO& io, const QueryTile& t, const float* o,

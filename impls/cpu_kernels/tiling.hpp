@@ -119,6 +119,13 @@ void pack_queries(const Problem& p, const Geometry& g, const AttentionIO& io, co
 std::int64_t visible_key_end(const Problem& p, const AttentionIO& io, const QueryTile& t);
 std::int64_t visible_key_begin(const Problem& p, const AttentionIO& io, const QueryTile& t);
 
+// The query positions of a tile from the first to the last that sees a key
+// of [j0, j0 + 64) (queries 0 when none does): a window's edge block reaches
+// part of the tile only, and the rows outside need not compute it (a block a
+// row sees nothing of changes nothing of its softmax; one between the two
+// that sees none computes it to no effect).
+QueryTile rows_seeing_block(const Problem& p, const AttentionIO& io, const QueryTile& t, std::int64_t j0);
+
 // Whether every row of the tile sees all 64 keys [j0, j0 + 64) with plain
 // scores: no mask, bias, softcap or ALiBi, and no position rule hides any.
 bool block_fully_visible(const Problem& p, const AttentionIO& io, const QueryTile& t, std::int64_t j0);
@@ -133,10 +140,6 @@ bool block_fully_visible(const Problem& p, const AttentionIO& io, const QueryTil
 // 64 keys are all visible, with no mask and no bias, is then left untouched.
 void finish_scores(const Problem& p, const Geometry& g, const AttentionIO& io, const Kernels& kernels,
                    const QueryTile& t, std::int64_t j0, float* s, float* row_max, bool kernel_max);
-
-// P in bfloat16 for the P V kernel: rows x 64 probabilities converted, and the
-// padding rows up to scratch_rows zeroed (the AMX kernels read them).
-void probabilities_bf16(const Kernels& kernels, const Geometry& g, const float* p, std::int64_t rows, bf16* out);
 
 // out = O / l in the dtype; lse = (m + log2 l + shift) ln 2 (shift: the one
 // the weights were computed with), or 0 and -inf for rows with l = 0; a sink

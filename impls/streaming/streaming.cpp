@@ -41,6 +41,7 @@ class StreamingPlan final : public Plan {
     // path's, float16 widened on load to float32 products.
     direct_ = g_.tile_rows <= kDirectRows && p.dtype != DType::f64 && io.k.strides[3] == 1 && io.v.strides[3] == 1;
     if (direct_ && p.dtype != DType::bf16) g_ = g_.with_float32_products();
+    narrow_rows_ = !g_.bf16_kernels || kernels_.bf16_rows_align == 1;
     tiles_ = p.batch * p.heads_kv * g_.query_tiles;
     // Few tiles and long rows (decode): split the keys so every thread works.
     // The split is fixed by the problem, never by the thread count, so out
@@ -114,51 +115,60 @@ class StreamingPlan final : public Plan {
       // In place, no key past the tile's last visible one is read (a paged
       // entry's unused slots, keys hidden by kv_len); packed, they are zeros.
       const std::int64_t keys = std::min(kKeyBlock, (direct ? end_key : p_.seq_k) - j0);
+      // Only the rows that see a key of the block compute it (a window's edge
+      // blocks reach part of the tile); AMX works on whole 16-row tiles, so
+      // there every row does (a row that sees none computes nothing).
+      const QueryTile seen = narrow_rows_ ? cpu::rows_seeing_block(p_, io_, t, j0) : t;
+      if (seen.queries == 0) continue;
+      const std::int64_t r0 = (seen.first_query - t.first_query) * g_.group, live = seen.rows();
+      float* const scores = s.scores.data() + r0 * kKeyBlock;
+      float* const block_max = s.block_max.data() + r0;
+      const float* const q = s.q.data() + r0 * p_.head_dim;
+      const bf16* const q_bf16 = s.q_bf16.data() + r0 * g_.head_dim_pairs * 2;
       if (direct) {
         for_each_run(j0, keys, [&](std::int64_t j, std::int64_t n) {
           prefetch(io_.k, p_.head_dim, t, j + kPrefetchKeys, std::min(n, read_end - j - kPrefetchKeys));
-          float* scores = s.scores.data() + (j - j0);
           if (g_.bf16_kernels) {
-            kernels_.qk_bf16_direct(s.q_bf16.data(), rows, p_.head_dim, g_.head_dim_pairs * 2,
-                                    static_cast<const bf16*>(in_place(io_.k, t, j)), io_.k.strides[2], n, scores);
+            kernels_.qk_bf16_direct(q_bf16, live, p_.head_dim, g_.head_dim_pairs * 2,
+                                    static_cast<const bf16*>(in_place(io_.k, t, j)), io_.k.strides[2], n, scores + (j - j0));
           } else {
-            kernels_.qk_direct(s.q.data(), rows, p_.head_dim, in_place(io_.k, t, j), io_.k.dtype, io_.k.strides[2], n, scores);
+            kernels_.qk_direct(q, live, p_.head_dim, in_place(io_.k, t, j), io_.k.dtype, io_.k.strides[2], n, scores + (j - j0));
           }
         });
       } else if (g_.bf16_kernels) {
-        kernels_.qk_bf16(s.q_bf16.data(), rows, g_.head_dim_pairs, s.pack.k_bf16(block), s.scores.data());
+        kernels_.qk_bf16(q_bf16, live, g_.head_dim_pairs, s.pack.k_bf16(block), scores);
       } else {
-        kernels_.qk_f32(s.q.data(), rows, p_.head_dim, s.pack.k_f32(block), s.scores.data(), s.block_max.data());
+        kernels_.qk_f32(q, live, p_.head_dim, s.pack.k_f32(block), scores, block_max);
       }
       // What exp2 still has to multiply the scores by: 1 once finish_scores has
       // scaled them, or the scale for a fully visible block of raw bfloat16
       // products, whose maxima are then taken as they are and scaled.
       float pending = 1.0f;
-      if (g_.bf16_kernels && g_.score_scale > 0 && cpu::block_fully_visible(p_, io_, t, j0)) {
+      if (g_.bf16_kernels && g_.score_scale > 0 && cpu::block_fully_visible(p_, io_, seen, j0)) {
         pending = g_.score_scale;
-        for (std::int64_t r = 0; r < rows; ++r) {
-          s.block_max[static_cast<std::size_t>(r)] = kernels_.max_of(s.scores.data() + r * kKeyBlock, kKeyBlock) * pending;
-        }
+        for (std::int64_t r = 0; r < live; ++r) block_max[r] = kernels_.max_of(scores + r * kKeyBlock, kKeyBlock) * pending;
       } else {
         const bool kernel_max = !direct && !g_.bf16_kernels;
-        cpu::finish_scores(p_, g_, io_, kernels_, t, j0, s.scores.data(), s.block_max.data(), kernel_max);
+        cpu::finish_scores(p_, g_, io_, kernels_, seen, j0, scores, block_max, kernel_max);
       }
-      for (std::int64_t r = 0; r < rows; ++r) online_softmax_row(s, r, pending, shift);
+      for (std::int64_t r = r0; r < r0 + live; ++r) online_softmax_row(s, r, pending, shift);
+      float* const o = s.o.data() + r0 * g_.dv_pad;
+      const bf16* const p_bf16 = s.p_bf16.data() + r0 * kKeyBlock;
       if (direct) {
         for_each_run(j0, keys, [&](std::int64_t j, std::int64_t n) {
           prefetch(io_.v, p_.head_dim_v, t, j + kPrefetchKeys, std::min(n, read_end - j - kPrefetchKeys));
           if (g_.bf16_kernels) {
-            kernels_.pv_bf16_direct(s.p_bf16.data() + (j - j0), rows, n, static_cast<const bf16*>(in_place(io_.v, t, j)),
-                                    io_.v.strides[2], p_.head_dim_v, g_.dv_pad, s.o.data());
+            kernels_.pv_bf16_direct(p_bf16 + (j - j0), live, n, static_cast<const bf16*>(in_place(io_.v, t, j)),
+                                    io_.v.strides[2], p_.head_dim_v, g_.dv_pad, o);
           } else {
-            kernels_.pv_direct(s.scores.data() + (j - j0), rows, n, in_place(io_.v, t, j), io_.v.dtype, io_.v.strides[2],
-                               p_.head_dim_v, g_.dv_pad, s.o.data());
+            kernels_.pv_direct(scores + (j - j0), live, n, in_place(io_.v, t, j), io_.v.dtype, io_.v.strides[2],
+                               p_.head_dim_v, g_.dv_pad, o);
           }
         });
       } else if (g_.bf16_kernels) {
-        kernels_.pv_bf16(s.p_bf16.data(), rows, (keys + 1) / 2 * 2, s.pack.v_bf16(j0), g_.dv_pad, s.o.data());
+        kernels_.pv_bf16(p_bf16, live, (keys + 1) / 2 * 2, s.pack.v_bf16(j0), g_.dv_pad, o);
       } else {
-        kernels_.pv_f32(s.scores.data(), rows, keys, s.pack.v_f32(j0), s.pack.ldv(), g_.dv_pad, s.o.data());
+        kernels_.pv_f32(scores, live, keys, s.pack.v_f32(j0), s.pack.ldv(), g_.dv_pad, o);
       }
     }
     if (chunks_ == 1) {
@@ -274,6 +284,7 @@ class StreamingPlan final : public Plan {
   Geometry g_;
   int threads_ = 1;
   bool direct_ = false;  // every tile reads K and V in place
+  bool narrow_rows_ = true;  // a block computed only by the rows that see one of its keys
   std::int64_t tiles_ = 0, chunks_ = 1;
   std::vector<Scratch> scratch_;
   std::vector<float> partial_o_, partial_m_, partial_l_;
