@@ -29,15 +29,26 @@ function(attn_add_backend)
 endfunction()
 
 # attn_backend_list(<library> [EXTRA_NAMES <names...> EXTRA_FACTORIES <functions...>
-#                   EXTRA_LIBRARIES <libs...>])
-# writes a backend list (every attn_add_backend() so far, then the extras) into
-# a static library that defines attn::backend_entries(). The tools link
-# attn_backends; a test-only build may link a list with more entries.
+#                   EXTRA_LIBRARIES <libs...>] [EXCLUDE_NAMES <names...>])
+# writes a backend list (every attn_add_backend() so far but the excluded, then
+# the extras) into a static library that defines attn::backend_entries(). The
+# tools link attn_backends; a test-only build may link a list with more
+# entries, the Python module one without the embedded-Python backends.
 function(attn_backend_list library)
-  cmake_parse_arguments(ARG "" "" "EXTRA_NAMES;EXTRA_FACTORIES;EXTRA_LIBRARIES" ${ARGN})
-  get_property(names GLOBAL PROPERTY ATTN_BACKEND_NAMES)
-  get_property(factories GLOBAL PROPERTY ATTN_BACKEND_FACTORIES)
-  get_property(targets GLOBAL PROPERTY ATTN_BACKEND_TARGETS)
+  cmake_parse_arguments(ARG "" "" "EXTRA_NAMES;EXTRA_FACTORIES;EXTRA_LIBRARIES;EXCLUDE_NAMES" ${ARGN})
+  get_property(all_names GLOBAL PROPERTY ATTN_BACKEND_NAMES)
+  get_property(all_factories GLOBAL PROPERTY ATTN_BACKEND_FACTORIES)
+  get_property(all_targets GLOBAL PROPERTY ATTN_BACKEND_TARGETS)
+  set(names "")
+  set(factories "")
+  set(targets "")
+  foreach(name factory target IN ZIP_LISTS all_names all_factories all_targets)
+    if(NOT name IN_LIST ARG_EXCLUDE_NAMES)
+      list(APPEND names ${name})
+      list(APPEND factories ${factory})
+      list(APPEND targets ${target})
+    endif()
+  endforeach()
   list(APPEND names ${ARG_EXTRA_NAMES})
   list(APPEND factories ${ARG_EXTRA_FACTORIES})
   set(declarations "")

@@ -1,4 +1,5 @@
 #include "impls/python/bridge.hpp"
+#include "impls/python/objects.hpp"
 
 // pybind11 first: Python.h must precede the standard headers.
 #include <pybind11/embed.h>
@@ -97,6 +98,15 @@ class Runtime {
 
  private:
   void start() {
+    if (Py_IsInitialized()) {  // inside a Python process (the attnbench module): nothing to start or to add
+      py::gil_scoped_acquire gil;
+      try {
+        py::module_::import("numpy");
+      } catch (const py::error_already_set& e) {
+        status_ = Status::no(fmt::format("numpy cannot be imported: {}", python_error(e)));
+      }
+      return;
+    }
     fs::path venv;
     if (const char* v = std::getenv("ATTN_PYTHON_VENV"); v != nullptr && *v != '\0') {
       venv = v;
@@ -347,18 +357,7 @@ class PythonBackend final : public Backend, private BackendExtensions {
     FloatStateGuard floats;
     py::gil_scoped_acquire gil;
     try {
-      py::object module = Runtime::get().common().attr("load_backend")(file_.string());
-      module_ = std::make_unique<py::object>(module);
-      name_ = py::str(module.attr("NAME"));
-      description_ = py::str(module.attr("DESCRIPTION"));
-      dtypes_ = declared_dtypes(module);
-      has_lse_ = py::hasattr(module, "HAS_LSE") && py::bool_(module.attr("HAS_LSE"));
-      has_backward_ = py::hasattr(module, "prepare_backward");
-      nondeterministic_dq_ = py::hasattr(module, "NONDETERMINISTIC_DQ") && py::bool_(module.attr("NONDETERMINISTIC_DQ"));
-      if (py::hasattr(module, "THREAD_DEPENDENT_GRADIENTS")) {
-        thread_dependent_ = py::str(module.attr("THREAD_DEPENDENT_GRADIENTS"));
-      }
-      runs_layers_ = py::hasattr(module, "layer");
+      read_module(Runtime::get().common().attr("load_backend")(file_.string()));
     } catch (py::error_already_set& e) {
       unavailable_ = fmt::format("{} cannot be loaded: {}", printable(file_.string()), python_error(e));
       description_ = fmt::format("Python backend {}", file_.filename().string());
@@ -367,12 +366,40 @@ class PythonBackend final : public Backend, private BackendExtensions {
       description_ = fmt::format("Python backend {}", file_.filename().string());
     }
   }
+  // A backend object of the same contract in a running interpreter (the
+  // attnbench module); the caller holds the GIL.
+  explicit PythonBackend(py::object module) {
+    const Status& runtime = Runtime::get().status();
+    if (!runtime) throw Error(runtime.reason);
+    try {
+      read_module(std::move(module));
+    } catch (py::error_already_set& e) {
+      throw Error(fmt::format("not a backend: {}", python_error(e)));
+    }
+  }
   ~PythonBackend() override {
     if (module_) {
       py::gil_scoped_acquire gil;
       module_.reset();
     }
   }
+
+ private:
+  void read_module(py::object module) {
+    module_ = std::make_unique<py::object>(module);
+    name_ = py::str(module.attr("NAME"));
+    description_ = py::str(module.attr("DESCRIPTION"));
+    dtypes_ = declared_dtypes(module);
+    has_lse_ = py::hasattr(module, "HAS_LSE") && py::bool_(module.attr("HAS_LSE"));
+    has_backward_ = py::hasattr(module, "prepare_backward");
+    nondeterministic_dq_ = py::hasattr(module, "NONDETERMINISTIC_DQ") && py::bool_(module.attr("NONDETERMINISTIC_DQ"));
+    if (py::hasattr(module, "THREAD_DEPENDENT_GRADIENTS")) {
+      thread_dependent_ = py::str(module.attr("THREAD_DEPENDENT_GRADIENTS"));
+    }
+    runs_layers_ = py::hasattr(module, "layer");
+  }
+
+ public:
   std::string_view name() const override { return name_; }
   std::string_view description() const override { return description_; }
   // No format version 2 addition: the bridge passes none of their fields.
@@ -550,6 +577,10 @@ std::unique_ptr<Backend> make_python_backend(const std::string& file) {
   fs::path path = backends_folder() / file;
   std::string fallback = "py-" + fs::path(file).stem().string().substr(3);
   return std::make_unique<PythonBackend>(path, fallback);
+}
+
+std::unique_ptr<Backend> make_python_backend_from_object(py::object backend) {
+  return std::make_unique<PythonBackend>(std::move(backend));
 }
 
 LoadedBackend load_python_backend_file(const std::string& path) {

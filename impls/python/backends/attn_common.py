@@ -1,6 +1,7 @@
 """What every attnbench Python backend shares: the contract, and helpers.
 
-A Python backend is one file (see py_numpy.py for a complete one) defining
+A Python backend is one file (see py_numpy.py for a complete one) defining the names below, or
+BACKEND, one object that has them as attributes (an attnbench.kernel from the Python package):
 
     NAME, DESCRIPTION                    strings ("py-..." names by convention)
     DTYPES = ("float32", ...)            optional: the dtypes it computes in (all four when absent);
@@ -77,11 +78,12 @@ def load_backend(path):
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
+    backend = getattr(module, "BACKEND", module)  # an object with the contract (attnbench.kernel makes one)
     for attr in ("NAME", "DESCRIPTION", "available", "supports", "prepare"):
-        if not hasattr(module, attr):
+        if not hasattr(backend, attr):
             raise AttributeError(f"{path} defines no {attr} (see attn_common.py for the contract)")
-    _loaded[path] = module
-    return module
+    _loaded[path] = backend
+    return backend
 
 
 def importable(name, load=None):

@@ -1,0 +1,18 @@
+// A backend from a Python object in a running interpreter (the attnbench
+// extension module): the object follows the contract of a Python backend file
+// (backends/attn_common.py), so `attnbench.verify` and `attn verify --plugin`
+// judge a kernel through one and the same path.
+#pragma once
+
+#include <pybind11/pytypes.h>
+
+#include <memory>
+
+#include "attnbench/backend.hpp"
+
+namespace attn::python {
+
+// The caller holds the GIL. Throws Error when the object lacks the contract.
+std::unique_ptr<Backend> make_python_backend_from_object(pybind11::object backend);
+
+}  // namespace attn::python

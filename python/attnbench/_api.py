@@ -1,0 +1,353 @@
+"""cases, check and verify: the C++ verifier (_attnbench) over a user's kernel.
+
+Every verdict comes from the verifier `attn verify` runs, through the same JSON writer; this
+module only reads that JSON back into objects and text.
+"""
+
+import json as _json
+import os
+import shlex
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+from . import _kernel
+
+__all__ = ["Case", "Result", "Verdict", "Report", "cases", "case", "check", "verify", "backends",
+           "default_fixtures", "TIERS"]
+
+TIERS = ("smoke", "full")
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_native = None
+
+
+def _c():
+    global _native
+    if _native is None:
+        from . import _attnbench
+        _native = _attnbench
+    return _native
+
+
+def default_fixtures():
+    """The folder of the standard fixtures this attnbench carries."""
+    return _c().default_fixtures(_PACKAGE_DIR)
+
+
+def backends():
+    """The names of the built-in backends (naive, blocked, streaming, ...)."""
+    return list(_c().backends())
+
+
+@dataclass(frozen=True)
+class Case:
+    """One fixture file: its name, tags, problem and features; inputs() reads its arrays."""
+    path: str
+    name: str
+    description: str
+    tags: tuple
+    kind: str
+    format_version: int
+    gradients: bool
+    features: tuple
+    problem: SimpleNamespace = field(compare=False)
+
+    @property
+    def dtype(self):
+        return self.problem.dtype
+
+    def inputs(self):
+        """q, k, v, out (the float64 golden), mask (bool), bias, kv_len, lse and, for
+        gradient cases, dout, dq, dk, dv: float64 numpy arrays, [batch, heads, seq, dim]."""
+        return SimpleNamespace(**_c().inputs(self.path))
+
+    def __str__(self):
+        return self.name
+
+
+def _case_from(d):
+    return Case(path=d["path"], name=d["name"], description=d["description"], tags=tuple(d["tags"]),
+                kind=d["kind"], format_version=d["format_version"], gradients=d["gradients"],
+                features=tuple(d["features"]), problem=SimpleNamespace(**d["problem"]))
+
+
+def _paths(path):
+    if path is None:
+        return [default_fixtures()]
+    if isinstance(path, (str, os.PathLike)):
+        return [os.fspath(path)]
+    return [os.fspath(p) for p in path]
+
+
+def cases(tier=None, *, tags=None, features=None, dtypes=None, kinds=("sdpa",), gradients=None, path=None):
+    """The fixtures under `path` (default: the standard suite) as Cases, sorted by name.
+
+    tier: "smoke" (the cases tagged smoke) or "full" (all); tags: only cases with any of these;
+    features: only cases that need nothing beyond these (mask, bias, kv_len, causal, gqa, window,
+    softcap, alibi, sinks, ragged, paged); dtypes: only these; kinds: "sdpa" and/or "layer";
+    gradients: True for only the cases that hold gradients, False for none of them."""
+    wanted_tags = list(tags or [])
+    if tier is not None:
+        if tier not in TIERS:
+            raise ValueError(f"tier '{tier}' is none of {', '.join(TIERS)}")
+        if tier == "smoke":
+            wanted_tags.append("smoke")
+    found = [_case_from(d) for d in _c().fixtures(_paths(path), wanted_tags)]
+    if features is not None:
+        allowed = set(features)
+        found = [c for c in found if set(c.features) <= allowed]
+    if dtypes is not None:
+        found = [c for c in found if c.dtype in set(dtypes)]
+    if kinds is not None:
+        found = [c for c in found if c.kind in set(kinds)]
+    if gradients is not None:
+        found = [c for c in found if c.gradients == bool(gradients)]
+    return sorted(found, key=lambda c: c.name)
+
+
+def case(path):
+    """The Case of one fixture file."""
+    found = _c().fixtures([os.fspath(path)], [])
+    if len(found) != 1:
+        raise ValueError(f"{path} is not one fixture file")
+    return _case_from(found[0])
+
+
+@dataclass
+class Result:
+    """One run of one case: the verifier's JSON result (schemas/verify.schema.json) as attributes,
+    with its reproduce command."""
+    backend: str
+    fixture: str
+    file: str
+    problem: str
+    verdict: str
+    reason: str
+    threads: int
+    layout: str
+    direction: str
+    reproduce: str
+    data: dict = field(repr=False)
+
+    def __getattr__(self, name):  # max_abs_error, rms_error, error_over_bound, ... from the JSON
+        data = self.__dict__.get("data", {})
+        if name in data:
+            return data[name]
+        raise AttributeError(name)
+
+
+_ORDER = ("FAIL", "ERROR", "MISTRUSTED", "DIFFERS", "PASS", "SKIP")
+
+
+def _worst(verdicts):
+    for v in _ORDER:
+        if v in verdicts:
+            return v
+    return "SKIP"
+
+
+def _figure(x):
+    return "n/a" if x is None else f"{x:.3g}"
+
+
+@dataclass
+class Verdict:
+    """A case's verdict over its runs (forward, and backward where the case has gradients, at each
+    thread count and layout): the worst of them (FAIL > MISTRUSTED > DIFFERS > PASS > SKIP), ERROR
+    when the fixture could not be read. `ok` unless FAIL or ERROR, as attn verify's exit code."""
+    case: str
+    backend: str
+    verdict: str
+    results: list
+    errors: list
+    notes: list
+
+    @property
+    def ok(self):
+        return self.verdict not in ("FAIL", "ERROR")
+
+    @property
+    def skipped(self):
+        return self.verdict == "SKIP"
+
+    def _judged(self):
+        return [r for r in self.results if r.verdict != "SKIP"]
+
+    def _worst_result(self):
+        failing = [r for r in self.results if r.verdict == self.verdict] or self.results
+        return failing[0] if failing else None
+
+    @property
+    def reason(self):
+        if self.errors:
+            return "; ".join(self.errors)
+        r = self._worst_result()
+        return r.reason if r is not None else ""
+
+    def _max(self, name):
+        values = [r.data.get(name) for r in self._judged() if r.data.get(name) is not None]
+        return max(values) if values else None
+
+    @property
+    def max_abs_error(self):
+        return self._max("max_abs_error")
+
+    @property
+    def rms_error(self):
+        return self._max("rms_error")
+
+    @property
+    def error_over_bound(self):
+        """The largest share of the a-priori error bound used (1 = at the bound)."""
+        return self._max("error_over_bound")
+
+    @property
+    def error_over_baseline(self):
+        """The largest share of the measured baseline (float32 / the dtype's reference) used."""
+        return self._max("error_over_baseline")
+
+    @property
+    def worst_index(self):
+        r = self._worst_result()
+        return None if r is None else r.data.get("worst_index")
+
+    @property
+    def reproduce(self):
+        r = self._worst_result()
+        return None if r is None else r.reproduce
+
+    def report(self):
+        """What a person reads when the case fails: each run's verdict, figures and reason."""
+        lines = [f"{self.verdict} {self.case} ({self.backend})"]
+        lines += [f"  input error: {e}" for e in self.errors]
+        for r in self.results:
+            where = f"{r.direction}, threads {r.threads or 'default'}, {r.layout}"
+            lines.append(f"  {r.verdict:<10} {where}")
+            if r.verdict != "SKIP":
+                lines.append(f"    max |error| {_figure(r.data.get('max_abs_error'))}, rms {_figure(r.data.get('rms_error'))}, "
+                             f"error/bound {_figure(r.data.get('error_over_bound'))}, "
+                             f"error/baseline {_figure(r.data.get('error_over_baseline'))}"
+                             + (f", worst at {r.data['worst_index']}" if r.data.get("worst_index") else ""))
+            if r.reason:
+                lines.append(f"    {r.reason}")
+            if r.verdict in ("FAIL", "MISTRUSTED", "DIFFERS"):
+                lines.append(f"    reproduce: {r.reproduce}")
+        if self.results:
+            lines.append(f"  problem: {self.results[0].problem}")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def __str__(self):
+        return self.report()
+
+
+@dataclass
+class Report:
+    """A verify run: each case's Verdict, attn verify's exit code and why, and its JSON."""
+    verdicts: list
+    exit_code: int
+    why: str
+    json: dict = field(repr=False)
+
+    @property
+    def ok(self):
+        return self.exit_code == 0
+
+    def counts(self):
+        out = {}
+        for v in self.verdicts:
+            out[v.verdict] = out.get(v.verdict, 0) + 1
+        return out
+
+    def failures(self):
+        return [v for v in self.verdicts if not v.ok]
+
+    def report(self):
+        counts = ", ".join(f"{n} {k}" for k, n in sorted(self.counts().items()))
+        lines = [v.report() for v in self.failures()]
+        lines.append(f"{len(self.verdicts)} cases: {counts}" + (f"; {self.why}" if self.why else ""))
+        return "\n".join(lines)
+
+    def __str__(self):
+        return self.report()
+
+
+def _as_backend(kernel):
+    """A built-in backend's name, a Kernel, a backend-contract object, or a function (made a Kernel
+    with the defaults: NumPy, every dtype, features from its signature)."""
+    if isinstance(kernel, str) or isinstance(kernel, _kernel.Kernel):
+        return kernel
+    if all(hasattr(kernel, a) for a in ("NAME", "DESCRIPTION", "available", "supports", "prepare")):
+        return kernel
+    if callable(kernel):
+        return _kernel.Kernel(kernel)
+    raise TypeError(f"{kernel!r} is neither a backend name, an attnbench.Kernel nor a function")
+
+
+def _name_of(backend):
+    return backend if isinstance(backend, str) else str(backend.NAME)
+
+
+def _python_reproduce(backend, case_path, threads, layouts, direction):
+    args = [f"attnbench.case({case_path!r})"]
+    if threads != [0]:
+        args.append(f"threads={threads}")
+    if layouts != ["bhsd"]:
+        args.append(f"layouts={layouts}")
+    if direction == "backward":
+        args.append(f"directions=[{direction!r}]")
+    return f"attnbench.check({_name_of(backend)}, {', '.join(args)})"
+
+
+def _run(kernel, case_list, *, threads, layouts, directions, json=None, junit=None):
+    backend = _as_backend(kernel)
+    files = [c.path if isinstance(c, Case) else os.fspath(c) for c in case_list]
+    if not files:
+        raise ValueError("no cases to verify")
+    threads = [int(t) for t in (threads if threads is not None else [0])]
+    layouts = list(layouts if layouts is not None else ["bhsd"])
+    native = _c()
+    command = native.attn_command(_PACKAGE_DIR)
+    raw = native.verify(files, [backend], [], threads, layouts, list(directions or []), os.fspath(junit or ""),
+                        command)
+    text = raw["json"]
+    data = _json.loads(text)
+    if json is not None:
+        with open(json, "w") as f:
+            f.write(text)
+    by_file = {}
+    for r, reproduce in zip(data["results"], raw["reproduce"]):
+        if not isinstance(backend, str):
+            reproduce = _python_reproduce(backend, r["file"], threads, layouts, r.get("direction"))
+        result = Result(backend=r["backend"], fixture=r["fixture"], file=r["file"], problem=r["problem"],
+                        verdict=r["verdict"], reason=r["reason"], threads=r["threads"], layout=r["layout"],
+                        direction=r.get("direction", "forward"), reproduce=reproduce, data=r)
+        by_file.setdefault(os.path.abspath(r["file"]), []).append(result)
+    notes = []
+    if isinstance(backend, _kernel.Kernel) and backend.framework.note():
+        notes.append(backend.framework.note())
+    verdicts = []
+    for f in files:
+        results = by_file.get(os.path.abspath(f), [])
+        errors = [e for e in data["input_errors"] if f in e or os.path.abspath(f) in e]
+        verdict = "ERROR" if errors else _worst({r.verdict for r in results})
+        name = results[0].fixture if results else os.path.basename(f)
+        verdicts.append(Verdict(case=name, backend=_name_of(backend), verdict=verdict, results=results,
+                                errors=errors, notes=list(notes)))
+    return Report(verdicts=verdicts, exit_code=raw["exit_code"], why=raw["why"], json=data)
+
+
+def check(kernel, case, *, threads=None, layouts=None, directions=None):
+    """Judges `kernel` (a function, an attnbench.Kernel or a built-in backend's name) on one case
+    exactly as attn verify does: forward, the normalisation probe, and the backward where the case
+    has gradients and the kernel declares one. Returns a Verdict."""
+    c = case if isinstance(case, Case) else globals()["case"](case)
+    return _run(kernel, [c], threads=threads, layouts=layouts, directions=directions).verdicts[0]
+
+
+def verify(kernel, cases=None, *, tier=None, threads=None, layouts=None, directions=None, json=None, junit=None):
+    """Judges `kernel` over many cases (default: the standard suite, or its `tier`) in one verifier
+    run; json= and junit= write attn verify's reports. Returns a Report (exit_code as attn verify's)."""
+    if cases is None:
+        cases = globals()["cases"](tier)
+    return _run(kernel, list(cases), threads=threads, layouts=layouts, directions=directions, json=json,
+                junit=junit)

@@ -1,0 +1,598 @@
+"""attnbench.kernel: a user's attention function as an attnbench backend.
+
+A Kernel follows the contract of a Python backend file (impls/python/backends/attn_common.py:
+NAME, DESCRIPTION, DTYPES, available, supports, prepare, prepare_backward), so the C++ verifier
+judges it exactly as it judges `attn verify --plugin file.py`. This module imports no compiled
+code: a backend file loaded by attn itself may use it too.
+
+The function is called as
+
+    fn(q, k, v, *, scale, causal, mask, bias, kv_len, out, threads) -> out | (out, lse) | None
+
+with only the keyword arguments its signature names (or all of them with **kwargs). An argument
+it does not take is a feature it does not have: the cases that need it are SKIP, with the reason.
+
+- q [batch, heads_q, seq_q, head_dim], k [batch, heads_kv, seq_k, head_dim],
+  v [batch, heads_kv, seq_k, head_dim_v] and the result [batch, heads_q, seq_q, head_dim_v]
+  (axes [batch, seq, heads, dim] with layout="bshd"), in the case's dtype, in the framework's
+  array type, as zero-copy views of attnbench's buffers (read-only). Query head h reads kv head
+  h // (heads_q // heads_kv) (GQA); gqa=False leaves such cases out.
+- scale: multiplies q.k; a kernel without `scale` runs only the cases at 1/sqrt(head_dim).
+- causal: a bool with causal="top_left" (query i sees keys j <= i, PyTorch's is_causal) or
+  causal="bottom_right" (j <= i + seq_k - seq_q, FlashAttention 2.1 and later): the other
+  alignment runs where seq_q == seq_k and is SKIP elsewhere; causal="both" passes the alignment
+  as a string ("none", "top_left", "bottom_right").
+- mask: bool [batch, heads_q, seq_q, seq_k], True = attend (a broadcast view), or None.
+- bias: additive, in the dtype, [batch, heads_q, seq_q, seq_k] (a broadcast view; -inf hides a
+  key), or None.
+- kv_len: int64 [batch]: keys j >= kv_len[b] are hidden, or None.
+- out: the output buffer (writeable, the result's shape): a kernel that takes it writes into it
+  and may return None (zero-copy both ways); None with jax, on a torch device and in the
+  backward's forward, where the kernel returns its result.
+- threads: the thread count asked for (0: the kernel's default).
+- With lse=True it returns (out, lse), lse [batch, heads_q, seq_q], the natural log of each
+  row's softmax denominator (scaled scores), -inf for a row without a visible key.
+
+A row whose keys are all hidden is exactly 0 in the fixture format; a kernel that gives NaN
+there (or treats the row as unmasked) declares it with empty_rows="nan" (or "unmasked",
+"mean_v") so that the verdict says so instead of failing.
+
+Backward (format version 3 cases, which hold dout and the float64 dq, dk, dv): with
+backward="autograd" (the default for torch and jax) the gradients of sum(dout * out) come from
+the framework's autograd through fn; with a function, it is called as
+bwd(q, k, v, out, dout, **the same keywords) and returns (dq, dk, dv) or (dq, dk, dv, dbias)
+(dbias [batch, heads_q, seq_q, seq_k], which attnbench sums over the bias's broadcast axes, or
+already in the bias's stored shape); backward=None
+leaves the backward out (SKIP).
+"""
+
+import inspect
+import math
+import sys
+import warnings
+
+import numpy as np
+
+__all__ = ["Kernel", "kernel"]
+
+DTYPES = ("float64", "float32", "float16", "bfloat16")
+FEATURES = ("mask", "bias", "kv_len", "causal", "gqa")
+_KEYWORDS = ("scale", "causal", "mask", "bias", "kv_len", "out", "threads")
+_EMPTY_ROWS = {"zero": None, "nan": "empty_rows_nan", "mean_v": "empty_rows_mean_v",
+               "unmasked": "empty_rows_unmasked"}
+
+
+# --- frameworks: views in, results out -------------------------------------------------------
+
+def _bf16_to_f32(bits):
+    return (np.asarray(bits).astype(np.uint32) << 16).view(np.float32)
+
+
+def _f32_to_bf16(values):
+    """float32 -> bfloat16 bits, rounded to nearest even (NaN stays NaN)."""
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    x = values.view(np.uint32)
+    rounded = ((x + 0x7FFF + ((x >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = np.isnan(values)
+    if nan.any():
+        rounded = np.where(nan, np.uint16(0x7FC0), rounded)
+    return rounded
+
+
+def _ml_dtypes():
+    try:
+        import ml_dtypes
+        return ml_dtypes
+    except ImportError:
+        return None
+
+
+class _NumPy:
+    name = "numpy"
+
+    def available(self):
+        return None
+
+    def dtype_reason(self, dtype):
+        if dtype == "bfloat16" and _ml_dtypes() is None:
+            return "NumPy has no bfloat16: install ml_dtypes for bfloat16 arrays (ml_dtypes.bfloat16)"
+        return None
+
+    def array(self, view, dtype):
+        if dtype == "bfloat16":
+            return view.view(_ml_dtypes().bfloat16)
+        return view
+
+    def constant(self, values, dtype):
+        """A new array of `values` (numpy) in the case's dtype."""
+        return self.array(_to_dtype_bits(values, dtype), dtype)
+
+    def to_numpy(self, x):
+        return np.asarray(x)
+
+    def swap(self, x):
+        return np.swapaxes(x, 1, 2)
+
+    def note(self):
+        return None
+
+
+class _Torch:
+    name = "torch"
+
+    def __init__(self, device):
+        self.device = device
+        self._torch = None
+
+    def torch(self):
+        if self._torch is None:
+            import torch
+            self._torch = torch
+        return self._torch
+
+    def available(self):
+        try:
+            torch = self.torch()
+        except Exception as e:  # a broken wheel raises OSError, not only ImportError
+            return f"torch cannot be imported: {type(e).__name__}: {e}"
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            return f"the kernel runs on {self.device} and torch sees no CUDA device"
+        return None
+
+    def dtype_reason(self, dtype):
+        return None
+
+    def array(self, view, dtype):
+        torch = self.torch()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # read-only views: torch warns; nothing writes them
+            if dtype == "bfloat16":
+                t = torch.from_numpy(view.view(np.int16)).view(torch.bfloat16)
+            else:
+                t = torch.from_numpy(view)
+        return t if self.device == "cpu" else t.to(self.device)
+
+    def constant(self, values, dtype):
+        return self.array(_to_dtype_bits(values, dtype), dtype)
+
+    def to_numpy(self, x):
+        torch = self.torch()
+        if not isinstance(x, torch.Tensor):
+            return np.asarray(x)
+        x = x.detach()
+        if x.device.type != "cpu":
+            x = x.cpu()
+        if x.dtype == torch.bfloat16:
+            return _BF16Bits(x.view(torch.int16).numpy().view(np.uint16))
+        return x.numpy()
+
+    def swap(self, x):
+        return x.transpose(1, 2)
+
+    def note(self):
+        if self.device == "cpu":
+            return None
+        return f"inputs copied to {self.device} and results back to the host"
+
+
+class _Jax:
+    name = "jax"
+
+    def __init__(self):
+        self._jax = None
+
+    def jax(self):
+        if self._jax is None:
+            import jax
+            import jax.numpy  # noqa: F401
+            self._jax = jax
+        return self._jax
+
+    def available(self):
+        try:
+            self.jax()
+        except Exception as e:
+            return f"jax cannot be imported: {type(e).__name__}: {e}"
+        return None
+
+    def dtype_reason(self, dtype):
+        if dtype == "float64" and not self.jax().config.read("jax_enable_x64"):
+            return "JAX computes float64 only with jax_enable_x64 (jax.config.update('jax_enable_x64', True))"
+        return None
+
+    def array(self, view, dtype):
+        # JAX arrays are immutable and own their memory: each input is copied once, in
+        # prepare (untimed); bfloat16 goes through ml_dtypes, never through float32.
+        jnp = self.jax().numpy
+        if dtype == "bfloat16":
+            return jnp.asarray(view.view(_ml_dtypes().bfloat16))
+        return jnp.asarray(view)
+
+    def constant(self, values, dtype):
+        return self.array(_to_dtype_bits(values, dtype), dtype)
+
+    def to_numpy(self, x):
+        return np.asarray(x)  # a JAX array on the CPU: its buffer, without a copy (bfloat16: ml_dtypes)
+
+    def swap(self, x):
+        return self.jax().numpy.swapaxes(x, 1, 2)
+
+    def note(self):
+        return "JAX inputs are copies (JAX arrays are immutable), made in prepare"
+
+
+class _BF16Bits:
+    """bfloat16 results as their raw bits (a framework's bfloat16 without ml_dtypes)."""
+
+    def __init__(self, bits):
+        self.bits = bits
+        self.shape = bits.shape
+
+    def swapped(self):
+        return _BF16Bits(np.swapaxes(self.bits, 1, 2))
+
+
+def _to_dtype_bits(values, dtype):
+    """numpy values -> the array attnbench stores for `dtype` (bfloat16 as uint16 bits)."""
+    if dtype == "bfloat16":
+        return _f32_to_bf16(np.asarray(values, dtype=np.float32))
+    return np.ascontiguousarray(values, dtype=dtype)
+
+
+def _is_bf16(a):
+    ml = _ml_dtypes()
+    return ml is not None and a.dtype == ml.bfloat16
+
+
+def _store(dtype, view, result, what):
+    """Writes a result (numpy, from the framework) into an attnbench buffer of the case's dtype,
+    rounding to nearest where the kernel returned another float type."""
+    if tuple(result.shape) != tuple(view.shape):
+        raise ValueError(f"{what} has shape {tuple(result.shape)}; the case needs {tuple(view.shape)}")
+    if isinstance(result, _BF16Bits):
+        if dtype == "bfloat16":
+            view[...] = result.bits
+        else:
+            view[...] = _bf16_to_f32(result.bits)
+        return
+    result = np.asarray(result)
+    if dtype == "bfloat16":
+        if _is_bf16(result):
+            view[...] = result.view(np.uint16)
+        else:
+            view[...] = _f32_to_bf16(np.asarray(result, dtype=np.float32))
+    else:
+        if _is_bf16(result):
+            result = _bf16_to_f32(result.view(np.uint16))
+        view[...] = result
+
+
+def _framework(name, device):
+    if name == "numpy":
+        if device != "cpu":
+            raise ValueError("framework='numpy' runs on the cpu only")
+        return _NumPy()
+    if name == "torch":
+        return _Torch(device)
+    if name == "jax":
+        if device != "cpu":
+            raise ValueError("framework='jax' runs on the cpu here (device='cpu')")
+        return _Jax()
+    raise ValueError(f"framework '{name}' is none of numpy, torch, jax")
+
+
+# --- the kernel -------------------------------------------------------------------------------
+
+class Kernel:
+    """A user's attention function with what it declares (see the module's text). Calling the
+    Kernel calls the function. Its attributes are the Python backend contract."""
+
+    def __init__(self, fn, *, name=None, description=None, framework="numpy", dtypes=DTYPES,
+                 layout="bhsd", features=None, gqa=True, causal="top_left", lse=False,
+                 backward="default", empty_rows="zero", device="cpu"):
+        self.fn = fn
+        self.NAME = name or getattr(fn, "__name__", "kernel")
+        self.DESCRIPTION = description or (inspect.getdoc(fn) or "").split("\n")[0] or f"Python kernel {self.NAME}"
+        for d in dtypes:
+            if d not in DTYPES:
+                raise ValueError(f"dtype '{d}' is none of {', '.join(DTYPES)}")
+        self.DTYPES = tuple(dtypes)
+        if layout not in ("bhsd", "bshd"):
+            raise ValueError(f"layout '{layout}' is neither bhsd nor bshd")
+        self.layout = layout
+        if causal not in ("top_left", "bottom_right", "both"):
+            raise ValueError(f"causal '{causal}' is none of top_left, bottom_right, both")
+        self.causal = causal
+        if empty_rows not in _EMPTY_ROWS:
+            raise ValueError(f"empty_rows '{empty_rows}' is none of {', '.join(_EMPTY_ROWS)}")
+        self.empty_rows = empty_rows
+        self.framework = _framework(framework, device)
+        self.keywords = self._keywords(fn)
+        declared = set(features) if features is not None else self._features_from_signature()
+        unknown = declared - set(FEATURES)
+        if unknown:
+            raise ValueError(f"features {sorted(unknown)} are not among {', '.join(FEATURES)}")
+        if gqa:
+            declared.add("gqa")
+        else:
+            declared.discard("gqa")
+        self.features = frozenset(declared)
+        self.HAS_LSE = bool(lse)
+        if backward == "default":
+            backward = "autograd" if framework in ("torch", "jax") else None
+        if backward == "autograd" and framework == "numpy":
+            raise ValueError("NumPy has no autograd: pass backward=a function returning (dq, dk, dv)")
+        if backward is not None and backward != "autograd" and not callable(backward):
+            raise ValueError("backward is 'autograd', a function or None")
+        self.backward = backward
+        if backward is not None:
+            self.prepare_backward = self._prepare_backward
+            self.supports_backward = self._supports_backward
+            if framework == "torch":
+                # Measured with torch 2.15 on the CPU: its backward's sums are split by the thread count.
+                self.THREAD_DEPENDENT_GRADIENTS = "the framework's backward may split its sums by the thread count"
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self):
+        return f"attnbench.Kernel({self.NAME}, {self.framework.name}, dtypes={list(self.DTYPES)})"
+
+    @staticmethod
+    def _keywords(fn):
+        try:
+            params = inspect.signature(fn).parameters.values()
+        except (TypeError, ValueError):
+            return set(_KEYWORDS)
+        if any(p.kind == p.VAR_KEYWORD for p in params):
+            return set(_KEYWORDS)
+        return {p.name for p in params if p.name in _KEYWORDS and p.kind != p.POSITIONAL_ONLY}
+
+    def _features_from_signature(self):
+        return {f for f in ("mask", "bias", "kv_len", "causal") if f in self.keywords}
+
+    # The backend contract.
+    def available(self):
+        return self.framework.available()
+
+    def supports(self, problem):
+        why = self.framework.dtype_reason(problem.dtype)
+        if why:
+            return why
+        needs = []
+        if problem.mask is not None:
+            needs.append("mask")
+        if problem.bias is not None:
+            needs.append("bias")
+        if problem.kv_len:
+            needs.append("kv_len")
+        if problem.causal != "none":
+            needs.append("causal")
+        if problem.heads_kv != problem.heads_q:
+            needs.append("gqa")
+        for f in needs:
+            if f not in self.features:
+                if f == "gqa":
+                    return f"{self.NAME} declares no GQA (heads_kv {problem.heads_kv} != heads_q {problem.heads_q})"
+                return f"{self.NAME} takes no {f} (its signature has no `{f}` argument, or features leaves it out)"
+        if problem.causal != "none" and self.causal != "both" and problem.causal != self.causal \
+                and problem.seq_q != problem.seq_k:
+            return (f"{self.NAME} aligns causal masks {self.causal}; this case is {problem.causal} "
+                    f"with seq_q {problem.seq_q} != seq_k {problem.seq_k}")
+        if "scale" not in self.keywords:
+            default = 1.0 / math.sqrt(problem.head_dim) if problem.head_dim > 0 else 1.0
+            if abs(problem.scale - default) > 1e-12 * default:
+                return f"{self.NAME} takes no scale and this case's is {problem.scale:.6g}, not 1/sqrt(head_dim)"
+        return None
+
+    def conventions(self, problem):
+        code = _EMPTY_ROWS[self.empty_rows]
+        if code is None:
+            return []
+        hides = problem.mask is not None or problem.kv_len or problem.causal != "none" or problem.bias is not None
+        return [(code, f"{self.NAME} declares empty_rows='{self.empty_rows}'")] if hides else []
+
+    def _kernel_axes(self, x):
+        return x if self.layout == "bhsd" else self.framework.swap(x)
+
+    def _arguments(self, problem, io, bias=None):
+        """q, k, v in the kernel's axes and its keyword arguments (untimed: made in prepare)."""
+        fw = self.framework
+        q, k, v = (self._kernel_axes(fw.array(a, problem.dtype)) for a in (io.q, io.k, io.v))
+        kw = {}
+        if "scale" in self.keywords:
+            kw["scale"] = problem.scale
+        if "causal" in self.keywords:
+            kw["causal"] = problem.causal if self.causal == "both" else problem.causal != "none"
+        if "mask" in self.keywords:
+            kw["mask"] = None if io.mask is None else fw.array(np.asarray(io.mask) != 0, "bool")
+        if "bias" in self.keywords:
+            kw["bias"] = bias if bias is not None else (None if io.bias is None else fw.array(io.bias, problem.dtype))
+        if "kv_len" in self.keywords:
+            kw["kv_len"] = None if io.kv_len is None else fw.array(np.array(io.kv_len), "int64")
+        return q, k, v, kw
+
+    def _threads(self, kw, threads):
+        if "threads" in self.keywords:
+            kw["threads"] = threads
+
+    def _split(self, result):
+        """(out, lse) from what fn returned."""
+        if self.HAS_LSE:
+            if not isinstance(result, (tuple, list)) or len(result) != 2:
+                raise TypeError(f"{self.NAME} declares lse=True and must return (out, lse), "
+                                f"not {type(result).__name__}")
+            return result[0], result[1]
+        if isinstance(result, (tuple, list)):
+            raise TypeError(f"{self.NAME} returned a {type(result).__name__} of {len(result)}; "
+                            "it returns out alone (or (out, lse) with lse=True)")
+        return result, None
+
+    def prepare(self, problem, io, threads):
+        fw = self.framework
+        q, k, v, kw = self._arguments(problem, io)
+        self._threads(kw, threads)
+        # `out` is attnbench's buffer on the CPU (numpy, torch); None where results must come back
+        # (jax, a torch device).
+        writes_out = "out" in self.keywords and fw.name != "jax" and getattr(fw, "device", "cpu") == "cpu"
+        out_target = None
+        if "out" in self.keywords:
+            kw["out"] = None
+        if writes_out:
+            out_view = np.asarray(io.out)
+            out_target = self._kernel_axes(_writeable(fw, out_view, problem.dtype))
+            kw["out"] = out_target
+        dtype, fn, name = problem.dtype, self.fn, self.NAME
+        lse_view = io.lse
+
+        def run():
+            result = fn(q, k, v, **kw)
+            out, lse = self._split(result)
+            if out is None:
+                if not writes_out:
+                    raise TypeError(f"{name} returned None and takes no `out` to write into")
+            elif out is not out_target:
+                _store(dtype, io.out, self._kernel_axes_numpy(fw.to_numpy(out)), f"{name}'s output")
+            if lse is not None and lse_view is not None:
+                lse_np = np.asarray(fw.to_numpy(lse), dtype=np.float64)
+                expected = problem.batch * problem.heads_q * problem.seq_q
+                if lse_np.size != expected:
+                    raise ValueError(f"{name}'s lse has {lse_np.size} values; the case needs "
+                                     f"[batch, heads_q, seq_q] = {expected}")
+                lse_view[...] = lse_np.reshape(-1)
+
+        return run
+
+    def _kernel_axes_numpy(self, a):
+        if self.layout == "bhsd":
+            return a
+        return a.swapped() if isinstance(a, _BF16Bits) else np.swapaxes(a, 1, 2)
+
+    # Backward (format version 3).
+    def _supports_backward(self, problem):
+        return None
+
+    def _prepare_backward(self, problem, io, threads):
+        fw = self.framework
+        dtype = problem.dtype
+        bias_stored = None
+        if problem.bias is not None:
+            bb, bh, bq = problem.bias
+            bias_stored = np.ascontiguousarray(io.bias[:bb, :bh, :bq, :])  # the stored broadcast shape
+        shape = (problem.batch, problem.heads_q, problem.seq_q, problem.seq_k)
+        dout = self._kernel_axes(fw.array(np.asarray(io.dout), dtype))
+        q, k, v, kw = self._arguments(problem, io)
+        if "out" in self.keywords:
+            kw["out"] = None  # the backward's forward returns its result
+        self._threads(kw, threads)
+        wants_dbias = io.dbias is not None and "bias" in self.keywords
+        targets = [io.dq, io.dk, io.dv]
+
+        if callable(self.backward):
+            out = self._kernel_axes(fw.array(np.asarray(io.out), dtype))
+            bwd, name = self.backward, self.NAME
+
+            def run():
+                grads = bwd(q, k, v, out, dout, **kw)
+                if not isinstance(grads, (tuple, list)) or len(grads) not in (3, 4):
+                    raise TypeError(f"{name}'s backward returns (dq, dk, dv) or (dq, dk, dv, dbias)")
+                for view, g, what in zip(targets, grads[:3], ("dq", "dk", "dv")):
+                    _store(dtype, view, self._kernel_axes_numpy(fw.to_numpy(g)), f"{name}'s {what}")
+                if io.dbias is not None:
+                    if len(grads) < 4 or grads[3] is None:
+                        raise TypeError(f"{name}'s backward returned no dbias for a case with a bias gradient")
+                    _store(dtype, io.dbias, _fold_bias(fw.to_numpy(grads[3]), io.dbias.shape), f"{name}'s dbias")
+
+            return run
+
+        if fw.name == "torch":
+            return self._torch_autograd(problem, io, q, k, v, dout, kw, bias_stored, wants_dbias, shape, targets)
+        return self._jax_autograd(problem, io, q, k, v, dout, kw, bias_stored, wants_dbias, shape, targets)
+
+    def _torch_autograd(self, problem, io, q, k, v, dout, kw, bias_stored, wants_dbias, shape, targets):
+        torch = self.framework.torch()
+        dtype, name, fn = problem.dtype, self.NAME, self.fn
+        leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
+        bias_leaf = None
+        if bias_stored is not None and "bias" in self.keywords:
+            bias_leaf = self.framework.array(bias_stored, dtype).detach().clone()
+            if wants_dbias:
+                bias_leaf.requires_grad_(True)
+        inputs = leaves + ([bias_leaf] if wants_dbias else [])
+
+        def run():
+            with torch.enable_grad():
+                args = dict(kw)
+                if bias_leaf is not None:
+                    args["bias"] = bias_leaf.expand(shape)  # autograd sums over the broadcast axes
+                out, _ = self._split(fn(*leaves, **args))
+                if not isinstance(out, torch.Tensor) or not out.requires_grad:
+                    raise TypeError(f"{name}'s output does not depend on q, k, v through autograd "
+                                    "(pass backward=a function, or backward=None)")
+                grads = torch.autograd.grad(out, inputs, grad_outputs=dout, allow_unused=True)
+            for view, g, leaf, what in zip(targets + ([io.dbias] if wants_dbias else []), grads, inputs,
+                                           ("dq", "dk", "dv", "dbias")):
+                g = torch.zeros_like(leaf) if g is None else g  # unused: its gradient is 0
+                g = self.framework.to_numpy(g)
+                _store(dtype, view, g if what == "dbias" else self._kernel_axes_numpy(g), f"{name}'s {what}")
+            if io.dbias is not None and not wants_dbias:
+                raise TypeError(f"{name} takes no bias, so it has no dbias")
+
+        return run
+
+    def _jax_autograd(self, problem, io, q, k, v, dout, kw, bias_stored, wants_dbias, shape, targets):
+        jax = self.framework.jax()
+        dtype, name, fn = problem.dtype, self.NAME, self.fn
+        bias_leaf = None
+        if bias_stored is not None and "bias" in self.keywords:
+            bias_leaf = self.framework.array(bias_stored, dtype)
+        primals = [q, k, v] + ([bias_leaf] if wants_dbias else [])
+
+        def forward(*xs):
+            args = dict(kw)
+            if bias_leaf is not None:
+                b = xs[3] if wants_dbias else bias_leaf
+                args["bias"] = jax.numpy.broadcast_to(b, shape)
+            out, _ = self._split(fn(xs[0], xs[1], xs[2], **args))
+            return out
+
+        def run():
+            _, vjp = jax.vjp(forward, *primals)
+            grads = vjp(dout)
+            for view, g, what in zip(targets + ([io.dbias] if wants_dbias else []), grads,
+                                     ("dq", "dk", "dv", "dbias")):
+                g = self.framework.to_numpy(g)
+                _store(dtype, view, g if what == "dbias" else self._kernel_axes_numpy(g), f"{name}'s {what}")
+            if io.dbias is not None and not wants_dbias:
+                raise TypeError(f"{name} takes no bias, so it has no dbias")
+
+        return run
+
+
+def _fold_bias(g, stored):
+    """A dbias of the full [batch, heads_q, seq_q, seq_k] summed over the axes where the stored bias
+    broadcasts (extent 1), as attnbench asks for it; one of the stored shape as it is."""
+    if isinstance(g, _BF16Bits) or tuple(g.shape) == tuple(stored) or len(g.shape) != len(stored):
+        return g
+    axes = tuple(a for a in range(len(stored)) if stored[a] == 1 and g.shape[a] != 1)
+    return np.asarray(g, dtype=np.float64).sum(axis=axes, keepdims=True) if axes else g
+
+
+def _writeable(fw, view, dtype):
+    """The output buffer in the framework's type, written in place (numpy and torch on the CPU)."""
+    if fw.name == "numpy":
+        return fw.array(view, dtype)
+    torch = fw.torch()
+    if dtype == "bfloat16":
+        t = torch.from_numpy(view.view(np.int16)).view(torch.bfloat16)
+    else:
+        t = torch.from_numpy(view)
+    return t if fw.device == "cpu" else t.to(fw.device)
+
+
+def kernel(fn=None, **options):
+    """Declares an attention function to attnbench: @attnbench.kernel or
+    @attnbench.kernel(dtypes=..., layout=..., features=..., framework=..., ...). See Kernel."""
+    if fn is None:
+        return lambda f: Kernel(f, **options)
+    return Kernel(fn, **options)
