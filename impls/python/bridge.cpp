@@ -43,6 +43,19 @@ fs::path backends_folder() {
   return ATTN_PYTHON_SOURCE_BACKENDS;
 }
 
+// The folder that holds the attnbench Python package, so that a backend file
+// can `import attnbench` (the embedded interpreter ignores PYTHONPATH):
+// installed (<prefix>/lib/pythonX.Y/dist-packages), else this build's.
+fs::path package_folder() {
+  std::error_code ec;
+  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    fs::path installed = exe.parent_path().parent_path() / "lib" / ("python" ATTN_PYTHON_VERSION) / "dist-packages";
+    if (fs::exists(installed / "attnbench" / "__init__.py", ec)) return installed;
+  }
+  return ATTN_PYTHON_PACKAGE_BUILD_DIR;
+}
+
 // The last line of a Python error (its type and message), for a verdict.
 std::string python_error(const py::error_already_set& e) {
   std::string text = e.what();
@@ -168,6 +181,7 @@ class Runtime {
         for (py::handle entry : rest) path.append(entry);
       }
       path.insert(0, backends_folder().string());
+      path.append(package_folder().string());
       // attn holds its own libhdf5; an h5py in this process (a wheel bundles
       // another libhdf5) would resolve HDF5 symbols against attn's and fail
       // in odd ways ("Not a datatype"). Backends receive their inputs from

@@ -298,8 +298,10 @@ def _python_reproduce(backend, case_path, threads, layouts, direction):
     return f"attnbench.check({_name_of(backend)}, {', '.join(args)})"
 
 
-def _run(kernel, case_list, *, threads, layouts, directions, json=None, junit=None):
-    backend = _as_backend(kernel)
+def _run(kernels, case_list, *, threads, layouts, directions, json=None, junit=None):
+    backends = [_as_backend(k) for k in kernels]
+    if not backends:
+        raise ValueError("no kernel to verify")
     files = [c.path if isinstance(c, Case) else os.fspath(c) for c in case_list]
     if not files:
         raise ValueError("no cases to verify")
@@ -307,32 +309,35 @@ def _run(kernel, case_list, *, threads, layouts, directions, json=None, junit=No
     layouts = list(layouts if layouts is not None else ["bhsd"])
     native = _c()
     command = native.attn_command(_PACKAGE_DIR)
-    raw = native.verify(files, [backend], [], threads, layouts, list(directions or []), os.fspath(junit or ""),
+    raw = native.verify(files, backends, [], threads, layouts, list(directions or []), os.fspath(junit or ""),
                         command)
     text = raw["json"]
     data = _json.loads(text)
     if json is not None:
         with open(json, "w") as f:
             f.write(text)
-    by_file = {}
+    by_name = {_name_of(b): b for b in backends}
+    grouped = {}
     for r, reproduce in zip(data["results"], raw["reproduce"]):
-        if not isinstance(backend, str):
+        backend = by_name.get(r["backend"])
+        if backend is not None and not isinstance(backend, str):
             reproduce = _python_reproduce(backend, r["file"], threads, layouts, r.get("direction"))
         result = Result(backend=r["backend"], fixture=r["fixture"], file=r["file"], problem=r["problem"],
                         verdict=r["verdict"], reason=r["reason"], threads=r["threads"], layout=r["layout"],
                         direction=r.get("direction", "forward"), reproduce=reproduce, data=r)
-        by_file.setdefault(os.path.abspath(r["file"]), []).append(result)
-    notes = []
-    if isinstance(backend, _kernel.Kernel) and backend.framework.note():
-        notes.append(backend.framework.note())
+        grouped.setdefault((r["backend"], os.path.abspath(r["file"])), []).append(result)
     verdicts = []
-    for f in files:
-        results = by_file.get(os.path.abspath(f), [])
-        errors = [e for e in data["input_errors"] if f in e or os.path.abspath(f) in e]
-        verdict = "ERROR" if errors else _worst({r.verdict for r in results})
-        name = results[0].fixture if results else os.path.basename(f)
-        verdicts.append(Verdict(case=name, backend=_name_of(backend), verdict=verdict, results=results,
-                                errors=errors, notes=list(notes)))
+    for backend in backends:
+        notes = []
+        if isinstance(backend, _kernel.Kernel) and backend.framework.note():
+            notes.append(backend.framework.note())
+        for f in files:
+            results = grouped.get((_name_of(backend), os.path.abspath(f)), [])
+            errors = [e for e in data["input_errors"] if f in e or os.path.abspath(f) in e]
+            verdict = "ERROR" if errors else _worst({r.verdict for r in results})
+            name = results[0].fixture if results else os.path.basename(f)
+            verdicts.append(Verdict(case=name, backend=_name_of(backend), verdict=verdict, results=results,
+                                    errors=errors, notes=list(notes)))
     return Report(verdicts=verdicts, exit_code=raw["exit_code"], why=raw["why"], json=data)
 
 
@@ -341,13 +346,15 @@ def check(kernel, case, *, threads=None, layouts=None, directions=None):
     exactly as attn verify does: forward, the normalisation probe, and the backward where the case
     has gradients and the kernel declares one. Returns a Verdict."""
     c = case if isinstance(case, Case) else globals()["case"](case)
-    return _run(kernel, [c], threads=threads, layouts=layouts, directions=directions).verdicts[0]
+    return _run([kernel], [c], threads=threads, layouts=layouts, directions=directions).verdicts[0]
 
 
 def verify(kernel, cases=None, *, tier=None, threads=None, layouts=None, directions=None, json=None, junit=None):
-    """Judges `kernel` over many cases (default: the standard suite, or its `tier`) in one verifier
-    run; json= and junit= write attn verify's reports. Returns a Report (exit_code as attn verify's)."""
+    """Judges `kernel` (or a list of kernels and backend names, side by side) over many cases
+    (default: the standard suite, or its `tier`) in one verifier run; json= and junit= write attn
+    verify's reports. Returns a Report: a Verdict per kernel and case, exit_code as attn verify's."""
     if cases is None:
         cases = globals()["cases"](tier)
-    return _run(kernel, list(cases), threads=threads, layouts=layouts, directions=directions, json=json,
+    kernels = list(kernel) if isinstance(kernel, (list, tuple)) else [kernel]
+    return _run(kernels, list(cases), threads=threads, layouts=layouts, directions=directions, json=json,
                 junit=junit)

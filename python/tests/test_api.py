@@ -1,0 +1,295 @@
+"""attnbench's Python API: cases, kernel declarations, check, verify (NumPy only: Debian's
+python3-numpy; the frameworks are test_frameworks.py's)."""
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+import numpy as np
+import pytest
+
+import attnbench
+from kernels import plain, reference
+
+FULL = attnbench.cases("full")
+BY_NAME = {c.name: c for c in FULL}
+
+
+def named(name):
+    return BY_NAME[name]
+
+
+# --- cases ------------------------------------------------------------------------------------
+
+def test_tiers_and_filters():
+    smoke = attnbench.cases("smoke")
+    assert smoke and {c.name for c in smoke} < {c.name for c in FULL}
+    assert all("smoke" in c.tags for c in smoke)
+    assert [c.name for c in FULL] == sorted(c.name for c in FULL)
+    f32 = attnbench.cases("full", dtypes=["float32"])
+    assert f32 and all(c.dtype == "float32" for c in f32)
+    assert any(c.dtype != "float32" for c in FULL)
+    plain_only = attnbench.cases("full", features=())
+    assert plain_only and all(c.features == () for c in plain_only)
+    masked = attnbench.cases("full", features=("mask",))
+    assert {c.name for c in plain_only} < {c.name for c in masked}
+    grads = attnbench.cases("full", gradients=True)
+    assert grads and all(c.gradients and c.format_version == 3 for c in grads)
+    assert all(c.kind == "sdpa" for c in FULL)
+    assert any(c.kind == "layer" for c in attnbench.cases("full", kinds=None))
+    with pytest.raises(ValueError, match="tier 'medium'"):
+        attnbench.cases("medium")
+
+
+def test_case_features_and_inputs():
+    c = named("kv_len/b3_q17_k65_f16")
+    assert "kv_len" in c.features and c.problem.kv_len
+    x = c.inputs()
+    p = c.problem
+    assert x.q.shape == (p.batch, p.heads_q, p.seq_q, p.head_dim) and x.q.dtype == np.float64
+    assert x.kv_len.shape == (p.batch,)
+    # The golden is the float64 truth of these inputs.
+    out, _ = reference(x.q, x.k, x.v, scale=p.scale, causal=p.causal, mask=x.mask, bias=x.bias, kv_len=x.kv_len)
+    assert np.allclose(out, x.out, rtol=0, atol=1e-12)
+    assert attnbench.case(c.path) == c
+
+
+def test_a_missing_fixture_is_a_clear_error(tmp_path):
+    with pytest.raises((ValueError, RuntimeError), match="no-such"):
+        attnbench.case(tmp_path / "no-such.h5")
+    bad = tmp_path / "bad.h5"
+    bad.write_bytes(b"not an HDF5 file")
+    with pytest.raises((ValueError, RuntimeError), match="bad.h5"):
+        attnbench.case(bad)
+
+
+# --- declarations -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("options, message", [
+    ({"dtypes": ("float8",)}, "dtype 'float8'"),
+    ({"layout": "sbhd"}, "layout 'sbhd'"),
+    ({"causal": "diagonal"}, "causal 'diagonal'"),
+    ({"framework": "mxnet"}, "framework 'mxnet'"),
+    ({"features": ("window",)}, "features"),
+    ({"backward": "autograd"}, "NumPy has no autograd"),
+    ({"empty_rows": "inf"}, "empty_rows 'inf'"),
+])
+def test_bad_declarations_are_refused(options, message):
+    with pytest.raises(ValueError, match=message):
+        attnbench.kernel(plain, **options)
+
+
+def test_the_signature_says_what_a_kernel_supports():
+    def no_mask(q, k, v, *, scale, causal):
+        return plain(q, k, v, scale=scale, causal=causal, mask=None, bias=None, kv_len=None)
+
+    k = attnbench.kernel(no_mask)
+    v = attnbench.check(k, named("mask/random_2x3x17_f32"))
+    assert v.verdict == "SKIP" and "takes no mask" in v.reason
+    v = attnbench.check(k, named("causal_top_left/q33_k33_f32"))
+    assert v.verdict == "PASS", v.report()
+
+    def no_scale(q, k, v, *, causal, mask, bias, kv_len):
+        return plain(q, k, v, scale=1 / np.sqrt(q.shape[-1]), causal=causal, mask=mask, bias=bias, kv_len=kv_len)
+
+    scaled = [c for c in FULL if c.dtype == "float32" and abs(c.problem.scale * np.sqrt(c.problem.head_dim) - 1) > 1e-9
+              and set(c.features) <= {"mask", "bias", "kv_len", "causal", "gqa"}]
+    assert scaled, "the suite holds a case with a scale other than 1/sqrt(d)"
+    v = attnbench.check(no_scale, scaled[0])
+    assert v.verdict == "SKIP" and "takes no scale" in v.reason
+    v = attnbench.check(no_scale, named("mha/b2_h4_q17_k33_d64_f32"))
+    assert v.verdict == "PASS", v.report()
+
+
+def test_gqa_causal_alignment_and_dtypes_are_skips_with_reasons():
+    k = attnbench.kernel(plain, gqa=False)
+    v = attnbench.check(k, named("gqa/b1_hq6_hkv3_q3_k2_d8_f64"))
+    assert v.verdict == "SKIP" and "GQA" in v.reason
+    bottom_right = [c for c in FULL if c.dtype == "float32" and c.problem.causal == "bottom_right" and c.problem.seq_q != c.problem.seq_k
+                    and c.features == ("causal",)]
+    v = attnbench.check(attnbench.kernel(plain, causal="top_left"), bottom_right[0])
+    assert v.verdict == "SKIP" and "aligns causal masks top_left" in v.reason
+    v = attnbench.check(attnbench.kernel(plain, causal="both"), bottom_right[0])
+    assert v.verdict == "PASS", v.report()
+    v = attnbench.check(attnbench.kernel(plain, dtypes=("float64",)), named("mha/b2_h4_q17_k33_d64_f32"))
+    assert v.verdict == "SKIP"
+
+
+def test_version_2_cases_are_skipped():
+    v2 = [c for c in attnbench.cases("smoke") if set(c.features) & {"window", "paged", "sinks"}]
+    assert v2
+    for c in v2:
+        v = attnbench.check(plain, c)
+        assert v.verdict == "SKIP" and "format version 2" in v.reason
+
+
+# --- verdicts ---------------------------------------------------------------------------------
+
+def test_a_correct_kernel_passes_the_smoke_tier_in_both_layouts():
+    k = attnbench.kernel(plain, causal="both", dtypes=("float64", "float32", "float16"))
+    report = attnbench.verify(k, tier="smoke", layouts=["bhsd", "bshd"], threads=[1, 2])
+    assert report.ok, report.report()
+    counts = report.counts()
+    assert counts.get("PASS", 0) >= 12 and "FAIL" not in counts
+    results = report.verdicts[0].results
+    assert {(r.layout, r.threads) for v in report.verdicts for r in v.results if r.verdict == "PASS"} == \
+        {("bhsd", 1), ("bhsd", 2), ("bshd", 1), ("bshd", 2)}
+    assert results
+
+
+def test_bshd_kernels_get_and_return_seq_major_arrays():
+    seen = {}
+
+    def bshd(q, k, v, *, scale):
+        seen["shape"] = q.shape
+        out = plain(np.swapaxes(q, 1, 2), np.swapaxes(k, 1, 2), np.swapaxes(v, 1, 2), scale=scale, causal=False,
+                    mask=None, bias=None, kv_len=None)
+        return np.swapaxes(out, 1, 2)
+
+    c = named("mha/b2_h4_q17_k33_d64_f32")
+    v = attnbench.check(attnbench.kernel(bshd, layout="bshd"), c, layouts=["bhsd", "bshd"])
+    assert v.verdict == "PASS", v.report()
+    p = c.problem
+    assert seen["shape"] == (p.batch, p.seq_q, p.heads_q, p.head_dim)
+    # Returned in bhsd order by a kernel declared bshd: the shape is wrong and the verdict says so.
+    def bhsd_shaped(q, k, v):
+        return np.zeros((q.shape[0], q.shape[2], q.shape[1], v.shape[3]), dtype=q.dtype)
+
+    v = attnbench.check(attnbench.kernel(bhsd_shaped, layout="bshd"), c)
+    assert v.verdict == "FAIL" and "has shape" in v.reason, v.report()
+
+
+def test_writing_into_out_is_zero_copy():
+    def into(q, k, v, *, scale, out):
+        assert out.flags.writeable and not out.flags.owndata
+        out[...] = plain(q, k, v, scale=scale, causal=False, mask=None, bias=None, kv_len=None)
+
+    v = attnbench.check(into, named("mha/b2_h4_q17_k33_d64_f32"))
+    assert v.verdict == "PASS", v.report()
+
+    def returns_none(q, k, v, *, scale):
+        return None
+
+    v = attnbench.check(returns_none, named("mha/b2_h4_q17_k33_d64_f32"))
+    assert v.verdict == "FAIL" and "returned None" in v.reason
+
+
+def test_a_wrong_kernel_fails_with_figures_and_a_reproduce_line():
+    def dropped_tail(q, k, v, *, scale):  # forgets the last key
+        return plain(q, k[:, :, :-1], v[:, :, :-1], scale=scale, causal=False, mask=None, bias=None, kv_len=None)
+
+    c = named("mha/b2_h4_q17_k33_d64_f32")
+    v = attnbench.check(dropped_tail, c)
+    assert v.verdict == "FAIL" and not v.ok
+    assert v.max_abs_error > 1e-3 and v.error_over_bound > 1 and len(v.worst_index) == 4
+    assert "attnbench.check(dropped_tail" in v.reproduce and c.path in v.reproduce
+    text = v.report()
+    assert "FAIL" in text and "reproduce:" in text and c.problem.text in text
+    with pytest.raises(AssertionError, match="FAIL"):
+        attnbench.assert_passes(dropped_tail, c)
+
+
+def test_lse_is_judged():
+    def with_lse(q, k, v, *, scale, causal, mask, bias, kv_len, shift=0.0):
+        out, lse = reference(q, k, v, scale=scale, causal=causal, mask=mask, bias=bias, kv_len=kv_len)
+        return out.astype(q.dtype), lse + shift
+
+    c = named("mha/b2_h4_q17_k33_d64_f32")
+    assert attnbench.check(attnbench.kernel(with_lse, lse=True), c).verdict == "PASS"
+    wrong = attnbench.kernel(lambda *a, **kw: with_lse(*a, shift=1e-3, **kw), name="lse_off", lse=True,
+                             features=("mask", "bias", "kv_len", "causal"))
+    v = attnbench.check(wrong, c)
+    assert v.verdict == "FAIL" and "lse" in v.reason.lower(), v.report()
+    v = attnbench.check(attnbench.kernel(plain, lse=True), c)
+    assert v.verdict == "FAIL" and "must return (out, lse)" in v.reason
+
+
+def test_gradients_are_judged():
+    cases = [c for c in attnbench.cases("full", gradients=True, dtypes=["float64"])][:3]
+    assert cases
+
+    def backward(q, k, v, out, dout, *, scale, causal, mask, bias, kv_len, factor=1.0):
+        sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples", "python"))
+        import numpy_kernel
+        dq, dk, dv, ds = numpy_kernel._backward(q, k, v, out, dout, scale=scale, causal=causal, mask=mask,
+                                                 bias=bias, kv_len=kv_len)
+        return dq * factor, dk, dv, ds
+
+    good = attnbench.kernel(plain, causal="both", backward=backward)
+    for c in cases:
+        v = attnbench.check(good, c)
+        assert v.verdict == "PASS", v.report()
+        assert {r.direction for r in v.results if r.verdict == "PASS"} == {"forward", "backward"}
+    bad = attnbench.kernel(plain, name="dq_doubled", causal="both",
+                           backward=lambda *a, **kw: backward(*a, factor=2.0, **kw))
+    v = attnbench.check(bad, cases[0])
+    assert v.verdict == "FAIL"
+    assert [r.direction for r in v.results if r.verdict == "FAIL"] == ["backward"]
+    assert "directions=['backward']" in v.reproduce
+    v = attnbench.check(plain, cases[0])
+    assert [r.verdict for r in v.results if r.direction == "backward"] == ["SKIP"]
+
+
+def test_verify_writes_attn_verify_reports(tmp_path):
+    def dropped_tail(q, k, v, *, scale, causal, mask, bias, kv_len):
+        return plain(q, k[:, :, :-1], v[:, :, :-1], scale=scale, causal=causal, mask=None, bias=None, kv_len=None)
+
+    cases = attnbench.cases("smoke", dtypes=["float32"])
+    report = attnbench.verify(dropped_tail, cases, json=tmp_path / "v.json", junit=tmp_path / "v.xml")
+    assert report.exit_code == 1 and not report.ok and report.failures()
+    data = json.loads((tmp_path / "v.json").read_text())
+    assert data["schema"] == "attn-verify-1" and data["summary"]["failed"] == len(
+        [r for r in data["results"] if r["verdict"] == "FAIL"])
+    suites = ET.parse(tmp_path / "v.xml").getroot()
+    failures = suites.findall(".//failure")
+    assert len(failures) == data["summary"]["failed"]
+    assert "FAIL" in report.report()
+
+
+def test_a_kernel_that_raises_fails_with_its_error():
+    def raises(q, k, v):
+        raise RuntimeError("kernel exploded")
+
+    v = attnbench.check(raises, named("mha/b2_h4_q17_k33_d64_f32"))
+    assert v.verdict == "FAIL" and "kernel exploded" in v.reason
+
+
+def test_builtin_backends_by_name():
+    assert "streaming" in attnbench.backends()
+    v = attnbench.check("streaming", named("mha/b2_h4_q17_k33_d64_bf16"))
+    assert v.verdict == "PASS"
+    with pytest.raises((ValueError, RuntimeError), match="nonesuch"):
+        attnbench.check("nonesuch", named("mha/b2_h4_q17_k33_d64_bf16"))
+
+
+# --- the pytest plugin ------------------------------------------------------------------------
+
+def test_the_pytest_plugin_makes_one_test_per_case(tmp_path):
+    (tmp_path / "test_user.py").write_text(
+        "import attnbench\n"
+        "from kernels import plain\n"
+        "kernel = attnbench.kernel(plain, causal='both', dtypes=('float32', 'float64', 'float16'))\n"
+        "def test_kernel(attnbench_check):\n"
+        "    attnbench_check(kernel)\n"
+        "def dropped_tail(q, k, v, *, scale):\n"
+        "    return plain(q, k[:, :, :-1], v[:, :, :-1], scale=scale, causal=False, mask=None, bias=None, kv_len=None)\n"
+        "def test_broken(attnbench_check):\n"
+        "    attnbench_check(dropped_tail)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(__file__)] + sys.path))
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "attnbench.pytest_plugin", "-q", "-rs",
+                          f"--junitxml={tmp_path / 'junit.xml'}", "-p", "no:cacheprovider", str(tmp_path)],
+                         capture_output=True, text=True, env=env, cwd=tmp_path)
+    smoke = attnbench.cases("smoke")
+    root = ET.parse(tmp_path / "junit.xml").getroot()
+    cases = root.findall(".//testcase")
+    assert len(cases) == 2 * len(smoke), run.stdout
+    ours = [c for c in cases if "test_kernel[" in c.get("name")]
+    assert not any(c.find("failure") is not None for c in ours), run.stdout
+    broken = [c for c in cases if "test_broken[" in c.get("name") and c.find("failure") is not None]
+    assert broken and "reproduce: attnbench.check(dropped_tail" in broken[0].find("failure").get("message", "") + \
+        (broken[0].find("failure").text or "")
+    props = {p.get("name") for c in ours for p in c.findall(".//property")}
+    assert {"attnbench_verdict", "attnbench_max_abs_error"} <= props
+    assert run.returncode == 1 and "takes no mask" in run.stdout

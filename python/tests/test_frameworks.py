@@ -1,0 +1,120 @@
+"""The framework paths: PyTorch tensors and JAX arrays in and out, bfloat16 and float16 as they
+are, autograd for the backward, NumPy bfloat16 through ml_dtypes. Each runs where its framework
+can be imported (the optional venv: scripts/install-python-peers) and is skipped, with the
+reason, elsewhere."""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import attnbench
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples", "python"))
+
+SMOKE = attnbench.cases("smoke")
+GRADIENTS = attnbench.cases("full", gradients=True)
+
+
+def pick(cases, dtype, features=()):
+    return [c for c in cases if c.dtype == dtype and set(c.features) <= set(features)]
+
+
+def test_torch_tensors_in_their_dtype_zero_copy_and_autograd():
+    torch = pytest.importorskip("torch")
+    import torch_kernels
+
+    seen = []
+
+    @attnbench.kernel(framework="torch")
+    def probe(q, k, v, *, scale, out):
+        seen.append((q.dtype, out.dtype, out.is_contiguous() or out.stride(), q.data_ptr()))
+        out.copy_(torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale))
+
+    for dtype, expected in (("bfloat16", torch.bfloat16), ("float16", torch.float16)):
+        c = pick(SMOKE, dtype)[0]
+        v = attnbench.check(probe, c)
+        assert v.verdict == "PASS", v.report()
+        assert seen[-1][0] == expected and seen[-1][1] == expected
+    # The whole smoke tier and the gradient cases of every dtype, forward and backward.
+    report = attnbench.verify(torch_kernels.handwritten, SMOKE + GRADIENTS)
+    assert report.ok, report.report()
+    directions = {(r["direction"], r["verdict"]) for r in report.json["results"]}
+    assert ("backward", "PASS") in directions
+    dtypes = {r["problem"].split(",")[0] for r in report.json["results"] if r["verdict"] == "PASS"}
+    assert dtypes == {"dtype=f64", "dtype=f32", "dtype=f16", "dtype=bf16"}
+
+
+def test_torch_autograd_catches_a_wrong_gradient():
+    torch = pytest.importorskip("torch")
+
+    class ScaleGrad(torch.autograd.Function):  # identity forward, doubled gradient
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            return 2 * g
+
+    @attnbench.kernel(framework="torch", features=())
+    def wrong_dq(q, k, v, *, scale):
+        return torch.nn.functional.scaled_dot_product_attention(ScaleGrad.apply(q), k, v, scale=scale)
+
+    c = pick(GRADIENTS, "float32")[0]
+    v = attnbench.check(wrong_dq, c)
+    assert v.verdict == "FAIL" and [r.direction for r in v.results if r.verdict == "FAIL"] == ["backward"], v.report()
+
+
+def test_jax_arrays_and_vjp():
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+
+    @attnbench.kernel(framework="jax", features=("causal", "mask", "kv_len", "bias"), causal="both")
+    def jattn(q, k, v, *, scale, causal, mask, bias, kv_len):
+        assert isinstance(q, jax.Array)
+        g = q.shape[1] // k.shape[1]
+        k, v = jnp.repeat(k, g, axis=1), jnp.repeat(v, g, axis=1)
+        s = scale * jnp.einsum("bhqd,bhkd->bhqk", q.astype(jnp.float32), k.astype(jnp.float32))
+        sq, sk = s.shape[2], s.shape[3]
+        visible = jnp.ones(s.shape, bool)
+        if mask is not None:
+            visible = visible & mask
+        if kv_len is not None:
+            visible = visible & (jnp.arange(sk)[None, :] < kv_len[:, None])[:, None, None, :]
+        if causal != "none":
+            offset = 0 if causal == "top_left" else sk - sq
+            visible = visible & (jnp.arange(sk)[None, :] <= jnp.arange(sq)[:, None] + offset)
+        if bias is not None:
+            s = s + bias.astype(jnp.float32)
+        s = jnp.where(visible, s, -jnp.inf)
+        m = jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True)) if sk else jnp.zeros(s.shape[:-1] + (1,))
+        m = jnp.where(jnp.isfinite(m), m, 0.0)
+        e = jnp.exp(s - m)
+        t = e.sum(-1, keepdims=True)
+        return jnp.einsum("bhqk,bhkd->bhqd", e / jnp.where(t > 0, t, 1.0), v.astype(jnp.float32)).astype(q.dtype)
+
+    cases = pick(SMOKE, "float32", attnbench.FEATURES) + pick(SMOKE, "bfloat16") + pick(GRADIENTS, "float32",
+                                                                                      attnbench.FEATURES)
+    report = attnbench.verify(jattn, cases)
+    assert report.ok, report.report()
+    assert ("backward", "PASS") in {(r["direction"], r["verdict"]) for r in report.json["results"]}
+    assert all(v.verdict == "PASS" for v in report.verdicts), report.report()
+    assert any("copies" in n for v in report.verdicts for n in v.notes)
+
+
+def test_numpy_bfloat16_through_ml_dtypes():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    import numpy_kernel
+
+    seen = []
+
+    def record(q, k, v, *, scale, causal, mask, bias, kv_len):
+        seen.append(q.dtype)
+        return numpy_kernel._attention(q, k, v, scale=scale, causal=causal, mask=mask, bias=bias, kv_len=kv_len)
+
+    k = attnbench.kernel(record, causal="both", lse=True, dtypes=("bfloat16",))
+    report = attnbench.verify(k, pick(SMOKE, "bfloat16", attnbench.FEATURES))
+    assert report.ok and report.counts().get("PASS", 0) >= 2, report.report()
+    assert set(seen) == {np.dtype(ml_dtypes.bfloat16)}
