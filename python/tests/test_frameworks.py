@@ -118,3 +118,18 @@ def test_numpy_bfloat16_through_ml_dtypes():
     report = attnbench.verify(k, pick(SMOKE, "bfloat16", attnbench.FEATURES))
     assert report.ok and report.counts().get("PASS", 0) >= 2, report.report()
     assert set(seen) == {np.dtype(ml_dtypes.bfloat16)}
+
+
+def test_a_torch_kernel_on_a_cuda_device_is_copied_or_skipped():
+    torch = pytest.importorskip("torch")
+
+    @attnbench.kernel(framework="torch", device="cuda", features=())
+    def on_device(q, k, v, *, scale):
+        assert q.device.type == "cuda"
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
+
+    v = attnbench.check(on_device, pick(SMOKE, "float32")[0])
+    if torch.cuda.is_available():
+        assert v.verdict == "PASS" and any("copied to cuda" in n for n in v.notes), v.report()
+    else:
+        assert v.verdict == "SKIP" and "sees no CUDA device" in v.reason, v.report()

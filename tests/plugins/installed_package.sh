@@ -224,4 +224,29 @@ grep -q "lse" "$work/wrong_lse.txt" || { cat "$work/wrong_lse.txt"; fail "the wr
 expect_exit 1 "$work/wrong_dv.txt" "$attn" verify --plugin "$work/wrong_lse/build/libattn_example_cpp.so" -b example-cpp \
   "$prefix/share/attnbench/fixtures/golden/backward/basic_q17_k33_f32.h5" --direction backward -q
 grep -q "FAIL (dv" "$work/wrong_dv.txt" || { cat "$work/wrong_dv.txt"; fail "the wrong-dV FAIL does not name dv"; }
+# The Python package, where this build made one: imported from the prefix, it
+# reads the installed fixtures, names the installed attn in a reproduce line,
+# and the installed attn finds it for a BACKEND file.
+site=$(ls -d "$prefix"/lib/python3*/dist-packages 2>/dev/null | head -1 || true)
+if [ -n "$site" ] && [ -e "$site/attnbench/__init__.py" ]; then
+  (cd "$work" && PYTHONPATH="$site" /usr/bin/python3 - "$prefix" <<'PY'
+import os, sys
+import attnbench
+prefix = os.path.realpath(sys.argv[1])
+assert os.path.realpath(attnbench.default_fixtures()).startswith(prefix), attnbench.default_fixtures()
+case = [c for c in attnbench.cases("smoke") if c.name == "mha/b2_h4_q17_k33_d64_f32"][0]
+v = attnbench.check("naive", case)
+assert v.verdict == "PASS", v.report()
+dropped = attnbench.kernel(lambda q, k, v: (q @ k[:, :, :-1].swapaxes(-1, -2)) @ v[:, :, :-1], name="dropped")
+v = attnbench.check(dropped, case)
+assert v.verdict == "FAIL", v.report()
+PY
+  ) || fail "the installed Python package"
+  cat > "$work/backend_file.py" <<'PY'
+import attnbench
+BACKEND = attnbench.kernel(lambda q, k, v, *, scale: q[..., :v.shape[-1]] * 0, name="zeros")
+PY
+  expect_exit 1 "$work/backend_file.txt" "$attn" verify --plugin "$work/backend_file.py" -b zeros -t smoke -q
+  grep -q "zeros" "$work/backend_file.txt" || fail "the BACKEND file's kernel did not run"
+fi
 echo "installed package: OK"
