@@ -1,7 +1,8 @@
 """attnbench's pytest plugin: one test per case of the standard suite.
 
 Load it with `pytest -p attnbench.pytest_plugin` (or `addopts = -p attnbench.pytest_plugin` in
-pytest.ini; a pip-installed attnbench registers it by itself). Then a test that takes the
+pytest.ini; a pip-installed attnbench registers it by itself; `pytest_plugins =
+["attnbench.pytest_plugin"]` in a test file works too, without the command-line options). Then a test that takes the
 `attnbench_check` fixture runs once per case:
 
     import attnbench
@@ -47,8 +48,13 @@ def pytest_generate_tests(metafunc):
     if "attnbench_case" not in metafunc.fixturenames:
         return
     config = metafunc.config
-    tier = config.getoption("attnbench_tier") or config.getini("attnbench_tier")
-    path = config.getoption("attnbench_fixtures")
+    # Loaded late (pytest_plugins in a test module), the options were never added: the defaults.
+    tier = config.getoption("attnbench_tier", default=None)
+    try:
+        tier = tier or config.getini("attnbench_tier")
+    except ValueError:
+        tier = tier or "smoke"
+    path = config.getoption("attnbench_fixtures", default=None)
     marker = metafunc.definition.get_closest_marker("attnbench")
     filters = dict(marker.kwargs) if marker else {}
     tier = filters.pop("tier", tier)
