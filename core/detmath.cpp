@@ -4,6 +4,9 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace attn::detmath {
 
@@ -31,6 +34,59 @@ double exp(double x) {
   const int e = static_cast<int>(k);
   if (e < -1022 || e > 1023) return std::ldexp(sum, e);
   return sum * std::bit_cast<double>(static_cast<std::uint64_t>(e + 1023) << 52);
+}
+
+namespace {
+
+void exp_portable(const double* x, double* y, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) y[i] = exp(x[i]);
+}
+
+#if defined(__x86_64__)
+// exp() on four lanes: the same multiplications, subtractions, divisions and
+// additions in the same order (no fused multiply-add: the target has none),
+// nearbyint as a rounding in the current mode. A lane that exp() would send
+// elsewhere (NaN, beyond the range, 2^k not a normal double) is redone by it.
+__attribute__((target("avx2"))) void exp_avx2(const double* x, double* y, std::size_t n) {
+  const __m256d inv_ln2 = _mm256_set1_pd(kInvLn2), ln2_hi = _mm256_set1_pd(kLn2Hi), ln2_lo = _mm256_set1_pd(kLn2Lo);
+  const __m256d one = _mm256_set1_pd(1.0), lowest = _mm256_set1_pd(-745.2), highest = _mm256_set1_pd(709.782712893384);
+  const __m256d k_min = _mm256_set1_pd(-1022.0), k_max = _mm256_set1_pd(1023.0);
+  std::size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    alignas(32) double in[4];
+    const __m256d v = _mm256_loadu_pd(x + i);
+    _mm256_store_pd(in, v);
+    const __m256d k = _mm256_round_pd(_mm256_mul_pd(v, inv_ln2), _MM_FROUND_CUR_DIRECTION | _MM_FROUND_NO_EXC);
+    const __m256d r = _mm256_sub_pd(_mm256_sub_pd(v, _mm256_mul_pd(k, ln2_hi)), _mm256_mul_pd(k, ln2_lo));
+    __m256d sum = one;
+    for (int m = 20; m >= 1; --m) {
+      sum = _mm256_add_pd(one, _mm256_div_pd(_mm256_mul_pd(r, sum), _mm256_set1_pd(static_cast<double>(m))));
+    }
+    __m256d main = _mm256_and_pd(_mm256_cmp_pd(v, lowest, _CMP_GE_OQ), _mm256_cmp_pd(v, highest, _CMP_LE_OQ));
+    main = _mm256_and_pd(main, _mm256_and_pd(_mm256_cmp_pd(k, k_min, _CMP_GE_OQ), _mm256_cmp_pd(k, k_max, _CMP_LE_OQ)));
+    const __m256d k_used = _mm256_blendv_pd(_mm256_setzero_pd(), k, main);  // exact integers in [-1022, 1023]
+    const __m256i e = _mm256_cvtepi32_epi64(_mm256_cvtpd_epi32(k_used));
+    const __m256i scale = _mm256_slli_epi64(_mm256_add_epi64(e, _mm256_set1_epi64x(1023)), 52);
+    _mm256_storeu_pd(y + i, _mm256_mul_pd(sum, _mm256_castsi256_pd(scale)));
+    const int lanes = _mm256_movemask_pd(main);
+    if (lanes != 0xF) {
+      for (int l = 0; l < 4; ++l) {
+        if (!(lanes & (1 << l))) y[i + static_cast<std::size_t>(l)] = exp(in[l]);
+      }
+    }
+  }
+  exp_portable(x + i, y + i, n - i);
+}
+#endif
+
+}  // namespace
+
+void exp_n(const double* x, double* y, std::size_t n) {
+#if defined(__x86_64__)
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2) return exp_avx2(x, y, n);
+#endif
+  exp_portable(x, y, n);
 }
 
 double log(double x) {

@@ -191,10 +191,9 @@ void compute_row(const CaseData& data, std::int64_t b, std::int64_t h, std::int6
     return;  // stats of the elements stay 0: a hidden row must be exactly 0
   }
   CompensatedSum denominator;
-  for (double& s : scores) {
-    s = detmath::exp(s - max_score);  // scores now hold the unnormalised weights
-    denominator.add(s);
-  }
+  for (double& s : scores) s -= max_score;
+  detmath::exp_n(scores.data(), scores.data(), scores.size());  // scores now hold the unnormalised weights
+  for (double s : scores) denominator.add(s);
   if (p.sinks) denominator.add(detmath::exp(sink - max_score));
   const double total = denominator.value();
   result.lse[static_cast<std::size_t>(row)] = max_score + detmath::log(total);

@@ -2,7 +2,9 @@
 // committed golden files are exactly what the generator writes today.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <set>
 
@@ -151,4 +153,25 @@ TEST(DetMath, ExpAndLogAgreeWithTheCLibraryWithinAFewUlps) {
   EXPECT_EQ(detmath::log(1.0), 0.0);
   EXPECT_EQ(detmath::exp(0.0), 1.0);
   EXPECT_EQ(detmath::log(0.0), -INFINITY);
+}
+
+// exp_n (four lanes at a time where the CPU has AVX2) gives exp's bits on
+// every input: the edges of each branch, the powers of two that are not
+// normal, specials, a sweep, odd lengths and the array in place.
+TEST(DetMath, ExpOfAnArrayHasTheBitsOfExpOneByOne) {
+  std::vector<double> x = {0.0, -0.0, 1.0, -1.0, 709.782712893384, 709.7827128933841, 709.79, -745.2, -745.20000000000005,
+                           -745.3, -708.3964, -708.4, -709.0, -709.1, -744.44, 708.0, 709.5, 1e-300, -1e-300, 5e-324,
+                           std::nan(""), INFINITY, -INFINITY, 1e308, -1e308, 0.3465735902799726, -0.3465735902799727};
+  for (double v = -760; v < 720; v += 0.0731) x.push_back(v);
+  for (double v = -1; v < 1; v += 1e-3) x.push_back(v * 3.1);
+  for (int extra = 0; extra < 4; ++extra) {  // every tail length
+    std::vector<double> in(x.begin(), x.end() - extra), out(in.size(), -7.0);
+    detmath::exp_n(in.data(), out.data(), in.size());
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      const double one = detmath::exp(in[i]);
+      ASSERT_EQ(std::bit_cast<std::uint64_t>(out[i]), std::bit_cast<std::uint64_t>(one)) << "exp(" << in[i] << ")";
+    }
+    detmath::exp_n(in.data(), in.data(), in.size());  // in place
+    EXPECT_EQ(0, std::memcmp(in.data(), out.data(), in.size() * sizeof(double)));
+  }
 }

@@ -85,10 +85,14 @@ void baseline_row(const CaseData& data, std::int64_t row, const RowSinks& sinks,
     }
     return;
   }
-  for (A& w : weights) {
-    const double x = static_cast<double>(w - max_score);  // exact in double
-    w = static_cast<A>(detmath::exp(folded ? x * kLn2 : x));
+  thread_local std::vector<double> exponents;  // each weight's, exact in double
+  exponents.resize(weights.size());
+  for (std::size_t n = 0; n < weights.size(); ++n) {
+    const double d = static_cast<double>(weights[n] - max_score);
+    exponents[n] = folded ? d * kLn2 : d;
   }
+  detmath::exp_n(exponents.data(), exponents.data(), exponents.size());
+  for (std::size_t n = 0; n < weights.size(); ++n) weights[n] = static_cast<A>(exponents[n]);
   const std::size_t count = weights.size();
   auto nth = [&](std::size_t n) { return reversed ? count - 1 - n : n; };  // the order of the sums over keys
   A sum = 0;
