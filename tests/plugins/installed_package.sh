@@ -246,7 +246,8 @@ PY
 import attnbench
 BACKEND = attnbench.kernel(lambda q, k, v, *, scale: q[..., :v.shape[-1]] * 0, name="zeros")
 PY
-  expect_exit 1 "$work/backend_file.txt" "$attn" verify --plugin "$work/backend_file.py" -b zeros -t smoke -q
+  expect_exit 1 "$work/backend_file.txt" "$attn" verify --plugin "$work/backend_file.py" -b zeros -q \
+    "$prefix/share/attnbench/fixtures/golden/mha/b2_h4_q17_k33_d64_f32.h5"
   grep -q "zeros" "$work/backend_file.txt" || fail "the BACKEND file's kernel did not run"
 fi
 echo "installed package: OK"
