@@ -9,7 +9,6 @@
 #include "attnbench/error.hpp"
 #include "core/output_file.hpp"
 #include "core/registry.hpp"
-#include "core/cpu.hpp"
 #include "verify/exit_code.hpp"
 #include "fixtures/fixture.hpp"
 #include "verify/report.hpp"
@@ -134,11 +133,7 @@ Runner add_verify_command(CLI::App& app) {
     char exe[4096];
     if (ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1); n > 0) self.assign(exe, static_cast<std::size_t>(n));
     print_summary(stdout, summary, self);
-    run.kernels = std::string(cpu_kernel_set());
-    run.threads = options.thread_counts.empty() ? std::vector<int>{0} : options.thread_counts;
-    for (Layout l : options.layouts) run.layouts.emplace_back(layout_name(l));
-    if (run.layouts.empty()) run.layouts.emplace_back("bhsd");
-    for (const auto& b : backends) run.backends.emplace_back(std::string(b->name()), std::string(b->description()));
+    describe_run(run, options, backends);
     run.shard_source = shard_source;
     if (!args->json.empty()) write_json(summary, args->json, run);
     if (!args->junit.empty()) write_junit(summary, args->junit, self, run);

@@ -233,7 +233,17 @@ nlohmann::json summary_json(const VerifySummary& summary) {
           {"input_errors", summary.input_errors.size()}};
 }
 
-void write_json(const VerifySummary& summary, const std::filesystem::path& path, const RunInfo& run) {
+void describe_run(RunInfo& run, const VerifyOptions& options, const std::vector<std::unique_ptr<Backend>>& backends) {
+  run.kernels = std::string(cpu_kernel_set());
+  run.threads = options.thread_counts.empty() ? std::vector<int>{0} : options.thread_counts;
+  run.layouts.clear();
+  for (Layout l : options.layouts) run.layouts.emplace_back(layout_name(l));
+  if (run.layouts.empty()) run.layouts.emplace_back("bhsd");
+  run.backends.clear();
+  for (const auto& b : backends) run.backends.emplace_back(std::string(b->name()), std::string(b->description()));
+}
+
+std::string verify_json(const VerifySummary& summary, const RunInfo& run) {
   nlohmann::json results = nlohmann::json::array();
   for (const auto& o : summary.outcomes) {
     const Comparison& c = o.comparison;
@@ -317,7 +327,11 @@ void write_json(const VerifySummary& summary, const std::filesystem::path& path,
                         {"input_errors", summary.input_errors},
                         {"warnings", summary.warnings}};
   // Names and paths from fixtures may hold invalid UTF-8: replaced, not thrown.
-  write_whole_file(path, doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+  return doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
+void write_json(const VerifySummary& summary, const std::filesystem::path& path, const RunInfo& run) {
+  write_whole_file(path, verify_json(summary, run));
 }
 
 void write_junit(const VerifySummary& summary, const std::filesystem::path& path, const std::string& attn_command,

@@ -44,12 +44,17 @@ struct RunInfo {
   std::string shard_source;  // sharded runs: what chose the shard (--shard, GTEST_*, SLURM_*)
 };
 RunInfo this_run(std::string version, std::string commit);  // fills hostname and cpu
+// What a verify run was asked: the CPU kernel set, thread counts and layouts
+// (the defaults written out), and each backend with its description.
+void describe_run(RunInfo& run, const VerifyOptions& options, const std::vector<std::unique_ptr<Backend>>& backends);
 
 // The "summary" and "budget" parts of the verify JSON (also for attn merge).
 nlohmann::json summary_json(const VerifySummary& summary);
 nlohmann::json budget_json(const VerifySummary& summary);
 
-// Follows schemas/verify.schema.json ("schema": "attn-verify-1").
+// Follows schemas/verify.schema.json ("schema": "attn-verify-1"): the text,
+// and the file written whole.
+std::string verify_json(const VerifySummary& summary, const RunInfo& run = {});
 void write_json(const VerifySummary& summary, const std::filesystem::path& path, const RunInfo& run = {});
 // `attn_command` (the attn binary) goes into each failure's reproduce command.
 // Follows schemas/junit.xsd.

@@ -45,12 +45,12 @@ fs::path backends_folder() {
 
 // The folder that holds the attnbench Python package, so that a backend file
 // can `import attnbench` (the embedded interpreter ignores PYTHONPATH):
-// installed (<prefix>/lib/pythonX.Y/dist-packages), else this build's.
+// installed (<prefix>/ATTN_PYTHON_INSTALL_DIR), else this build's.
 fs::path package_folder() {
   std::error_code ec;
   fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   if (!ec) {
-    fs::path installed = exe.parent_path().parent_path() / "lib" / ("python" ATTN_PYTHON_VERSION) / "dist-packages";
+    fs::path installed = exe.parent_path().parent_path() / ATTN_PYTHON_INSTALL_DIR;
     if (fs::exists(installed / "attnbench" / "__init__.py", ec)) return installed;
   }
   return ATTN_PYTHON_PACKAGE_BUILD_DIR;
@@ -232,29 +232,6 @@ std::vector<py::ssize_t> dims(std::int64_t a, std::int64_t b, std::int64_t c, st
 }
 std::vector<py::ssize_t> dims(const Dims4& d) { return dims(d[0], d[1], d[2], d[3]); }
 
-py::object problem_object(const Problem& p) {
-  py::dict d;
-  d["batch"] = p.batch;
-  d["heads_q"] = p.heads_q;
-  d["heads_kv"] = p.heads_kv;
-  d["seq_q"] = p.seq_q;
-  d["seq_k"] = p.seq_k;
-  d["head_dim"] = p.head_dim;
-  d["head_dim_v"] = p.head_dim_v;
-  d["scale"] = p.scale;
-  d["causal"] = std::string(causal_name(p.causal));
-  d["dtype"] = std::string(dtype_name(p.dtype));
-  d["layout"] = std::string(layout_name(p.layout));
-  auto shape = [](const BroadcastShape& s) -> py::object {
-    if (!s.present) return py::none();
-    return py::make_tuple(s.batch, s.heads, s.rows);
-  };
-  d["mask"] = shape(p.mask);
-  d["bias"] = shape(p.bias);
-  d["kv_len"] = p.kv_len;
-  d["text"] = p.to_string();
-  return py::module_::import("types").attr("SimpleNamespace")(**d);
-}
 
 // Frameworks change the calling thread's floating-point state (TensorFlow
 // sets flush-to-zero and denormals-are-zero): every call into Python runs
@@ -586,6 +563,30 @@ class PythonBackend final : public Backend, private BackendExtensions {
 };
 
 }  // namespace
+
+py::object problem_object(const Problem& p) {
+  py::dict d;
+  d["batch"] = p.batch;
+  d["heads_q"] = p.heads_q;
+  d["heads_kv"] = p.heads_kv;
+  d["seq_q"] = p.seq_q;
+  d["seq_k"] = p.seq_k;
+  d["head_dim"] = p.head_dim;
+  d["head_dim_v"] = p.head_dim_v;
+  d["scale"] = p.scale;
+  d["causal"] = std::string(causal_name(p.causal));
+  d["dtype"] = std::string(dtype_name(p.dtype));
+  d["layout"] = std::string(layout_name(p.layout));
+  auto shape = [](const BroadcastShape& s) -> py::object {
+    if (!s.present) return py::none();
+    return py::make_tuple(s.batch, s.heads, s.rows);
+  };
+  d["mask"] = shape(p.mask);
+  d["bias"] = shape(p.bias);
+  d["kv_len"] = p.kv_len;
+  d["text"] = p.to_string();
+  return py::module_::import("types").attr("SimpleNamespace")(**d);
+}
 
 std::unique_ptr<Backend> make_python_backend(const std::string& file) {
   fs::path path = backends_folder() / file;

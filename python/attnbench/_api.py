@@ -6,7 +6,6 @@ module only reads that JSON back into objects and text.
 
 import json as _json
 import os
-import shlex
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -67,7 +66,7 @@ class Case:
 def _case_from(d):
     return Case(path=d["path"], name=d["name"], description=d["description"], tags=tuple(d["tags"]),
                 kind=d["kind"], format_version=d["format_version"], gradients=d["gradients"],
-                features=tuple(d["features"]), problem=SimpleNamespace(**d["problem"]))
+                features=tuple(d["features"]), problem=d["problem"])
 
 
 def _paths(path):
@@ -309,7 +308,7 @@ def _run(kernels, case_list, *, threads, layouts, directions, json=None, junit=N
     layouts = list(layouts if layouts is not None else ["bhsd"])
     native = _c()
     command = native.attn_command(_PACKAGE_DIR)
-    raw = native.verify(files, backends, [], threads, layouts, list(directions or []), os.fspath(junit or ""),
+    raw = native.verify(files, backends, threads, layouts, list(directions or []), os.fspath(junit or ""),
                         command)
     text = raw["json"]
     data = _json.loads(text)

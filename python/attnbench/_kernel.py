@@ -48,10 +48,12 @@ leaves the backward out (SKIP).
 
 import inspect
 import math
-import sys
 import warnings
 
 import numpy as np
+
+# The Python backend contract's own file (impls/python/backends/attn_common.py, linked here).
+from ._contract import bf16_to_f32 as _bf16_to_f32, f32_to_bf16 as _f32_to_bf16
 
 __all__ = ["Kernel", "kernel"]
 
@@ -63,21 +65,6 @@ _EMPTY_ROWS = {"zero": None, "nan": "empty_rows_nan", "mean_v": "empty_rows_mean
 
 
 # --- frameworks: views in, results out -------------------------------------------------------
-
-def _bf16_to_f32(bits):
-    return (np.asarray(bits).astype(np.uint32) << 16).view(np.float32)
-
-
-def _f32_to_bf16(values):
-    """float32 -> bfloat16 bits, rounded to nearest even (NaN stays NaN)."""
-    values = np.ascontiguousarray(values, dtype=np.float32)
-    x = values.view(np.uint32)
-    rounded = ((x + 0x7FFF + ((x >> 16) & 1)) >> 16).astype(np.uint16)
-    nan = np.isnan(values)
-    if nan.any():
-        rounded = np.where(nan, np.uint16(0x7FC0), rounded)
-    return rounded
-
 
 def _ml_dtypes():
     try:
@@ -102,10 +89,6 @@ class _NumPy:
         if dtype == "bfloat16":
             return view.view(_ml_dtypes().bfloat16)
         return view
-
-    def constant(self, values, dtype):
-        """A new array of `values` (numpy) in the case's dtype."""
-        return self.array(_to_dtype_bits(values, dtype), dtype)
 
     def to_numpy(self, x):
         return np.asarray(x)
@@ -151,9 +134,6 @@ class _Torch:
             else:
                 t = torch.from_numpy(view)
         return t if self.device == "cpu" else t.to(self.device)
-
-    def constant(self, values, dtype):
-        return self.array(_to_dtype_bits(values, dtype), dtype)
 
     def to_numpy(self, x):
         torch = self.torch()
@@ -208,9 +188,6 @@ class _Jax:
             return jnp.asarray(view.view(_ml_dtypes().bfloat16))
         return jnp.asarray(view)
 
-    def constant(self, values, dtype):
-        return self.array(_to_dtype_bits(values, dtype), dtype)
-
     def to_numpy(self, x):
         return np.asarray(x)  # a JAX array on the CPU: its buffer, without a copy (bfloat16: ml_dtypes)
 
@@ -230,13 +207,6 @@ class _BF16Bits:
 
     def swapped(self):
         return _BF16Bits(np.swapaxes(self.bits, 1, 2))
-
-
-def _to_dtype_bits(values, dtype):
-    """numpy values -> the array attnbench stores for `dtype` (bfloat16 as uint16 bits)."""
-    if dtype == "bfloat16":
-        return _f32_to_bf16(np.asarray(values, dtype=np.float32))
-    return np.ascontiguousarray(values, dtype=dtype)
 
 
 def _is_bf16(a):
@@ -327,7 +297,6 @@ class Kernel:
         self.backward = backward
         if backward is not None:
             self.prepare_backward = self._prepare_backward
-            self.supports_backward = self._supports_backward
             # A kernel that takes `threads` and sets its framework's thread count by it may see its
             # gradients change in the last bits between counts (torch's CPU backward does): said
             # here, such differences are DIFFERS instead of FAIL.
@@ -397,7 +366,7 @@ class Kernel:
     def _kernel_axes(self, x):
         return x if self.layout == "bhsd" else self.framework.swap(x)
 
-    def _arguments(self, problem, io, bias=None):
+    def _arguments(self, problem, io):
         """q, k, v in the kernel's axes and its keyword arguments (untimed: made in prepare)."""
         fw = self.framework
         q, k, v = (self._kernel_axes(fw.array(a, problem.dtype)) for a in (io.q, io.k, io.v))
@@ -409,7 +378,7 @@ class Kernel:
         if "mask" in self.keywords:
             kw["mask"] = None if io.mask is None else fw.array(np.asarray(io.mask) != 0, "bool")
         if "bias" in self.keywords:
-            kw["bias"] = bias if bias is not None else (None if io.bias is None else fw.array(io.bias, problem.dtype))
+            kw["bias"] = None if io.bias is None else fw.array(io.bias, problem.dtype)
         if "kv_len" in self.keywords:
             kw["kv_len"] = None if io.kv_len is None else fw.array(np.array(io.kv_len), "int64")
         return q, k, v, kw
@@ -442,10 +411,11 @@ class Kernel:
             kw["out"] = None
         if writes_out:
             out_view = np.asarray(io.out)
-            out_target = self._kernel_axes(_writeable(fw, out_view, problem.dtype))
+            out_target = self._kernel_axes(fw.array(out_view, problem.dtype))  # writeable: attnbench's out
             kw["out"] = out_target
         dtype, fn, name = problem.dtype, self.fn, self.NAME
         lse_view = io.lse
+        lse_size = problem.batch * problem.heads_q * problem.seq_q
 
         def run():
             result = fn(q, k, v, **kw)
@@ -457,10 +427,9 @@ class Kernel:
                 _store(dtype, io.out, self._kernel_axes_numpy(fw.to_numpy(out)), f"{name}'s output")
             if lse is not None and lse_view is not None:
                 lse_np = np.asarray(fw.to_numpy(lse), dtype=np.float64)
-                expected = problem.batch * problem.heads_q * problem.seq_q
-                if lse_np.size != expected:
+                if lse_np.size != lse_size:
                     raise ValueError(f"{name}'s lse has {lse_np.size} values; the case needs "
-                                     f"[batch, heads_q, seq_q] = {expected}")
+                                     f"[batch, heads_q, seq_q] = {lse_size}")
                 lse_view[...] = lse_np.reshape(-1)
 
         return run
@@ -471,9 +440,6 @@ class Kernel:
         return a.swapped() if isinstance(a, _BF16Bits) else np.swapaxes(a, 1, 2)
 
     # Backward (format version 3).
-    def _supports_backward(self, problem):
-        return None
-
     def _prepare_backward(self, problem, io, threads):
         fw = self.framework
         dtype = problem.dtype
@@ -487,8 +453,9 @@ class Kernel:
         if "out" in self.keywords:
             kw["out"] = None  # the backward's forward returns its result
         self._threads(kw, threads)
-        wants_dbias = io.dbias is not None and "bias" in self.keywords
-        targets = [io.dq, io.dk, io.dv]
+        wants_dbias = io.dbias is not None
+        if wants_dbias and "bias" not in self.keywords:
+            raise TypeError(f"{self.NAME} takes no bias, so it has no dbias")
 
         if callable(self.backward):
             out = self._kernel_axes(fw.array(np.asarray(io.out), dtype))
@@ -498,20 +465,27 @@ class Kernel:
                 grads = bwd(q, k, v, out, dout, **kw)
                 if not isinstance(grads, (tuple, list)) or len(grads) not in (3, 4):
                     raise TypeError(f"{name}'s backward returns (dq, dk, dv) or (dq, dk, dv, dbias)")
-                for view, g, what in zip(targets, grads[:3], ("dq", "dk", "dv")):
-                    _store(dtype, view, self._kernel_axes_numpy(fw.to_numpy(g)), f"{name}'s {what}")
-                if io.dbias is not None:
-                    if len(grads) < 4 or grads[3] is None:
-                        raise TypeError(f"{name}'s backward returned no dbias for a case with a bias gradient")
-                    _store(dtype, io.dbias, _fold_bias(fw.to_numpy(grads[3]), io.dbias.shape), f"{name}'s dbias")
+                if wants_dbias and (len(grads) < 4 or grads[3] is None):
+                    raise TypeError(f"{name}'s backward returned no dbias for a case with a bias gradient")
+                self._store_gradients(dtype, io, grads[:4] if wants_dbias else grads[:3])
 
             return run
 
         if fw.name == "torch":
-            return self._torch_autograd(problem, io, q, k, v, dout, kw, bias_stored, wants_dbias, shape, targets)
-        return self._jax_autograd(problem, io, q, k, v, dout, kw, bias_stored, wants_dbias, shape, targets)
+            return self._torch_autograd(problem, io, q, k, v, dout, kw, bias_stored, wants_dbias, shape)
+        return self._jax_autograd(problem, io, q, k, v, dout, kw, bias_stored, wants_dbias, shape)
 
-    def _torch_autograd(self, problem, io, q, k, v, dout, kw, bias_stored, wants_dbias, shape, targets):
+    def _store_gradients(self, dtype, io, grads):
+        """dq, dk, dv (in the kernel's axes) and, when given, dbias (its stored shape, or the full
+        one, which is summed over the broadcast axes) into attnbench's buffers."""
+        for g, what in zip(grads, ("dq", "dk", "dv", "dbias")):
+            g = self.framework.to_numpy(g)
+            if what == "dbias":
+                _store(dtype, io.dbias, _fold_bias(g, io.dbias.shape), f"{self.NAME}'s dbias")
+            else:
+                _store(dtype, getattr(io, what), self._kernel_axes_numpy(g), f"{self.NAME}'s {what}")
+
+    def _torch_autograd(self, problem, io, q, k, v, dout, kw, bias_stored, wants_dbias, shape):
         torch = self.framework.torch()
         dtype, name, fn = problem.dtype, self.NAME, self.fn
         leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
@@ -532,19 +506,14 @@ class Kernel:
                     raise TypeError(f"{name}'s output does not depend on q, k, v through autograd "
                                     "(pass backward=a function, or backward=None)")
                 grads = torch.autograd.grad(out, inputs, grad_outputs=dout, allow_unused=True)
-            for view, g, leaf, what in zip(targets + ([io.dbias] if wants_dbias else []), grads, inputs,
-                                           ("dq", "dk", "dv", "dbias")):
-                g = torch.zeros_like(leaf) if g is None else g  # unused: its gradient is 0
-                g = self.framework.to_numpy(g)
-                _store(dtype, view, g if what == "dbias" else self._kernel_axes_numpy(g), f"{name}'s {what}")
-            if io.dbias is not None and not wants_dbias:
-                raise TypeError(f"{name} takes no bias, so it has no dbias")
+            # An input the output does not use has a gradient of 0.
+            self._store_gradients(dtype, io, [torch.zeros_like(x) if g is None else g for g, x in zip(grads, inputs)])
 
         return run
 
-    def _jax_autograd(self, problem, io, q, k, v, dout, kw, bias_stored, wants_dbias, shape, targets):
+    def _jax_autograd(self, problem, io, q, k, v, dout, kw, bias_stored, wants_dbias, shape):
         jax = self.framework.jax()
-        dtype, name, fn = problem.dtype, self.NAME, self.fn
+        dtype, fn = problem.dtype, self.fn
         bias_leaf = None
         if bias_stored is not None and "bias" in self.keywords:
             bias_leaf = self.framework.array(bias_stored, dtype)
@@ -560,13 +529,7 @@ class Kernel:
 
         def run():
             _, vjp = jax.vjp(forward, *primals)
-            grads = vjp(dout)
-            for view, g, what in zip(targets + ([io.dbias] if wants_dbias else []), grads,
-                                     ("dq", "dk", "dv", "dbias")):
-                g = self.framework.to_numpy(g)
-                _store(dtype, view, g if what == "dbias" else self._kernel_axes_numpy(g), f"{name}'s {what}")
-            if io.dbias is not None and not wants_dbias:
-                raise TypeError(f"{name} takes no bias, so it has no dbias")
+            self._store_gradients(dtype, io, vjp(dout))
 
         return run
 
@@ -578,18 +541,6 @@ def _fold_bias(g, stored):
         return g
     axes = tuple(a for a in range(len(stored)) if stored[a] == 1 and g.shape[a] != 1)
     return np.asarray(g, dtype=np.float64).sum(axis=axes, keepdims=True) if axes else g
-
-
-def _writeable(fw, view, dtype):
-    """The output buffer in the framework's type, written in place (numpy and torch on the CPU)."""
-    if fw.name == "numpy":
-        return fw.array(view, dtype)
-    torch = fw.torch()
-    if dtype == "bfloat16":
-        t = torch.from_numpy(view.view(np.int16)).view(torch.bfloat16)
-    else:
-        t = torch.from_numpy(view)
-    return t if fw.device == "cpu" else t.to(fw.device)
 
 
 def kernel(fn=None, **options):

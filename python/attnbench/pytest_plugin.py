@@ -2,8 +2,8 @@
 
 Load it with `pytest -p attnbench.pytest_plugin` (or `addopts = -p attnbench.pytest_plugin` in
 pytest.ini; a pip-installed attnbench registers it by itself; `pytest_plugins =
-["attnbench.pytest_plugin"]` in a test file works too, without the command-line options). Then a test that takes the
-`attnbench_check` fixture runs once per case:
+["attnbench.pytest_plugin"]` in a test file works too, without the command-line options). Then
+a test that takes the `attnbench_check` fixture runs once per case:
 
     import attnbench
 

@@ -8,13 +8,8 @@
 
 #include <fmt/format.h>
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -60,18 +55,6 @@ std::string attn_command(const std::string& package_dir) {
 
 std::vector<fs::path> roots_of(const std::vector<std::string>& paths) { return {paths.begin(), paths.end()}; }
 
-py::dict problem_dict(const Problem& p) {
-  py::dict d;
-  d["text"] = p.to_string();
-  d["dtype"] = std::string(dtype_name(p.dtype));
-  d["batch"] = p.batch, d["heads_q"] = p.heads_q, d["heads_kv"] = p.heads_kv;
-  d["seq_q"] = p.seq_q, d["seq_k"] = p.seq_k, d["head_dim"] = p.head_dim, d["head_dim_v"] = p.head_dim_v;
-  d["scale"] = p.scale;
-  d["causal"] = std::string(causal_name(p.causal));
-  d["mask"] = p.mask.present, d["bias"] = p.bias.present, d["kv_len"] = p.kv_len;
-  return d;
-}
-
 // What a case asks of a kernel beyond plain attention, by name (the names
 // attnbench.kernel's `features` uses): the masking ones, GQA, and the format
 // version 2 additions.
@@ -107,7 +90,7 @@ py::list fixtures(const std::vector<std::string>& paths, const std::vector<std::
     d["kind"] = h.kind == FixtureKind::mha ? "layer" : "sdpa";
     d["format_version"] = h.format_version;
     d["gradients"] = h.gradients;
-    d["problem"] = problem_dict(h.problem);
+    d["problem"] = python::problem_object(h.problem);  // as a backend sees it
     d["features"] = feature_list(h.problem);
     out.append(d);
   }
@@ -152,8 +135,7 @@ py::dict inputs(const std::string& path) {
 // attn verify over `paths` for each backend (a built-in name, or a Python
 // backend object): the JSON it writes (schemas/verify.schema.json) and its
 // exit code, and each result's reproduce command.
-py::dict run_verify(const std::vector<std::string>& paths, const py::list& backends, const std::vector<std::string>& tags,
-                    const std::vector<int>& threads, const std::vector<std::string>& layouts,
+py::dict run_verify(const std::vector<std::string>& paths, const py::list& backends, const std::vector<int>& threads, const std::vector<std::string>& layouts,
                     const std::vector<std::string>& directions, const std::string& junit, const std::string& attn_command) {
   std::vector<std::unique_ptr<Backend>> made;
   for (py::handle b : backends) {
@@ -167,7 +149,6 @@ py::dict run_verify(const std::vector<std::string>& paths, const py::list& backe
   const std::vector<fs::path> files = find_fixture_files(roots_of(paths));
   if (files.empty()) throw Error("no fixture files (*.h5, *.hdf5) in the paths given");
   VerifyOptions options;
-  options.tags = tags;
   options.thread_counts = threads;
   for (const std::string& l : layouts) {
     if (l != "bhsd" && l != "bshd") throw Error(fmt::format("layout '{}' is neither bhsd nor bshd", l));
@@ -182,28 +163,15 @@ py::dict run_verify(const std::vector<std::string>& paths, const py::list& backe
     py::gil_scoped_release release;  // the Python backends take the GIL for each call
     summary = verify(files, made, options);
   }
-  RunInfo run = this_run(ATTN_VERSION, "python");
-  run.threads = options.thread_counts.empty() ? std::vector<int>{0} : options.thread_counts;
-  for (Layout l : options.layouts) run.layouts.emplace_back(layout_name(l));
-  if (run.layouts.empty()) run.layouts.emplace_back("bhsd");
-  for (const auto& b : made) run.backends.emplace_back(std::string(b->name()), std::string(b->description()));
-  // The JSON goes through the writer attn verify uses, to a private file.
-  char name[] = "/tmp/attnbench-verify-XXXXXX";
-  const int fd = mkstemp(name);
-  if (fd < 0) throw Error("cannot make a temporary file for the verify JSON");
-  close(fd);
-  write_json(summary, name, run);
-  std::ifstream in(name);
-  std::stringstream text;
-  text << in.rdbuf();
-  fs::remove(name);
+  RunInfo run = this_run(ATTN_VERSION, ATTN_GIT_COMMIT);
+  describe_run(run, options, made);
   if (!junit.empty()) write_junit(summary, junit, attn_command, run);
   const ExitDecision exit = verification_exit(summary, {});
   // Each result's reproduce command, in the JSON's order (attn verify prints them for failures).
   py::list reproduce;
   for (const CaseOutcome& o : summary.outcomes) reproduce.append(reproduce_command(o, attn_command));
   py::dict result;
-  result["json"] = text.str();
+  result["json"] = verify_json(summary, run);  // attn verify's JSON
   result["reproduce"] = reproduce;
   result["exit_code"] = exit.code;
   result["why"] = exit.why;
@@ -224,7 +192,7 @@ PYBIND11_MODULE(_attnbench, m) {
     for (const auto& b : make_backends()) names.emplace_back(b->name());
     return names;
   });
-  m.def("verify", &run_verify, py::arg("paths"), py::arg("backends"), py::arg("tags"), py::arg("threads"),
+  m.def("verify", &run_verify, py::arg("paths"), py::arg("backends"), py::arg("threads"),
         py::arg("layouts"), py::arg("directions"), py::arg("junit"), py::arg("attn_command"));
   // attnbench's own errors reach Python as ValueError (bad input) or RuntimeError.
   py::register_exception_translator([](std::exception_ptr p) {

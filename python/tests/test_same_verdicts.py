@@ -68,6 +68,7 @@ def test_builtin_backends_on_every_standard_case():
     files = {os.path.abspath(c.path) for c in standard}
     assert files <= {k[1] for k in mine}, "every standard case has a result"
     assert ours["input_errors"] == theirs["input_errors"]
+    assert (ours["schema"], ours["tool"], ours["host"]) == (theirs["schema"], theirs["tool"], theirs["host"])
 
 
 def attn_verify(plugin, backend, files, tmp_path):

@@ -1,0 +1,1 @@
+../../impls/python/backends/attn_common.py
