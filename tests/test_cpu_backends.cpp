@@ -46,7 +46,8 @@ TEST(CpuBackends, StreamingIsBitwiseReproducibleAtAFixedThreadCount) {
 // 16 dot products at once and stores them row by row: every row count (1, 2,
 // 4 and 8 per group, partial groups) and key tail must land each sum in its
 // own place and leave the columns past `keys` alone; P V must read no column
-// of V past dv (a 16-bit row's tail) and leave O's padding alone.
+// of V past dv (a 16-bit row's tail) and leave O's padding alone. The rows
+// each asks the memory for (cpu::Ahead, K's own rows here) change nothing.
 TEST(CpuKernels, DirectDecodeKernelsAgreeWithPortable) {
   const cpu::Kernels* avx = cpu::avx512_kernels();
   if (!avx) GTEST_SKIP() << "this CPU lacks AVX-512 BF16: only the portable kernels run here";
@@ -66,11 +67,13 @@ TEST(CpuKernels, DirectDecodeKernelsAgreeWithPortable) {
     const void* k = dtype == DType::f32 ? static_cast<const void*>(kf.data())
                     : dtype == DType::bf16 ? static_cast<const void*>(kb.data()) : static_cast<const void*>(kh.data());
     const std::string what = std::string(dtype_name(dtype));
+    const auto element = static_cast<std::int64_t>(dtype_size(dtype));
+    const cpu::Ahead ahead{k, 21, ldk * element, head_dim * element};
     for (std::int64_t rows : {1, 2, 3, 4, 5, 8, 9, 13}) {
       for (std::int64_t keys : {1, 7, 16, 33, 64}) {
         std::vector<float> s1(rows * 64, 7.0f), s2(rows * 64, 7.0f);
-        avx->qk_direct(q.data(), rows, head_dim, k, dtype, ldk, keys, s1.data());
-        portable.qk_direct(q.data(), rows, head_dim, k, dtype, ldk, keys, s2.data());
+        avx->qk_direct(q.data(), rows, head_dim, k, dtype, ldk, keys, s1.data(), ahead);
+        portable.qk_direct(q.data(), rows, head_dim, k, dtype, ldk, keys, s2.data(), ahead);
         for (std::int64_t r = 0; r < rows; ++r) {
           for (std::int64_t j = 0; j < 64; ++j) {
             const std::size_t e = static_cast<std::size_t>(r * 64 + j);
@@ -80,12 +83,12 @@ TEST(CpuKernels, DirectDecodeKernelsAgreeWithPortable) {
         }
         // V is K's storage read as rows of dv (< ldk) columns.
         std::vector<float> o1(rows * dv_pad, 0.5f), o2(rows * dv_pad, 0.5f);
-        avx->pv_direct(p.data(), rows, keys, k, dtype, ldk, dv, dv_pad, o1.data());
-        portable.pv_direct(p.data(), rows, keys, k, dtype, ldk, dv, dv_pad, o2.data());
+        avx->pv_direct(p.data(), rows, keys, k, dtype, ldk, dv, dv_pad, o1.data(), ahead);
+        portable.pv_direct(p.data(), rows, keys, k, dtype, ldk, dv, dv_pad, o2.data(), ahead);
         if (dtype == DType::bf16) {  // and with bfloat16 dot products (Q rows 2 apart from head_dim)
           std::fill(s1.begin(), s1.end(), 7.0f), std::fill(s2.begin(), s2.end(), 7.0f);
-          avx->qk_bf16_direct(qb.data(), rows, head_dim, head_dim + 2, kb.data(), ldk, keys, s1.data());
-          portable.qk_bf16_direct(qb.data(), rows, head_dim, head_dim + 2, kb.data(), ldk, keys, s2.data());
+          avx->qk_bf16_direct(qb.data(), rows, head_dim, head_dim + 2, kb.data(), ldk, keys, s1.data(), ahead);
+          portable.qk_bf16_direct(qb.data(), rows, head_dim, head_dim + 2, kb.data(), ldk, keys, s2.data(), ahead);
           for (std::int64_t r = 0; r < rows; ++r) {
             for (std::int64_t j = 0; j < 64; ++j) {
               const std::size_t e = static_cast<std::size_t>(r * 64 + j);
@@ -94,8 +97,8 @@ TEST(CpuKernels, DirectDecodeKernelsAgreeWithPortable) {
             }
           }
           std::vector<float> b1(rows * dv_pad, 0.5f), b2(rows * dv_pad, 0.5f);
-          avx->pv_bf16_direct(pb.data(), rows, keys, kb.data(), ldk, dv, dv_pad, b1.data());
-          portable.pv_bf16_direct(pb.data(), rows, keys, kb.data(), ldk, dv, dv_pad, b2.data());
+          avx->pv_bf16_direct(pb.data(), rows, keys, kb.data(), ldk, dv, dv_pad, b1.data(), ahead);
+          portable.pv_bf16_direct(pb.data(), rows, keys, kb.data(), ldk, dv, dv_pad, b2.data(), ahead);
           for (std::int64_t r = 0; r < rows; ++r) {
             for (std::int64_t c = 0; c < dv_pad; ++c) {
               const std::size_t e = static_cast<std::size_t>(r * dv_pad + c);

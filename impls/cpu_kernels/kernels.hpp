@@ -16,12 +16,47 @@
 #pragma once
 
 #include <cstdint>
+#include <climits>
 
 #include "attnbench/dtype.hpp"
 
 namespace attn::cpu {
 
 inline constexpr std::int64_t kKeyBlock = 64;
+
+// Rows a decode kernel asks the memory for while it computes (a hint: they
+// are never read): `rows` rows of `row_bytes`, `stride` bytes apart, the run
+// of keys a block ahead of the one computed. The kernel spreads the requests
+// over its own keys, so they overlap the products; issued in one burst they
+// fill the core's miss buffers and the products wait behind them.
+struct Ahead {
+  const void* first = nullptr;
+  std::int64_t rows = 0, stride = 0, row_bytes = 0;
+};
+
+// Asks for bytes [begin, end) (clipped to row_bytes) of ahead rows [r0, r1)
+// (clipped to rows) into L2: a prefetch to L1 would take the line buffers
+// the products' own loads need.
+inline void prefetch_rows(const Ahead& a, std::int64_t r0, std::int64_t r1, std::int64_t begin = 0,
+                          std::int64_t end = INT64_MAX) {
+  if (end > a.row_bytes) end = a.row_bytes;
+  if (r1 > a.rows) r1 = a.rows;
+  for (std::int64_t r = r0; r < r1; ++r) {
+    const auto row = reinterpret_cast<std::uintptr_t>(a.first) + static_cast<std::uintptr_t>(r * a.stride);
+    for (std::uintptr_t x = (row + static_cast<std::uintptr_t>(begin)) & ~std::uintptr_t{63}; x < row + static_cast<std::uintptr_t>(end); x += 64) {
+      __builtin_prefetch(reinterpret_cast<const void*>(x), 0, 2);
+    }
+  }
+}
+
+// Bytes [begin, end) of each ahead row (the columns one pass of a kernel covers).
+inline Ahead ahead_part(const Ahead& a, std::int64_t begin, std::int64_t end) {
+  Ahead part = a;
+  part.first = static_cast<const char*>(a.first) + begin;
+  part.row_bytes = (end < a.row_bytes ? end : a.row_bytes) - begin;
+  if (part.row_bytes <= 0) part.rows = 0;
+  return part;
+}
 
 struct Kernels {
   const char* isa;
@@ -60,21 +95,21 @@ struct Kernels {
   // Decode shapes, K and V read in place (no packing): rows of float32,
   // bfloat16 or float16 (`dtype`), widened exactly on load, multiplied in
   // float32. S[r][j] = sum_d Q[r][d] * K[j * ldk + d] for j < keys; the
-  // columns from keys to 64 are left alone.
+  // columns from keys to 64 are left alone. Each prefetches `ahead` (Ahead).
   void (*qk_direct)(const float* q, std::int64_t rows, std::int64_t head_dim, const void* k, DType dtype,
-                    std::int64_t ldk, std::int64_t keys, float* s);
+                    std::int64_t ldk, std::int64_t keys, float* s, const Ahead& ahead);
   // O[r][c] += sum_{j < keys} P[r][j] * V[j * ldv + c] for c < dv (no column
   // of V past dv is read; O's columns dv to dv_pad are left alone).
   void (*pv_direct)(const float* p, std::int64_t rows, std::int64_t keys, const void* v, DType dtype, std::int64_t ldv,
-                    std::int64_t dv, std::int64_t dv_pad, float* o);
+                    std::int64_t dv, std::int64_t dv_pad, float* o, const Ahead& ahead);
   // bfloat16 Q, K and V with bfloat16 dot products (pairs of exact products
   // summed in float32, as qk_bf16/pv_bf16): Q [rows][ldq] as given (not
   // scaled), K and V rows in place, P bfloat16 rows of 64; otherwise as
   // qk_direct and pv_direct (dv columns of V read, O's padding left alone).
   void (*qk_bf16_direct)(const bf16* q, std::int64_t rows, std::int64_t head_dim, std::int64_t ldq, const bf16* k,
-                         std::int64_t ldk, std::int64_t keys, float* s);
+                         std::int64_t ldk, std::int64_t keys, float* s, const Ahead& ahead);
   void (*pv_bf16_direct)(const bf16* p, std::int64_t rows, std::int64_t keys, const bf16* v, std::int64_t ldv,
-                         std::int64_t dv, std::int64_t dv_pad, float* o);
+                         std::int64_t dv, std::int64_t dv_pad, float* o, const Ahead& ahead);
   // x[j] *= scale for j < visible, x[j] = -inf for visible <= j < 64; returns the max.
   float (*scale_row)(float* x, float scale, std::int64_t visible);
   // out[j] = bfloat16(x[j]), round to nearest even, j < n.

@@ -331,12 +331,14 @@ template <int R> struct RowMajor {
 
 template <int R, typename T>
 ATTN_AVX512 void qk_direct_rows(const float* q, std::int64_t nr, std::int64_t head_dim, const T* k, std::int64_t ldk,
-                                std::int64_t keys, float* s) {
+                                std::int64_t keys, float* s, const Ahead& ahead) {
   constexpr int kKeys = 16 / R;
   const __m512i order = _mm512_loadu_si512(RowMajor<R>::from.data());
   const float* qrow[R];
   for (int r = 0; r < R; ++r) qrow[r] = q + std::min<std::int64_t>(r, nr - 1) * head_dim;
-  for (std::int64_t j = 0; j < keys; j += kKeys) {
+  std::int64_t j = 0;
+  for (; j < keys; j += kKeys) {
+    prefetch_rows(ahead, j, j + kKeys);
     const T* krow[kKeys];
     for (int c = 0; c < kKeys; ++c) krow[c] = k + std::min<std::int64_t>(j + c, keys - 1) * ldk;
     __m512 acc[16];
@@ -357,28 +359,30 @@ ATTN_AVX512 void qk_direct_rows(const float* q, std::int64_t nr, std::int64_t he
       _mm512_mask_storeu_ps(s + r * kKeyBlock + j - r * kKeys, static_cast<__mmask16>(live_keys << (r * kKeys)), sums);
     }
   }
+  prefetch_rows(ahead, j, ahead.rows);
 }
 
 template <typename T>
 ATTN_AVX512 void qk_direct_typed(const float* q, std::int64_t rows, std::int64_t head_dim, const T* k, std::int64_t ldk,
-                                 std::int64_t keys, float* s) {
+                                 std::int64_t keys, float* s, const Ahead& ahead) {
   for (std::int64_t r0 = 0; r0 < rows; r0 += 8) {
     const std::int64_t nr = std::min<std::int64_t>(8, rows - r0);
     const float* qr = q + r0 * head_dim;
     float* sr = s + r0 * kKeyBlock;
-    if (nr == 1) qk_direct_rows<1>(qr, nr, head_dim, k, ldk, keys, sr);
-    else if (nr == 2) qk_direct_rows<2>(qr, nr, head_dim, k, ldk, keys, sr);
-    else if (nr <= 4) qk_direct_rows<4>(qr, nr, head_dim, k, ldk, keys, sr);
-    else qk_direct_rows<8>(qr, nr, head_dim, k, ldk, keys, sr);
+    const Ahead& a = r0 == 0 ? ahead : Ahead{};  // the first 8 rows ask for it
+    if (nr == 1) qk_direct_rows<1>(qr, nr, head_dim, k, ldk, keys, sr, a);
+    else if (nr == 2) qk_direct_rows<2>(qr, nr, head_dim, k, ldk, keys, sr, a);
+    else if (nr <= 4) qk_direct_rows<4>(qr, nr, head_dim, k, ldk, keys, sr, a);
+    else qk_direct_rows<8>(qr, nr, head_dim, k, ldk, keys, sr, a);
   }
 }
 
 ATTN_AVX512 void qk_direct(const float* q, std::int64_t rows, std::int64_t head_dim, const void* k, DType dtype,
-                           std::int64_t ldk, std::int64_t keys, float* s) {
+                           std::int64_t ldk, std::int64_t keys, float* s, const Ahead& ahead) {
   switch (dtype) {
-    case DType::f32: return qk_direct_typed(q, rows, head_dim, static_cast<const float*>(k), ldk, keys, s);
-    case DType::bf16: return qk_direct_typed(q, rows, head_dim, static_cast<const bf16*>(k), ldk, keys, s);
-    case DType::f16: return qk_direct_typed(q, rows, head_dim, static_cast<const f16*>(k), ldk, keys, s);
+    case DType::f32: return qk_direct_typed(q, rows, head_dim, static_cast<const float*>(k), ldk, keys, s, ahead);
+    case DType::bf16: return qk_direct_typed(q, rows, head_dim, static_cast<const bf16*>(k), ldk, keys, s, ahead);
+    case DType::f16: return qk_direct_typed(q, rows, head_dim, static_cast<const f16*>(k), ldk, keys, s, ahead);
     default: throw std::logic_error("the in-place kernels read float32, bfloat16 or float16 rows");
   }
 }
@@ -387,7 +391,7 @@ ATTN_AVX512 void qk_direct(const float* q, std::int64_t rows, std::int64_t head_
 // `keys` rows of V in place (the last vector's lanes past dv read nothing).
 template <int NR, int NV, typename T>
 ATTN_AVX512 void pv_direct_block(const float* p, std::int64_t keys, const T* v, std::int64_t ldv, std::int64_t dv,
-                                 std::int64_t dv_pad, float* o) {
+                                 std::int64_t dv_pad, float* o, const Ahead& ahead) {
   __m512 acc[NR][NV];
   __mmask16 cols[NV];
 #pragma GCC unroll 4
@@ -397,6 +401,7 @@ ATTN_AVX512 void pv_direct_block(const float* p, std::int64_t keys, const T* v, 
 #pragma GCC unroll 4
     for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_loadu_ps(o + r * dv_pad + 16 * c);
   for (std::int64_t j = 0; j < keys; ++j) {
+    prefetch_rows(ahead, j, j + 1);
     __m512 vj[NV];
 #pragma GCC unroll 4
     for (int c = 0; c < NV; ++c) vj[c] = load16(v + j * ldv + 16 * c, cols[c]);
@@ -411,10 +416,11 @@ ATTN_AVX512 void pv_direct_block(const float* p, std::int64_t keys, const T* v, 
   for (int r = 0; r < NR; ++r)
 #pragma GCC unroll 4
     for (int c = 0; c < NV; ++c) _mm512_storeu_ps(o + r * dv_pad + 16 * c, acc[r][c]);
+  prefetch_rows(ahead, keys, ahead.rows);
 }
 
 template <typename T> struct PvDirectTables {
-  using Fn = void (*)(const float*, std::int64_t, const T*, std::int64_t, std::int64_t, std::int64_t, float*);
+  using Fn = void (*)(const float*, std::int64_t, const T*, std::int64_t, std::int64_t, std::int64_t, float*, const Ahead&);
   template <int NV>
   static constexpr auto rows = make_table([](auto n) -> Fn { return &pv_direct_block<decltype(n)::value, NV, T>; },
                                           std::make_index_sequence<kRowsPerStep>{});
@@ -422,25 +428,29 @@ template <typename T> struct PvDirectTables {
 
 template <typename T>
 ATTN_AVX512 void pv_direct_typed(const float* p, std::int64_t rows, std::int64_t keys, const T* v, std::int64_t ldv,
-                                 std::int64_t dv, std::int64_t dv_pad, float* o) {
+                                 std::int64_t dv, std::int64_t dv_pad, float* o, const Ahead& ahead) {
   using Tables = PvDirectTables<T>;
   for (std::int64_t c0 = 0; c0 < dv; c0 += 64) {
     const std::int64_t nv = std::min<std::int64_t>(4, (dv - c0 + 15) / 16);
     const auto& table = pick(nv, Tables::template rows<1>, Tables::template rows<2>, Tables::template rows<3>,
                              Tables::template rows<4>);
+    // Each pass over the keys asks for its own columns of the ahead rows.
+    const auto element = static_cast<std::int64_t>(sizeof(T));
+    const Ahead part = ahead_part(ahead, c0 * element, (c0 + 64) * element);
     for (std::int64_t r = 0; r < rows; r += kRowsPerStep) {
       const std::int64_t n = std::min<std::int64_t>(kRowsPerStep, rows - r);
-      table[static_cast<std::size_t>(n - 1)](p + r * kKeyBlock, keys, v + c0, ldv, dv - c0, dv_pad, o + r * dv_pad + c0);
+      table[static_cast<std::size_t>(n - 1)](p + r * kKeyBlock, keys, v + c0, ldv, dv - c0, dv_pad, o + r * dv_pad + c0,
+                                             r == 0 ? part : Ahead{});
     }
   }
 }
 
 ATTN_AVX512 void pv_direct(const float* p, std::int64_t rows, std::int64_t keys, const void* v, DType dtype,
-                           std::int64_t ldv, std::int64_t dv, std::int64_t dv_pad, float* o) {
+                           std::int64_t ldv, std::int64_t dv, std::int64_t dv_pad, float* o, const Ahead& ahead) {
   switch (dtype) {
-    case DType::f32: return pv_direct_typed(p, rows, keys, static_cast<const float*>(v), ldv, dv, dv_pad, o);
-    case DType::bf16: return pv_direct_typed(p, rows, keys, static_cast<const bf16*>(v), ldv, dv, dv_pad, o);
-    case DType::f16: return pv_direct_typed(p, rows, keys, static_cast<const f16*>(v), ldv, dv, dv_pad, o);
+    case DType::f32: return pv_direct_typed(p, rows, keys, static_cast<const float*>(v), ldv, dv, dv_pad, o, ahead);
+    case DType::bf16: return pv_direct_typed(p, rows, keys, static_cast<const bf16*>(v), ldv, dv, dv_pad, o, ahead);
+    case DType::f16: return pv_direct_typed(p, rows, keys, static_cast<const f16*>(v), ldv, dv, dv_pad, o, ahead);
     default: throw std::logic_error("the in-place kernels read float32, bfloat16 or float16 rows");
   }
 }
@@ -448,12 +458,14 @@ ATTN_AVX512 void pv_direct(const float* p, std::int64_t rows, std::int64_t keys,
 // qk_direct_rows with bfloat16 dot products: 32 dims a step, no widening.
 template <int R>
 ATTN_AVX512 void qk_bf16_direct_rows(const bf16* q, std::int64_t nr, std::int64_t head_dim, std::int64_t ldq,
-                                     const bf16* k, std::int64_t ldk, std::int64_t keys, float* s) {
+                                     const bf16* k, std::int64_t ldk, std::int64_t keys, float* s, const Ahead& ahead) {
   constexpr int kKeys = 16 / R;
   const __m512i order = _mm512_loadu_si512(RowMajor<R>::from.data());
   const bf16* qrow[R];
   for (int r = 0; r < R; ++r) qrow[r] = q + std::min<std::int64_t>(r, nr - 1) * ldq;
-  for (std::int64_t j = 0; j < keys; j += kKeys) {
+  std::int64_t j = 0;
+  for (; j < keys; j += kKeys) {
+    prefetch_rows(ahead, j, j + kKeys);
     const bf16* krow[kKeys];
     for (int c = 0; c < kKeys; ++c) krow[c] = k + std::min<std::int64_t>(j + c, keys - 1) * ldk;
     __m512 acc[16];
@@ -473,18 +485,20 @@ ATTN_AVX512 void qk_bf16_direct_rows(const bf16* q, std::int64_t nr, std::int64_
       _mm512_mask_storeu_ps(s + r * kKeyBlock + j - r * kKeys, static_cast<__mmask16>(live_keys << (r * kKeys)), sums);
     }
   }
+  prefetch_rows(ahead, j, ahead.rows);
 }
 
 ATTN_AVX512 void qk_bf16_direct(const bf16* q, std::int64_t rows, std::int64_t head_dim, std::int64_t ldq, const bf16* k,
-                                std::int64_t ldk, std::int64_t keys, float* s) {
+                                std::int64_t ldk, std::int64_t keys, float* s, const Ahead& ahead) {
   for (std::int64_t r0 = 0; r0 < rows; r0 += 8) {
     const std::int64_t nr = std::min<std::int64_t>(8, rows - r0);
     const bf16* qr = q + r0 * ldq;
     float* sr = s + r0 * kKeyBlock;
-    if (nr == 1) qk_bf16_direct_rows<1>(qr, nr, head_dim, ldq, k, ldk, keys, sr);
-    else if (nr == 2) qk_bf16_direct_rows<2>(qr, nr, head_dim, ldq, k, ldk, keys, sr);
-    else if (nr <= 4) qk_bf16_direct_rows<4>(qr, nr, head_dim, ldq, k, ldk, keys, sr);
-    else qk_bf16_direct_rows<8>(qr, nr, head_dim, ldq, k, ldk, keys, sr);
+    const Ahead& a = r0 == 0 ? ahead : Ahead{};
+    if (nr == 1) qk_bf16_direct_rows<1>(qr, nr, head_dim, ldq, k, ldk, keys, sr, a);
+    else if (nr == 2) qk_bf16_direct_rows<2>(qr, nr, head_dim, ldq, k, ldk, keys, sr, a);
+    else if (nr <= 4) qk_bf16_direct_rows<4>(qr, nr, head_dim, ldq, k, ldk, keys, sr, a);
+    else qk_bf16_direct_rows<8>(qr, nr, head_dim, ldq, k, ldk, keys, sr, a);
   }
 }
 
@@ -495,7 +509,7 @@ ATTN_AVX512 void qk_bf16_direct(const bf16* q, std::int64_t rows, std::int64_t h
 // order on load and back on store.
 template <int NR>
 ATTN_AVX512 void pv_bf16_direct_block(const bf16* p, std::int64_t keys, const bf16* v, std::int64_t ldv,
-                                      std::int64_t cols, std::int64_t dv_pad, float* o) {
+                                      std::int64_t cols, std::int64_t dv_pad, float* o, const Ahead& ahead) {
   alignas(64) static constexpr std::int32_t kLo[16] = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
   alignas(64) static constexpr std::int32_t kHi[16] = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
   // Back: column c of the first (second) 16 comes from lane c of lo/hi as kLo/kHi list them.
@@ -514,6 +528,7 @@ ATTN_AVX512 void pv_bf16_direct_block(const bf16* p, std::int64_t keys, const bf
   }
   std::int64_t j = 0;
   for (; j + 2 <= keys; j += 2) {
+    prefetch_rows(ahead, j, j + 2);
     const __m512i v0 = _mm512_maskz_loadu_epi16(m, v + j * ldv), v1 = _mm512_maskz_loadu_epi16(m, v + (j + 1) * ldv);
     const __m512bh vlo = (__m512bh)_mm512_unpacklo_epi16(v0, v1), vhi = (__m512bh)_mm512_unpackhi_epi16(v0, v1);
 #pragma GCC unroll 8
@@ -542,17 +557,20 @@ ATTN_AVX512 void pv_bf16_direct_block(const bf16* p, std::int64_t keys, const bf
     _mm512_mask_storeu_ps(o + r * dv_pad, m0, _mm512_permutex2var_ps(lo[r], back0, hi[r]));
     _mm512_mask_storeu_ps(o + r * dv_pad + 16, m1, _mm512_permutex2var_ps(lo[r], back1, hi[r]));
   }
+  prefetch_rows(ahead, j, ahead.rows);
 }
 
 ATTN_AVX512 void pv_bf16_direct(const bf16* p, std::int64_t rows, std::int64_t keys, const bf16* v, std::int64_t ldv,
-                                std::int64_t dv, std::int64_t dv_pad, float* o) {
-  using Fn = void (*)(const bf16*, std::int64_t, const bf16*, std::int64_t, std::int64_t, std::int64_t, float*);
+                                std::int64_t dv, std::int64_t dv_pad, float* o, const Ahead& ahead) {
+  using Fn = void (*)(const bf16*, std::int64_t, const bf16*, std::int64_t, std::int64_t, std::int64_t, float*, const Ahead&);
   static constexpr auto table =
       make_table([](auto n) -> Fn { return &pv_bf16_direct_block<decltype(n)::value>; }, std::make_index_sequence<8>{});
   for (std::int64_t c0 = 0; c0 < dv; c0 += 32) {
+    const Ahead part = ahead_part(ahead, c0 * 2, (c0 + 32) * 2);  // this pass's columns of the ahead rows
     for (std::int64_t r = 0; r < rows; r += 8) {
       const std::int64_t n = std::min<std::int64_t>(8, rows - r);
-      table[static_cast<std::size_t>(n - 1)](p + r * kKeyBlock, keys, v + c0, ldv, dv - c0, dv_pad, o + r * dv_pad + c0);
+      table[static_cast<std::size_t>(n - 1)](p + r * kKeyBlock, keys, v + c0, ldv, dv - c0, dv_pad, o + r * dv_pad + c0,
+                                             r == 0 ? part : Ahead{});
     }
   }
 }

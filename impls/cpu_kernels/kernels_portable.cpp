@@ -105,7 +105,8 @@ float element(const void* x, DType dtype, std::int64_t e) {
 }
 
 void qk_direct(const float* q, std::int64_t rows, std::int64_t head_dim, const void* k, DType dtype, std::int64_t ldk,
-               std::int64_t keys, float* s) {
+               std::int64_t keys, float* s, const Ahead& ahead) {
+  prefetch_rows(ahead, 0, ahead.rows);
   for (std::int64_t j = 0; j < keys; ++j)
     for (std::int64_t r = 0; r < rows; ++r) {
       float acc = 0;
@@ -115,7 +116,8 @@ void qk_direct(const float* q, std::int64_t rows, std::int64_t head_dim, const v
 }
 
 void pv_direct(const float* p, std::int64_t rows, std::int64_t keys, const void* v, DType dtype, std::int64_t ldv,
-               std::int64_t dv, std::int64_t dv_pad, float* o) {
+               std::int64_t dv, std::int64_t dv_pad, float* o, const Ahead& ahead) {
+  prefetch_rows(ahead, 0, ahead.rows);
   for (std::int64_t r = 0; r < rows; ++r) {
     float* out = o + r * dv_pad;
     for (std::int64_t j = 0; j < keys; ++j) {
@@ -126,7 +128,8 @@ void pv_direct(const float* p, std::int64_t rows, std::int64_t keys, const void*
 }
 
 void qk_bf16_direct(const bf16* q, std::int64_t rows, std::int64_t head_dim, std::int64_t ldq, const bf16* k,
-                    std::int64_t ldk, std::int64_t keys, float* s) {
+                    std::int64_t ldk, std::int64_t keys, float* s, const Ahead& ahead) {
+  prefetch_rows(ahead, 0, ahead.rows);
   for (std::int64_t j = 0; j < keys; ++j)
     for (std::int64_t r = 0; r < rows; ++r) {
       float acc = 0;
@@ -140,7 +143,8 @@ void qk_bf16_direct(const bf16* q, std::int64_t rows, std::int64_t head_dim, std
 }
 
 void pv_bf16_direct(const bf16* p, std::int64_t rows, std::int64_t keys, const bf16* v, std::int64_t ldv, std::int64_t dv,
-                    std::int64_t dv_pad, float* o) {
+                    std::int64_t dv_pad, float* o, const Ahead& ahead) {
+  prefetch_rows(ahead, 0, ahead.rows);
   for (std::int64_t r = 0; r < rows; ++r) {
     float* out = o + r * dv_pad;
     for (std::int64_t j = 0; j < keys; j += 2) {

@@ -127,12 +127,13 @@ class StreamingPlan final : public Plan {
       const bf16* const q_bf16 = s.q_bf16.data() + r0 * g_.head_dim_pairs * 2;
       if (direct) {
         for_each_run(j0, keys, [&](std::int64_t j, std::int64_t n) {
-          prefetch(io_.k, p_.head_dim, t, j + kPrefetchKeys, std::min(n, read_end - j - kPrefetchKeys));
+          const cpu::Ahead ahead = ask_ahead(io_.k, p_.head_dim, t, j + kPrefetchKeys, std::min(n, read_end - j - kPrefetchKeys));
           if (g_.bf16_kernels) {
             kernels_.qk_bf16_direct(q_bf16, live, p_.head_dim, g_.head_dim_pairs * 2,
-                                    static_cast<const bf16*>(in_place(io_.k, t, j)), io_.k.strides[2], n, scores + (j - j0));
+                                    static_cast<const bf16*>(in_place(io_.k, t, j)), io_.k.strides[2], n, scores + (j - j0), ahead);
           } else {
-            kernels_.qk_direct(q, live, p_.head_dim, in_place(io_.k, t, j), io_.k.dtype, io_.k.strides[2], n, scores + (j - j0));
+            kernels_.qk_direct(q, live, p_.head_dim, in_place(io_.k, t, j), io_.k.dtype, io_.k.strides[2], n, scores + (j - j0),
+                               ahead);
           }
         });
       } else if (g_.bf16_kernels) {
@@ -156,13 +157,13 @@ class StreamingPlan final : public Plan {
       const bf16* const p_bf16 = s.p_bf16.data() + r0 * kKeyBlock;
       if (direct) {
         for_each_run(j0, keys, [&](std::int64_t j, std::int64_t n) {
-          prefetch(io_.v, p_.head_dim_v, t, j + kPrefetchKeys, std::min(n, read_end - j - kPrefetchKeys));
+          const cpu::Ahead ahead = ask_ahead(io_.v, p_.head_dim_v, t, j + kPrefetchKeys, std::min(n, read_end - j - kPrefetchKeys));
           if (g_.bf16_kernels) {
             kernels_.pv_bf16_direct(p_bf16 + (j - j0), live, n, static_cast<const bf16*>(in_place(io_.v, t, j)),
-                                    io_.v.strides[2], p_.head_dim_v, g_.dv_pad, o);
+                                    io_.v.strides[2], p_.head_dim_v, g_.dv_pad, o, ahead);
           } else {
             kernels_.pv_direct(scores + (j - j0), live, n, in_place(io_.v, t, j), io_.v.dtype, io_.v.strides[2],
-                               p_.head_dim_v, g_.dv_pad, o);
+                               p_.head_dim_v, g_.dv_pad, o, ahead);
           }
         });
       } else if (g_.bf16_kernels) {
@@ -196,21 +197,23 @@ class StreamingPlan final : public Plan {
     }
   }
 
-  // Asks for the rows of keys [j0, j0 + keys) of a K or V view one block
-  // before they are read, a run at a time between the runs computed, so the
-  // loads overlap the products instead of stalling them in one burst; pages
-  // lie anywhere in the pool, too short a stream for the hardware's
-  // prefetchers to find.
-  void prefetch(const TensorView& view, std::int64_t columns, const QueryTile& t, std::int64_t j0, std::int64_t keys) const {
-    if (keys <= 0) return;
+  // The rows of keys [j, j + keys) of a K or V view, one block before they
+  // are read: pages lie anywhere in the pool, too short a stream for the
+  // hardware's prefetchers to find. The rows in j's page go to the kernel,
+  // which asks for them between its products (cpu::Ahead); those of the next
+  // page (a run that crosses one) are asked for here.
+  cpu::Ahead ask_ahead(const TensorView& view, std::int64_t columns, const QueryTile& t, std::int64_t j,
+                       std::int64_t keys) const {
+    if (keys <= 0) return {};
     const std::int64_t element = static_cast<std::int64_t>(dtype_size(view.dtype));
-    const std::int64_t row_bytes = columns * element, step = view.strides[2] * element;
-    for_each_run(j0, keys, [&](std::int64_t j, std::int64_t n) {
-      const auto* first = static_cast<const char*>(in_place(view, t, j));
-      for (std::int64_t r = 0; r < n; ++r) {
-        for (std::int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(first + r * step + b, 0, 2);
-      }
-    });
+    cpu::Ahead ahead{in_place(view, t, j), keys, view.strides[2] * element, columns * element};
+    if (p_.paged()) ahead.rows = std::min(keys, p_.page_size - j % p_.page_size);
+    if (ahead.rows < keys) {
+      for_each_run(j + ahead.rows, keys - ahead.rows, [&](std::int64_t r, std::int64_t n) {
+        cpu::prefetch_rows({in_place(view, t, r), n, ahead.stride, ahead.row_bytes}, 0, n);
+      });
+    }
+    return ahead;
   }
 
   // Key j's row in a K or V view, in place: through the page table when paged.
