@@ -46,8 +46,9 @@ TEST(CpuBackends, StreamingIsBitwiseReproducibleAtAFixedThreadCount) {
 // 16 dot products at once and stores them row by row: every row count (1, 2,
 // 4 and 8 per group, partial groups) and key tail must land each sum in its
 // own place and leave the columns past `keys` alone; P V must read no column
-// of V past dv (a 16-bit row's tail) and leave O's padding alone. The rows
-// each asks the memory for (cpu::Ahead, K's own rows here) change nothing.
+// of V past dv (a 16-bit row's tail) and leave O's padding alone. Rows come
+// through a table in any order (as pages do), and the rows each asks the
+// memory for (cpu::Ahead, K's own here) change nothing.
 TEST(CpuKernels, DirectDecodeKernelsAgreeWithPortable) {
   const cpu::Kernels* avx = cpu::avx512_kernels();
   if (!avx) GTEST_SKIP() << "this CPU lacks AVX-512 BF16: only the portable kernels run here";
@@ -68,12 +69,14 @@ TEST(CpuKernels, DirectDecodeKernelsAgreeWithPortable) {
                     : dtype == DType::bf16 ? static_cast<const void*>(kb.data()) : static_cast<const void*>(kh.data());
     const std::string what = std::string(dtype_name(dtype));
     const auto element = static_cast<std::int64_t>(dtype_size(dtype));
-    const cpu::Ahead ahead{k, 21, ldk * element, head_dim * element};
+    std::vector<const void*> krows(64);
+    for (std::size_t j = 0; j < krows.size(); ++j) krows[j] = static_cast<const char*>(k) + (j * 7 % 64) * ldk * element;
+    const cpu::Ahead ahead{krows.data(), 21, head_dim * element};
     for (std::int64_t rows : {1, 2, 3, 4, 5, 8, 9, 13}) {
       for (std::int64_t keys : {1, 7, 16, 33, 64}) {
         std::vector<float> s1(rows * 64, 7.0f), s2(rows * 64, 7.0f);
-        avx->qk_direct(q.data(), rows, head_dim, k, dtype, ldk, keys, s1.data(), ahead);
-        portable.qk_direct(q.data(), rows, head_dim, k, dtype, ldk, keys, s2.data(), ahead);
+        avx->qk_direct(q.data(), rows, head_dim, krows.data(), dtype, keys, s1.data(), ahead);
+        portable.qk_direct(q.data(), rows, head_dim, krows.data(), dtype, keys, s2.data(), ahead);
         for (std::int64_t r = 0; r < rows; ++r) {
           for (std::int64_t j = 0; j < 64; ++j) {
             const std::size_t e = static_cast<std::size_t>(r * 64 + j);
@@ -83,12 +86,12 @@ TEST(CpuKernels, DirectDecodeKernelsAgreeWithPortable) {
         }
         // V is K's storage read as rows of dv (< ldk) columns.
         std::vector<float> o1(rows * dv_pad, 0.5f), o2(rows * dv_pad, 0.5f);
-        avx->pv_direct(p.data(), rows, keys, k, dtype, ldk, dv, dv_pad, o1.data(), ahead);
-        portable.pv_direct(p.data(), rows, keys, k, dtype, ldk, dv, dv_pad, o2.data(), ahead);
+        avx->pv_direct(p.data(), rows, keys, krows.data(), dtype, dv, dv_pad, o1.data(), ahead);
+        portable.pv_direct(p.data(), rows, keys, krows.data(), dtype, dv, dv_pad, o2.data(), ahead);
         if (dtype == DType::bf16) {  // and with bfloat16 dot products (Q rows 2 apart from head_dim)
           std::fill(s1.begin(), s1.end(), 7.0f), std::fill(s2.begin(), s2.end(), 7.0f);
-          avx->qk_bf16_direct(qb.data(), rows, head_dim, head_dim + 2, kb.data(), ldk, keys, s1.data(), ahead);
-          portable.qk_bf16_direct(qb.data(), rows, head_dim, head_dim + 2, kb.data(), ldk, keys, s2.data(), ahead);
+          avx->qk_bf16_direct(qb.data(), rows, head_dim, head_dim + 2, krows.data(), keys, s1.data(), ahead);
+          portable.qk_bf16_direct(qb.data(), rows, head_dim, head_dim + 2, krows.data(), keys, s2.data(), ahead);
           for (std::int64_t r = 0; r < rows; ++r) {
             for (std::int64_t j = 0; j < 64; ++j) {
               const std::size_t e = static_cast<std::size_t>(r * 64 + j);
@@ -97,8 +100,8 @@ TEST(CpuKernels, DirectDecodeKernelsAgreeWithPortable) {
             }
           }
           std::vector<float> b1(rows * dv_pad, 0.5f), b2(rows * dv_pad, 0.5f);
-          avx->pv_bf16_direct(pb.data(), rows, keys, kb.data(), ldk, dv, dv_pad, b1.data(), ahead);
-          portable.pv_bf16_direct(pb.data(), rows, keys, kb.data(), ldk, dv, dv_pad, b2.data(), ahead);
+          avx->pv_bf16_direct(pb.data(), rows, keys, krows.data(), dv, dv_pad, b1.data(), ahead);
+          portable.pv_bf16_direct(pb.data(), rows, keys, krows.data(), dv, dv_pad, b2.data(), ahead);
           for (std::int64_t r = 0; r < rows; ++r) {
             for (std::int64_t c = 0; c < dv_pad; ++c) {
               const std::size_t e = static_cast<std::size_t>(r * dv_pad + c);

@@ -24,38 +24,33 @@ namespace attn::cpu {
 
 inline constexpr std::int64_t kKeyBlock = 64;
 
+// The rows of up to 64 keys of K or V in place (a decode kernel's input:
+// one key block, through the page table when paged): row j at rows[j].
+using KeyRows = const void* const*;
+
 // Rows a decode kernel asks the memory for while it computes (a hint: they
-// are never read): `rows` rows of `row_bytes`, `stride` bytes apart, the run
-// of keys a block ahead of the one computed. The kernel spreads the requests
-// over its own keys, so they overlap the products; issued in one burst they
-// fill the core's miss buffers and the products wait behind them.
+// are never read): `n` rows of `row_bytes`, those of the next key block. The
+// kernel spreads the requests over its own keys, so they overlap the
+// products; issued in one burst they fill the core's miss buffers and the
+// products wait behind them.
 struct Ahead {
-  const void* first = nullptr;
-  std::int64_t rows = 0, stride = 0, row_bytes = 0;
+  KeyRows rows = nullptr;
+  std::int64_t n = 0, row_bytes = 0;
 };
 
 // Asks for bytes [begin, end) (clipped to row_bytes) of ahead rows [r0, r1)
-// (clipped to rows) into L2: a prefetch to L1 would take the line buffers
-// the products' own loads need.
+// (clipped to n) into L2: a prefetch to L1 would take the line buffers the
+// products' own loads need.
 inline void prefetch_rows(const Ahead& a, std::int64_t r0, std::int64_t r1, std::int64_t begin = 0,
                           std::int64_t end = INT64_MAX) {
   if (end > a.row_bytes) end = a.row_bytes;
-  if (r1 > a.rows) r1 = a.rows;
+  if (r1 > a.n) r1 = a.n;
   for (std::int64_t r = r0; r < r1; ++r) {
-    const auto row = reinterpret_cast<std::uintptr_t>(a.first) + static_cast<std::uintptr_t>(r * a.stride);
+    const auto row = reinterpret_cast<std::uintptr_t>(a.rows[r]);
     for (std::uintptr_t x = (row + static_cast<std::uintptr_t>(begin)) & ~std::uintptr_t{63}; x < row + static_cast<std::uintptr_t>(end); x += 64) {
       __builtin_prefetch(reinterpret_cast<const void*>(x), 0, 2);
     }
   }
-}
-
-// Bytes [begin, end) of each ahead row (the columns one pass of a kernel covers).
-inline Ahead ahead_part(const Ahead& a, std::int64_t begin, std::int64_t end) {
-  Ahead part = a;
-  part.first = static_cast<const char*>(a.first) + begin;
-  part.row_bytes = (end < a.row_bytes ? end : a.row_bytes) - begin;
-  if (part.row_bytes <= 0) part.rows = 0;
-  return part;
 }
 
 struct Kernels {
@@ -92,24 +87,25 @@ struct Kernels {
   float (*exp2_sum_bf16)(const float* x, std::int64_t n, float scale, float m, int shift, bf16* out);
   // max_j x[j] for j < n (n >= 1).
   float (*max_of)(const float* x, std::int64_t n);
-  // Decode shapes, K and V read in place (no packing): rows of float32,
-  // bfloat16 or float16 (`dtype`), widened exactly on load, multiplied in
-  // float32. S[r][j] = sum_d Q[r][d] * K[j * ldk + d] for j < keys; the
-  // columns from keys to 64 are left alone. Each prefetches `ahead` (Ahead).
-  void (*qk_direct)(const float* q, std::int64_t rows, std::int64_t head_dim, const void* k, DType dtype,
-                    std::int64_t ldk, std::int64_t keys, float* s, const Ahead& ahead);
-  // O[r][c] += sum_{j < keys} P[r][j] * V[j * ldv + c] for c < dv (no column
-  // of V past dv is read; O's columns dv to dv_pad are left alone).
-  void (*pv_direct)(const float* p, std::int64_t rows, std::int64_t keys, const void* v, DType dtype, std::int64_t ldv,
-                    std::int64_t dv, std::int64_t dv_pad, float* o, const Ahead& ahead);
+  // Decode shapes, K and V read in place (no packing): the rows of keys
+  // j < keys (<= 64) at k[j] / v[j], of float32, bfloat16 or float16
+  // (`dtype`), widened exactly on load, multiplied in float32.
+  // S[r][j] = sum_d Q[r][d] * K_j[d]; the columns from keys to 64 are left
+  // alone. Each asks for `ahead` (Ahead) while it computes.
+  void (*qk_direct)(const float* q, std::int64_t rows, std::int64_t head_dim, KeyRows k, DType dtype, std::int64_t keys,
+                    float* s, const Ahead& ahead);
+  // O[r][c] += sum_{j < keys} P[r][j] * V_j[c] for c < dv (no column of V
+  // past dv is read; O's columns dv to dv_pad are left alone).
+  void (*pv_direct)(const float* p, std::int64_t rows, std::int64_t keys, KeyRows v, DType dtype, std::int64_t dv,
+                    std::int64_t dv_pad, float* o, const Ahead& ahead);
   // bfloat16 Q, K and V with bfloat16 dot products (pairs of exact products
   // summed in float32, as qk_bf16/pv_bf16): Q [rows][ldq] as given (not
-  // scaled), K and V rows in place, P bfloat16 rows of 64; otherwise as
+  // scaled), K and V rows of bfloat16, P bfloat16 rows of 64; otherwise as
   // qk_direct and pv_direct (dv columns of V read, O's padding left alone).
-  void (*qk_bf16_direct)(const bf16* q, std::int64_t rows, std::int64_t head_dim, std::int64_t ldq, const bf16* k,
-                         std::int64_t ldk, std::int64_t keys, float* s, const Ahead& ahead);
-  void (*pv_bf16_direct)(const bf16* p, std::int64_t rows, std::int64_t keys, const bf16* v, std::int64_t ldv,
-                         std::int64_t dv, std::int64_t dv_pad, float* o, const Ahead& ahead);
+  void (*qk_bf16_direct)(const bf16* q, std::int64_t rows, std::int64_t head_dim, std::int64_t ldq, KeyRows k,
+                         std::int64_t keys, float* s, const Ahead& ahead);
+  void (*pv_bf16_direct)(const bf16* p, std::int64_t rows, std::int64_t keys, KeyRows v, std::int64_t dv,
+                         std::int64_t dv_pad, float* o, const Ahead& ahead);
   // x[j] *= scale for j < visible, x[j] = -inf for visible <= j < 64; returns the max.
   float (*scale_row)(float* x, float scale, std::int64_t visible);
   // out[j] = bfloat16(x[j]), round to nearest even, j < n.

@@ -329,9 +329,11 @@ template <int R> struct RowMajor {
   }();
 };
 
+template <typename T> inline const T* key_row(KeyRows x, std::int64_t j) { return static_cast<const T*>(x[j]); }
+
 template <int R, typename T>
-ATTN_AVX512 void qk_direct_rows(const float* q, std::int64_t nr, std::int64_t head_dim, const T* k, std::int64_t ldk,
-                                std::int64_t keys, float* s, const Ahead& ahead) {
+ATTN_AVX512 void qk_direct_rows(const float* q, std::int64_t nr, std::int64_t head_dim, KeyRows k, std::int64_t keys,
+                                float* s, const Ahead& ahead) {
   constexpr int kKeys = 16 / R;
   const __m512i order = _mm512_loadu_si512(RowMajor<R>::from.data());
   const float* qrow[R];
@@ -340,7 +342,7 @@ ATTN_AVX512 void qk_direct_rows(const float* q, std::int64_t nr, std::int64_t he
   for (; j < keys; j += kKeys) {
     prefetch_rows(ahead, j, j + kKeys);
     const T* krow[kKeys];
-    for (int c = 0; c < kKeys; ++c) krow[c] = k + std::min<std::int64_t>(j + c, keys - 1) * ldk;
+    for (int c = 0; c < kKeys; ++c) krow[c] = key_row<T>(k, std::min<std::int64_t>(j + c, keys - 1));
     __m512 acc[16];
     for (__m512& a : acc) a = _mm512_setzero_ps();
     for (std::int64_t d = 0; d < head_dim; d += 16) {
@@ -359,52 +361,55 @@ ATTN_AVX512 void qk_direct_rows(const float* q, std::int64_t nr, std::int64_t he
       _mm512_mask_storeu_ps(s + r * kKeyBlock + j - r * kKeys, static_cast<__mmask16>(live_keys << (r * kKeys)), sums);
     }
   }
-  prefetch_rows(ahead, j, ahead.rows);
+  prefetch_rows(ahead, j, ahead.n);
 }
 
 template <typename T>
-ATTN_AVX512 void qk_direct_typed(const float* q, std::int64_t rows, std::int64_t head_dim, const T* k, std::int64_t ldk,
-                                 std::int64_t keys, float* s, const Ahead& ahead) {
+ATTN_AVX512 void qk_direct_typed(const float* q, std::int64_t rows, std::int64_t head_dim, KeyRows k, std::int64_t keys,
+                                 float* s, const Ahead& ahead) {
   for (std::int64_t r0 = 0; r0 < rows; r0 += 8) {
     const std::int64_t nr = std::min<std::int64_t>(8, rows - r0);
     const float* qr = q + r0 * head_dim;
     float* sr = s + r0 * kKeyBlock;
     const Ahead& a = r0 == 0 ? ahead : Ahead{};  // the first 8 rows ask for it
-    if (nr == 1) qk_direct_rows<1>(qr, nr, head_dim, k, ldk, keys, sr, a);
-    else if (nr == 2) qk_direct_rows<2>(qr, nr, head_dim, k, ldk, keys, sr, a);
-    else if (nr <= 4) qk_direct_rows<4>(qr, nr, head_dim, k, ldk, keys, sr, a);
-    else qk_direct_rows<8>(qr, nr, head_dim, k, ldk, keys, sr, a);
+    if (nr == 1) qk_direct_rows<1, T>(qr, nr, head_dim, k, keys, sr, a);
+    else if (nr == 2) qk_direct_rows<2, T>(qr, nr, head_dim, k, keys, sr, a);
+    else if (nr <= 4) qk_direct_rows<4, T>(qr, nr, head_dim, k, keys, sr, a);
+    else qk_direct_rows<8, T>(qr, nr, head_dim, k, keys, sr, a);
   }
 }
 
-ATTN_AVX512 void qk_direct(const float* q, std::int64_t rows, std::int64_t head_dim, const void* k, DType dtype,
-                           std::int64_t ldk, std::int64_t keys, float* s, const Ahead& ahead) {
+ATTN_AVX512 void qk_direct(const float* q, std::int64_t rows, std::int64_t head_dim, KeyRows k, DType dtype,
+                           std::int64_t keys, float* s, const Ahead& ahead) {
   switch (dtype) {
-    case DType::f32: return qk_direct_typed(q, rows, head_dim, static_cast<const float*>(k), ldk, keys, s, ahead);
-    case DType::bf16: return qk_direct_typed(q, rows, head_dim, static_cast<const bf16*>(k), ldk, keys, s, ahead);
-    case DType::f16: return qk_direct_typed(q, rows, head_dim, static_cast<const f16*>(k), ldk, keys, s, ahead);
+    case DType::f32: return qk_direct_typed<float>(q, rows, head_dim, k, keys, s, ahead);
+    case DType::bf16: return qk_direct_typed<bf16>(q, rows, head_dim, k, keys, s, ahead);
+    case DType::f16: return qk_direct_typed<f16>(q, rows, head_dim, k, keys, s, ahead);
     default: throw std::logic_error("the in-place kernels read float32, bfloat16 or float16 rows");
   }
 }
 
-// O rows [0, NR), columns [0, 16 NV) of which `dv` are V's: += P V over
-// `keys` rows of V in place (the last vector's lanes past dv read nothing).
+// O rows [0, NR), columns [c0, c0 + 16 NV) of which those below `dv` are V's:
+// += P V over `keys` rows of V in place (the last vector's lanes past dv
+// read nothing); asks for the same columns of the ahead rows.
 template <int NR, int NV, typename T>
-ATTN_AVX512 void pv_direct_block(const float* p, std::int64_t keys, const T* v, std::int64_t ldv, std::int64_t dv,
+ATTN_AVX512 void pv_direct_block(const float* p, std::int64_t keys, KeyRows v, std::int64_t c0, std::int64_t dv,
                                  std::int64_t dv_pad, float* o, const Ahead& ahead) {
+  constexpr auto kElement = static_cast<std::int64_t>(sizeof(T));
   __m512 acc[NR][NV];
   __mmask16 cols[NV];
 #pragma GCC unroll 4
-  for (int c = 0; c < NV; ++c) cols[c] = lanes_below(dv - 16 * c);
+  for (int c = 0; c < NV; ++c) cols[c] = lanes_below(dv - c0 - 16 * c);
 #pragma GCC unroll 8
   for (int r = 0; r < NR; ++r)
 #pragma GCC unroll 4
-    for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_loadu_ps(o + r * dv_pad + 16 * c);
+    for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_loadu_ps(o + r * dv_pad + c0 + 16 * c);
   for (std::int64_t j = 0; j < keys; ++j) {
-    prefetch_rows(ahead, j, j + 1);
+    prefetch_rows(ahead, j, j + 1, c0 * kElement, (c0 + 16 * NV) * kElement);
+    const T* vrow = key_row<T>(v, j) + c0;
     __m512 vj[NV];
 #pragma GCC unroll 4
-    for (int c = 0; c < NV; ++c) vj[c] = load16(v + j * ldv + 16 * c, cols[c]);
+    for (int c = 0; c < NV; ++c) vj[c] = load16(vrow + 16 * c, cols[c]);
 #pragma GCC unroll 8
     for (int r = 0; r < NR; ++r) {
       const __m512 pb = _mm512_set1_ps(p[r * kKeyBlock + j]);
@@ -415,50 +420,48 @@ ATTN_AVX512 void pv_direct_block(const float* p, std::int64_t keys, const T* v, 
 #pragma GCC unroll 8
   for (int r = 0; r < NR; ++r)
 #pragma GCC unroll 4
-    for (int c = 0; c < NV; ++c) _mm512_storeu_ps(o + r * dv_pad + 16 * c, acc[r][c]);
-  prefetch_rows(ahead, keys, ahead.rows);
+    for (int c = 0; c < NV; ++c) _mm512_storeu_ps(o + r * dv_pad + c0 + 16 * c, acc[r][c]);
+  prefetch_rows(ahead, keys, ahead.n, c0 * kElement, (c0 + 16 * NV) * kElement);
 }
 
 template <typename T> struct PvDirectTables {
-  using Fn = void (*)(const float*, std::int64_t, const T*, std::int64_t, std::int64_t, std::int64_t, float*, const Ahead&);
+  using Fn = void (*)(const float*, std::int64_t, KeyRows, std::int64_t, std::int64_t, std::int64_t, float*, const Ahead&);
   template <int NV>
   static constexpr auto rows = make_table([](auto n) -> Fn { return &pv_direct_block<decltype(n)::value, NV, T>; },
                                           std::make_index_sequence<kRowsPerStep>{});
 };
 
 template <typename T>
-ATTN_AVX512 void pv_direct_typed(const float* p, std::int64_t rows, std::int64_t keys, const T* v, std::int64_t ldv,
-                                 std::int64_t dv, std::int64_t dv_pad, float* o, const Ahead& ahead) {
+ATTN_AVX512 void pv_direct_typed(const float* p, std::int64_t rows, std::int64_t keys, KeyRows v, std::int64_t dv,
+                                 std::int64_t dv_pad, float* o, const Ahead& ahead) {
   using Tables = PvDirectTables<T>;
   for (std::int64_t c0 = 0; c0 < dv; c0 += 64) {
     const std::int64_t nv = std::min<std::int64_t>(4, (dv - c0 + 15) / 16);
     const auto& table = pick(nv, Tables::template rows<1>, Tables::template rows<2>, Tables::template rows<3>,
                              Tables::template rows<4>);
-    // Each pass over the keys asks for its own columns of the ahead rows.
-    const auto element = static_cast<std::int64_t>(sizeof(T));
-    const Ahead part = ahead_part(ahead, c0 * element, (c0 + 64) * element);
     for (std::int64_t r = 0; r < rows; r += kRowsPerStep) {
       const std::int64_t n = std::min<std::int64_t>(kRowsPerStep, rows - r);
-      table[static_cast<std::size_t>(n - 1)](p + r * kKeyBlock, keys, v + c0, ldv, dv - c0, dv_pad, o + r * dv_pad + c0,
-                                             r == 0 ? part : Ahead{});
+      // Each pass over the keys asks for its own columns of the ahead rows.
+      table[static_cast<std::size_t>(n - 1)](p + r * kKeyBlock, keys, v, c0, dv, dv_pad, o + r * dv_pad,
+                                             r == 0 ? ahead : Ahead{});
     }
   }
 }
 
-ATTN_AVX512 void pv_direct(const float* p, std::int64_t rows, std::int64_t keys, const void* v, DType dtype,
-                           std::int64_t ldv, std::int64_t dv, std::int64_t dv_pad, float* o, const Ahead& ahead) {
+ATTN_AVX512 void pv_direct(const float* p, std::int64_t rows, std::int64_t keys, KeyRows v, DType dtype, std::int64_t dv,
+                           std::int64_t dv_pad, float* o, const Ahead& ahead) {
   switch (dtype) {
-    case DType::f32: return pv_direct_typed(p, rows, keys, static_cast<const float*>(v), ldv, dv, dv_pad, o, ahead);
-    case DType::bf16: return pv_direct_typed(p, rows, keys, static_cast<const bf16*>(v), ldv, dv, dv_pad, o, ahead);
-    case DType::f16: return pv_direct_typed(p, rows, keys, static_cast<const f16*>(v), ldv, dv, dv_pad, o, ahead);
+    case DType::f32: return pv_direct_typed<float>(p, rows, keys, v, dv, dv_pad, o, ahead);
+    case DType::bf16: return pv_direct_typed<bf16>(p, rows, keys, v, dv, dv_pad, o, ahead);
+    case DType::f16: return pv_direct_typed<f16>(p, rows, keys, v, dv, dv_pad, o, ahead);
     default: throw std::logic_error("the in-place kernels read float32, bfloat16 or float16 rows");
   }
 }
 
 // qk_direct_rows with bfloat16 dot products: 32 dims a step, no widening.
 template <int R>
-ATTN_AVX512 void qk_bf16_direct_rows(const bf16* q, std::int64_t nr, std::int64_t head_dim, std::int64_t ldq,
-                                     const bf16* k, std::int64_t ldk, std::int64_t keys, float* s, const Ahead& ahead) {
+ATTN_AVX512 void qk_bf16_direct_rows(const bf16* q, std::int64_t nr, std::int64_t head_dim, std::int64_t ldq, KeyRows k,
+                                     std::int64_t keys, float* s, const Ahead& ahead) {
   constexpr int kKeys = 16 / R;
   const __m512i order = _mm512_loadu_si512(RowMajor<R>::from.data());
   const bf16* qrow[R];
@@ -467,7 +470,7 @@ ATTN_AVX512 void qk_bf16_direct_rows(const bf16* q, std::int64_t nr, std::int64_
   for (; j < keys; j += kKeys) {
     prefetch_rows(ahead, j, j + kKeys);
     const bf16* krow[kKeys];
-    for (int c = 0; c < kKeys; ++c) krow[c] = k + std::min<std::int64_t>(j + c, keys - 1) * ldk;
+    for (int c = 0; c < kKeys; ++c) krow[c] = key_row<bf16>(k, std::min<std::int64_t>(j + c, keys - 1));
     __m512 acc[16];
     for (__m512& a : acc) a = _mm512_setzero_ps();
     for (std::int64_t d = 0; d < head_dim; d += 32) {
@@ -485,31 +488,31 @@ ATTN_AVX512 void qk_bf16_direct_rows(const bf16* q, std::int64_t nr, std::int64_
       _mm512_mask_storeu_ps(s + r * kKeyBlock + j - r * kKeys, static_cast<__mmask16>(live_keys << (r * kKeys)), sums);
     }
   }
-  prefetch_rows(ahead, j, ahead.rows);
+  prefetch_rows(ahead, j, ahead.n);
 }
 
-ATTN_AVX512 void qk_bf16_direct(const bf16* q, std::int64_t rows, std::int64_t head_dim, std::int64_t ldq, const bf16* k,
-                                std::int64_t ldk, std::int64_t keys, float* s, const Ahead& ahead) {
+ATTN_AVX512 void qk_bf16_direct(const bf16* q, std::int64_t rows, std::int64_t head_dim, std::int64_t ldq, KeyRows k,
+                                std::int64_t keys, float* s, const Ahead& ahead) {
   for (std::int64_t r0 = 0; r0 < rows; r0 += 8) {
     const std::int64_t nr = std::min<std::int64_t>(8, rows - r0);
     const bf16* qr = q + r0 * ldq;
     float* sr = s + r0 * kKeyBlock;
     const Ahead& a = r0 == 0 ? ahead : Ahead{};
-    if (nr == 1) qk_bf16_direct_rows<1>(qr, nr, head_dim, ldq, k, ldk, keys, sr, a);
-    else if (nr == 2) qk_bf16_direct_rows<2>(qr, nr, head_dim, ldq, k, ldk, keys, sr, a);
-    else if (nr <= 4) qk_bf16_direct_rows<4>(qr, nr, head_dim, ldq, k, ldk, keys, sr, a);
-    else qk_bf16_direct_rows<8>(qr, nr, head_dim, ldq, k, ldk, keys, sr, a);
+    if (nr == 1) qk_bf16_direct_rows<1>(qr, nr, head_dim, ldq, k, keys, sr, a);
+    else if (nr == 2) qk_bf16_direct_rows<2>(qr, nr, head_dim, ldq, k, keys, sr, a);
+    else if (nr <= 4) qk_bf16_direct_rows<4>(qr, nr, head_dim, ldq, k, keys, sr, a);
+    else qk_bf16_direct_rows<8>(qr, nr, head_dim, ldq, k, keys, sr, a);
   }
 }
 
-// O rows [0, NR), 32 columns from V's rows in place (cols of them V's): key
-// pairs interleaved by unpacking two rows, so one vdpbf16ps adds both keys'
-// products. Unpacking works within 128-bit lanes: the low half holds columns
-// 8L + {0..3} of lane L, the high half 8L + {4..7}; O is permuted to that
-// order on load and back on store.
+// O rows [0, NR), 32 columns from c0 of V's rows in place (those below dv
+// V's): key pairs interleaved by unpacking two rows, so one vdpbf16ps adds
+// both keys' products. Unpacking works within 128-bit lanes: the low half
+// holds columns 8L + {0..3} of lane L, the high half 8L + {4..7}; O is
+// permuted to that order on load and back on store.
 template <int NR>
-ATTN_AVX512 void pv_bf16_direct_block(const bf16* p, std::int64_t keys, const bf16* v, std::int64_t ldv,
-                                      std::int64_t cols, std::int64_t dv_pad, float* o, const Ahead& ahead) {
+ATTN_AVX512 void pv_bf16_direct_block(const bf16* p, std::int64_t keys, KeyRows v, std::int64_t c0, std::int64_t dv,
+                                      std::int64_t dv_pad, float* o, const Ahead& ahead) {
   alignas(64) static constexpr std::int32_t kLo[16] = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
   alignas(64) static constexpr std::int32_t kHi[16] = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
   // Back: column c of the first (second) 16 comes from lane c of lo/hi as kLo/kHi list them.
@@ -517,19 +520,23 @@ ATTN_AVX512 void pv_bf16_direct_block(const bf16* p, std::int64_t keys, const bf
   alignas(64) static constexpr std::int32_t kBack1[16] = {8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31};
   const __m512i lo_idx = _mm512_load_si512(kLo), hi_idx = _mm512_load_si512(kHi);
   const __m512i back0 = _mm512_load_si512(kBack0), back1 = _mm512_load_si512(kBack1);
+  const std::int64_t cols = dv - c0;
   const __mmask32 m = cols >= 32 ? 0xFFFFFFFFu : (1u << cols) - 1;
   const __mmask16 m0 = lanes_below(cols), m1 = lanes_below(cols - 16);
+  const std::int64_t pf_begin = c0 * 2, pf_end = (c0 + 32) * 2;  // this pass's bytes of the ahead rows
+  float* const out = o + c0;
   __m512 lo[NR], hi[NR];
 #pragma GCC unroll 8
   for (int r = 0; r < NR; ++r) {
-    const __m512 a = _mm512_maskz_loadu_ps(m0, o + r * dv_pad), b = _mm512_maskz_loadu_ps(m1, o + r * dv_pad + 16);
+    const __m512 a = _mm512_maskz_loadu_ps(m0, out + r * dv_pad), b = _mm512_maskz_loadu_ps(m1, out + r * dv_pad + 16);
     lo[r] = _mm512_permutex2var_ps(a, lo_idx, b);
     hi[r] = _mm512_permutex2var_ps(a, hi_idx, b);
   }
   std::int64_t j = 0;
   for (; j + 2 <= keys; j += 2) {
-    prefetch_rows(ahead, j, j + 2);
-    const __m512i v0 = _mm512_maskz_loadu_epi16(m, v + j * ldv), v1 = _mm512_maskz_loadu_epi16(m, v + (j + 1) * ldv);
+    prefetch_rows(ahead, j, j + 2, pf_begin, pf_end);
+    const __m512i v0 = _mm512_maskz_loadu_epi16(m, key_row<bf16>(v, j) + c0);
+    const __m512i v1 = _mm512_maskz_loadu_epi16(m, key_row<bf16>(v, j + 1) + c0);
     const __m512bh vlo = (__m512bh)_mm512_unpacklo_epi16(v0, v1), vhi = (__m512bh)_mm512_unpackhi_epi16(v0, v1);
 #pragma GCC unroll 8
     for (int r = 0; r < NR; ++r) {
@@ -541,7 +548,7 @@ ATTN_AVX512 void pv_bf16_direct_block(const bf16* p, std::int64_t keys, const bf
     }
   }
   if (j < keys) {  // an odd last key: its partner is 0 in V and in P
-    const __m512i v0 = _mm512_maskz_loadu_epi16(m, v + j * ldv), v1 = _mm512_setzero_si512();
+    const __m512i v0 = _mm512_maskz_loadu_epi16(m, key_row<bf16>(v, j) + c0), v1 = _mm512_setzero_si512();
     const __m512bh vlo = (__m512bh)_mm512_unpacklo_epi16(v0, v1), vhi = (__m512bh)_mm512_unpackhi_epi16(v0, v1);
 #pragma GCC unroll 8
     for (int r = 0; r < NR; ++r) {
@@ -554,23 +561,22 @@ ATTN_AVX512 void pv_bf16_direct_block(const bf16* p, std::int64_t keys, const bf
   }
 #pragma GCC unroll 8
   for (int r = 0; r < NR; ++r) {
-    _mm512_mask_storeu_ps(o + r * dv_pad, m0, _mm512_permutex2var_ps(lo[r], back0, hi[r]));
-    _mm512_mask_storeu_ps(o + r * dv_pad + 16, m1, _mm512_permutex2var_ps(lo[r], back1, hi[r]));
+    _mm512_mask_storeu_ps(out + r * dv_pad, m0, _mm512_permutex2var_ps(lo[r], back0, hi[r]));
+    _mm512_mask_storeu_ps(out + r * dv_pad + 16, m1, _mm512_permutex2var_ps(lo[r], back1, hi[r]));
   }
-  prefetch_rows(ahead, j, ahead.rows);
+  prefetch_rows(ahead, j, ahead.n, pf_begin, pf_end);
 }
 
-ATTN_AVX512 void pv_bf16_direct(const bf16* p, std::int64_t rows, std::int64_t keys, const bf16* v, std::int64_t ldv,
-                                std::int64_t dv, std::int64_t dv_pad, float* o, const Ahead& ahead) {
-  using Fn = void (*)(const bf16*, std::int64_t, const bf16*, std::int64_t, std::int64_t, std::int64_t, float*, const Ahead&);
+ATTN_AVX512 void pv_bf16_direct(const bf16* p, std::int64_t rows, std::int64_t keys, KeyRows v, std::int64_t dv,
+                                std::int64_t dv_pad, float* o, const Ahead& ahead) {
+  using Fn = void (*)(const bf16*, std::int64_t, KeyRows, std::int64_t, std::int64_t, std::int64_t, float*, const Ahead&);
   static constexpr auto table =
       make_table([](auto n) -> Fn { return &pv_bf16_direct_block<decltype(n)::value>; }, std::make_index_sequence<8>{});
   for (std::int64_t c0 = 0; c0 < dv; c0 += 32) {
-    const Ahead part = ahead_part(ahead, c0 * 2, (c0 + 32) * 2);  // this pass's columns of the ahead rows
     for (std::int64_t r = 0; r < rows; r += 8) {
       const std::int64_t n = std::min<std::int64_t>(8, rows - r);
-      table[static_cast<std::size_t>(n - 1)](p + r * kKeyBlock, keys, v + c0, ldv, dv - c0, dv_pad, o + r * dv_pad + c0,
-                                             r == 0 ? part : Ahead{});
+      table[static_cast<std::size_t>(n - 1)](p + r * kKeyBlock, keys, v, c0, dv, dv_pad, o + r * dv_pad,
+                                             r == 0 ? ahead : Ahead{});
     }
   }
 }

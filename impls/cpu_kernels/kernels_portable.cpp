@@ -104,55 +104,58 @@ float element(const void* x, DType dtype, std::int64_t e) {
   }
 }
 
-void qk_direct(const float* q, std::int64_t rows, std::int64_t head_dim, const void* k, DType dtype, std::int64_t ldk,
-               std::int64_t keys, float* s, const Ahead& ahead) {
-  prefetch_rows(ahead, 0, ahead.rows);
+void qk_direct(const float* q, std::int64_t rows, std::int64_t head_dim, KeyRows k, DType dtype, std::int64_t keys,
+               float* s, const Ahead& ahead) {
+  prefetch_rows(ahead, 0, ahead.n);
   for (std::int64_t j = 0; j < keys; ++j)
     for (std::int64_t r = 0; r < rows; ++r) {
       float acc = 0;
-      for (std::int64_t d = 0; d < head_dim; ++d) acc += q[r * head_dim + d] * element(k, dtype, j * ldk + d);
+      for (std::int64_t d = 0; d < head_dim; ++d) acc += q[r * head_dim + d] * element(k[j], dtype, d);
       s[r * kKeyBlock + j] = acc;
     }
 }
 
-void pv_direct(const float* p, std::int64_t rows, std::int64_t keys, const void* v, DType dtype, std::int64_t ldv,
-               std::int64_t dv, std::int64_t dv_pad, float* o, const Ahead& ahead) {
-  prefetch_rows(ahead, 0, ahead.rows);
+void pv_direct(const float* p, std::int64_t rows, std::int64_t keys, KeyRows v, DType dtype, std::int64_t dv,
+               std::int64_t dv_pad, float* o, const Ahead& ahead) {
+  prefetch_rows(ahead, 0, ahead.n);
   for (std::int64_t r = 0; r < rows; ++r) {
     float* out = o + r * dv_pad;
     for (std::int64_t j = 0; j < keys; ++j) {
       const float w = p[r * kKeyBlock + j];
-      for (std::int64_t c = 0; c < dv; ++c) out[c] += w * element(v, dtype, j * ldv + c);
+      for (std::int64_t c = 0; c < dv; ++c) out[c] += w * element(v[j], dtype, c);
     }
   }
 }
 
-void qk_bf16_direct(const bf16* q, std::int64_t rows, std::int64_t head_dim, std::int64_t ldq, const bf16* k,
-                    std::int64_t ldk, std::int64_t keys, float* s, const Ahead& ahead) {
-  prefetch_rows(ahead, 0, ahead.rows);
+const bf16* bf16_row(KeyRows x, std::int64_t j) { return static_cast<const bf16*>(x[j]); }
+
+void qk_bf16_direct(const bf16* q, std::int64_t rows, std::int64_t head_dim, std::int64_t ldq, KeyRows k, std::int64_t keys,
+                    float* s, const Ahead& ahead) {
+  prefetch_rows(ahead, 0, ahead.n);
   for (std::int64_t j = 0; j < keys; ++j)
     for (std::int64_t r = 0; r < rows; ++r) {
+      const bf16* kj = bf16_row(k, j);
       float acc = 0;
       for (std::int64_t d = 0; d < head_dim; d += 2) {  // a pair of exact products, then the sum
-        float pair = bf16_to_float(q[r * ldq + d]) * bf16_to_float(k[j * ldk + d]);
-        if (d + 1 < head_dim) pair += bf16_to_float(q[r * ldq + d + 1]) * bf16_to_float(k[j * ldk + d + 1]);
+        float pair = bf16_to_float(q[r * ldq + d]) * bf16_to_float(kj[d]);
+        if (d + 1 < head_dim) pair += bf16_to_float(q[r * ldq + d + 1]) * bf16_to_float(kj[d + 1]);
         acc += pair;
       }
       s[r * kKeyBlock + j] = acc;
     }
 }
 
-void pv_bf16_direct(const bf16* p, std::int64_t rows, std::int64_t keys, const bf16* v, std::int64_t ldv, std::int64_t dv,
-                    std::int64_t dv_pad, float* o, const Ahead& ahead) {
-  prefetch_rows(ahead, 0, ahead.rows);
+void pv_bf16_direct(const bf16* p, std::int64_t rows, std::int64_t keys, KeyRows v, std::int64_t dv, std::int64_t dv_pad,
+                    float* o, const Ahead& ahead) {
+  prefetch_rows(ahead, 0, ahead.n);
   for (std::int64_t r = 0; r < rows; ++r) {
     float* out = o + r * dv_pad;
     for (std::int64_t j = 0; j < keys; j += 2) {
       const float w0 = bf16_to_float(p[r * kKeyBlock + j]);
       const float w1 = j + 1 < keys ? bf16_to_float(p[r * kKeyBlock + j + 1]) : 0.0f;
       for (std::int64_t c = 0; c < dv; ++c) {
-        const float v1 = j + 1 < keys ? bf16_to_float(v[(j + 1) * ldv + c]) : 0.0f;
-        out[c] += w0 * bf16_to_float(v[j * ldv + c]) + w1 * v1;
+        const float v1 = j + 1 < keys ? bf16_to_float(bf16_row(v, j + 1)[c]) : 0.0f;
+        out[c] += w0 * bf16_to_float(bf16_row(v, j)[c]) + w1 * v1;
       }
     }
   }

@@ -1,6 +1,7 @@
 #include "impls/streaming/streaming.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cmath>
 #include <limits>
@@ -23,12 +24,16 @@ using cpu::QueryTile;
 
 constexpr std::int64_t kMaxTileRows = 96;
 constexpr std::int64_t kDirectRows = 8;
-constexpr std::int64_t kRunKeys = 16;     // keys per in-place kernel call (and per prefetch between calls)
-constexpr std::int64_t kPrefetchKeys = 64;  // how far ahead of the keys read their rows are asked for
 constexpr std::int64_t kSplitChunks = 8;  // key chunks of a split (decode) tile: enough for 8 threads
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 using Scratch = cpu::TileScratch;
+
+// The rows of K and V of one key block's keys, read in place.
+struct KeyRows {
+  std::array<const void*, kKeyBlock> k{}, v{};
+  std::int64_t n = 0;
+};
 
 class StreamingPlan final : public Plan {
  public:
@@ -39,8 +44,10 @@ class StreamingPlan final : public Plan {
     // whole computation, so the kernels read them in place, through the page
     // table when paged: bfloat16 with bfloat16 dot products as the packed
     // path's, float16 widened on load to float32 products.
-    direct_ = g_.tile_rows <= kDirectRows && p.dtype != DType::f64 && io.k.strides[3] == 1 && io.v.strides[3] == 1;
+    direct_ = g_.tile_rows <= kDirectRows && p.dtype != DType::f64 && io.k.dtype == io.v.dtype && io.k.strides[3] == 1 &&
+              io.v.strides[3] == 1;
     if (direct_ && p.dtype != DType::bf16) g_ = g_.with_float32_products();
+    element_ = static_cast<std::int64_t>(dtype_size(io.k.dtype));
     narrow_rows_ = !g_.bf16_kernels || kernels_.bf16_rows_align == 1;
     tiles_ = p.batch * p.heads_kv * g_.query_tiles;
     // Few tiles and long rows (decode): split the keys so every thread works.
@@ -110,11 +117,22 @@ class StreamingPlan final : public Plan {
     if (g_.bf16_kernels) std::fill(s.p_bf16.begin() + rows * kKeyBlock, s.p_bf16.end(), bf16{});
 
     const std::int64_t read_end = std::min(end_key, std::min(last, end_block) * kKeyBlock);  // this task's last key
+    // In place: the rows of each block's keys (through the page table), and
+    // those of the next block, which the kernels ask the memory for while
+    // they compute this one.
+    KeyRows rows_a, rows_b;
+    KeyRows* here = &rows_a;
+    KeyRows* ahead = &rows_b;
     for (std::int64_t block = std::max(first, begin_block); block < std::min(last, end_block); ++block) {
       const std::int64_t j0 = block * kKeyBlock;
       // In place, no key past the tile's last visible one is read (a paged
       // entry's unused slots, keys hidden by kv_len); packed, they are zeros.
-      const std::int64_t keys = std::min(kKeyBlock, (direct ? end_key : p_.seq_k) - j0);
+      if (direct) {
+        if (block == std::max(first, begin_block)) key_rows(t, j0, read_end, *here);
+        else std::swap(here, ahead);
+        key_rows(t, j0 + kKeyBlock, read_end, *ahead);
+      }
+      const std::int64_t keys = direct ? here->n : std::min(kKeyBlock, p_.seq_k - j0);
       // Only the rows that see a key of the block compute it (a window's edge
       // blocks reach part of the tile); AMX works on whole 16-row tiles, so
       // there every row does (a row that sees none computes nothing).
@@ -126,16 +144,12 @@ class StreamingPlan final : public Plan {
       const float* const q = s.q.data() + r0 * p_.head_dim;
       const bf16* const q_bf16 = s.q_bf16.data() + r0 * g_.head_dim_pairs * 2;
       if (direct) {
-        for_each_run(j0, keys, [&](std::int64_t j, std::int64_t n) {
-          const cpu::Ahead ahead = ask_ahead(io_.k, p_.head_dim, t, j + kPrefetchKeys, std::min(n, read_end - j - kPrefetchKeys));
-          if (g_.bf16_kernels) {
-            kernels_.qk_bf16_direct(q_bf16, live, p_.head_dim, g_.head_dim_pairs * 2,
-                                    static_cast<const bf16*>(in_place(io_.k, t, j)), io_.k.strides[2], n, scores + (j - j0), ahead);
-          } else {
-            kernels_.qk_direct(q, live, p_.head_dim, in_place(io_.k, t, j), io_.k.dtype, io_.k.strides[2], n, scores + (j - j0),
-                               ahead);
-          }
-        });
+        const cpu::Ahead next{ahead->k.data(), ahead->n, p_.head_dim * element_};
+        if (g_.bf16_kernels) {
+          kernels_.qk_bf16_direct(q_bf16, live, p_.head_dim, g_.head_dim_pairs * 2, here->k.data(), keys, scores, next);
+        } else {
+          kernels_.qk_direct(q, live, p_.head_dim, here->k.data(), io_.k.dtype, keys, scores, next);
+        }
       } else if (g_.bf16_kernels) {
         kernels_.qk_bf16(q_bf16, live, g_.head_dim_pairs, s.pack.k_bf16(block), scores);
       } else {
@@ -156,16 +170,12 @@ class StreamingPlan final : public Plan {
       float* const o = s.o.data() + r0 * g_.dv_pad;
       const bf16* const p_bf16 = s.p_bf16.data() + r0 * kKeyBlock;
       if (direct) {
-        for_each_run(j0, keys, [&](std::int64_t j, std::int64_t n) {
-          const cpu::Ahead ahead = ask_ahead(io_.v, p_.head_dim_v, t, j + kPrefetchKeys, std::min(n, read_end - j - kPrefetchKeys));
-          if (g_.bf16_kernels) {
-            kernels_.pv_bf16_direct(p_bf16 + (j - j0), live, n, static_cast<const bf16*>(in_place(io_.v, t, j)),
-                                    io_.v.strides[2], p_.head_dim_v, g_.dv_pad, o, ahead);
-          } else {
-            kernels_.pv_direct(scores + (j - j0), live, n, in_place(io_.v, t, j), io_.v.dtype, io_.v.strides[2],
-                               p_.head_dim_v, g_.dv_pad, o, ahead);
-          }
-        });
+        const cpu::Ahead next{ahead->v.data(), ahead->n, p_.head_dim_v * element_};
+        if (g_.bf16_kernels) {
+          kernels_.pv_bf16_direct(p_bf16, live, keys, here->v.data(), p_.head_dim_v, g_.dv_pad, o, next);
+        } else {
+          kernels_.pv_direct(scores, live, keys, here->v.data(), io_.v.dtype, p_.head_dim_v, g_.dv_pad, o, next);
+        }
       } else if (g_.bf16_kernels) {
         kernels_.pv_bf16(p_bf16, live, (keys + 1) / 2 * 2, s.pack.v_bf16(j0), g_.dv_pad, o);
       } else {
@@ -186,34 +196,21 @@ class StreamingPlan final : public Plan {
     std::copy_n(s.o.begin(), rows * g_.dv_pad, partial_o_.begin() + base * g_.dv_pad);
   }
 
-  // Keys [j0, j0 + keys) of the tile's entry as runs of at most kRunKeys
-  // that each lie in one page, contiguous in K and V (rows strides[2] apart).
-  template <typename Fn> void for_each_run(std::int64_t j0, std::int64_t keys, Fn fn) const {
-    for (std::int64_t j = j0; j < j0 + keys;) {
-      std::int64_t end = std::min(j0 + keys, j + kRunKeys);
-      if (p_.paged()) end = std::min(end, (j / p_.page_size + 1) * p_.page_size);
-      fn(j, end - j);
-      j = end;
+  // The rows of K and V of keys [j0, min(j0 + 64, end)) of the tile's
+  // entry, in place: one lookup in the page table per page.
+  void key_rows(const QueryTile& t, std::int64_t j0, std::int64_t end, KeyRows& out) const {
+    out.n = std::clamp<std::int64_t>(end - j0, 0, kKeyBlock);
+    const std::int64_t k_step = io_.k.strides[2] * element_, v_step = io_.v.strides[2] * element_;
+    for (std::int64_t j = j0; j < j0 + out.n;) {
+      const std::int64_t run_end = p_.paged() ? std::min(j0 + out.n, (j / p_.page_size + 1) * p_.page_size) : j0 + out.n;
+      const auto* k = static_cast<const std::byte*>(in_place(io_.k, t, j));
+      const auto* v = static_cast<const std::byte*>(in_place(io_.v, t, j));
+      for (std::int64_t r = 0; r < run_end - j; ++r) {
+        out.k[static_cast<std::size_t>(j - j0 + r)] = k + r * k_step;
+        out.v[static_cast<std::size_t>(j - j0 + r)] = v + r * v_step;
+      }
+      j = run_end;
     }
-  }
-
-  // The rows of keys [j, j + keys) of a K or V view, one block before they
-  // are read: pages lie anywhere in the pool, too short a stream for the
-  // hardware's prefetchers to find. The rows in j's page go to the kernel,
-  // which asks for them between its products (cpu::Ahead); those of the next
-  // page (a run that crosses one) are asked for here.
-  cpu::Ahead ask_ahead(const TensorView& view, std::int64_t columns, const QueryTile& t, std::int64_t j,
-                       std::int64_t keys) const {
-    if (keys <= 0) return {};
-    const std::int64_t element = static_cast<std::int64_t>(dtype_size(view.dtype));
-    cpu::Ahead ahead{in_place(view, t, j), keys, view.strides[2] * element, columns * element};
-    if (p_.paged()) ahead.rows = std::min(keys, p_.page_size - j % p_.page_size);
-    if (ahead.rows < keys) {
-      for_each_run(j + ahead.rows, keys - ahead.rows, [&](std::int64_t r, std::int64_t n) {
-        cpu::prefetch_rows({in_place(view, t, r), n, ahead.stride, ahead.row_bytes}, 0, n);
-      });
-    }
-    return ahead;
   }
 
   // Key j's row in a K or V view, in place: through the page table when paged.
@@ -287,6 +284,7 @@ class StreamingPlan final : public Plan {
   Geometry g_;
   int threads_ = 1;
   bool direct_ = false;  // every tile reads K and V in place
+  std::int64_t element_ = 1;  // bytes of an element of K and V
   bool narrow_rows_ = true;  // a block computed only by the rows that see one of its keys
   std::int64_t tiles_ = 0, chunks_ = 1;
   std::vector<Scratch> scratch_;
