@@ -8,6 +8,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 
@@ -89,14 +90,21 @@ TEST(CpuKernels, DirectDecodeKernelsAgreeWithPortable) {
         avx->pv_direct(p.data(), rows, keys, krows.data(), dtype, dv, dv_pad, o1.data(), ahead);
         portable.pv_direct(p.data(), rows, keys, krows.data(), dtype, dv, dv_pad, o2.data(), ahead);
         if (dtype == DType::bf16) {  // and with bfloat16 dot products (Q rows 2 apart from head_dim)
-          std::fill(s1.begin(), s1.end(), 7.0f), std::fill(s2.begin(), s2.end(), 7.0f);
-          avx->qk_bf16_direct(qb.data(), rows, head_dim, head_dim + 2, krows.data(), keys, s1.data(), ahead);
-          portable.qk_bf16_direct(qb.data(), rows, head_dim, head_dim + 2, krows.data(), keys, s2.data(), ahead);
-          for (std::int64_t r = 0; r < rows; ++r) {
-            for (std::int64_t j = 0; j < 64; ++j) {
-              const std::size_t e = static_cast<std::size_t>(r * 64 + j);
-              if (j >= keys) EXPECT_EQ(s1[e], 7.0f) << "bf16 dot rows " << rows << " keys " << keys << " wrote past keys at " << r << "," << j;
-              else EXPECT_NEAR(s1[e], s2[e], 1e-4f) << "bf16 dot rows " << rows << " keys " << keys << " at " << r << "," << j;
+          // An odd head_dim too: Q's element past it (infinite here) must count as 0.
+          for (const std::int64_t hd : {head_dim, head_dim - 1}) {
+            std::vector<bf16> qo = qb;
+            if (hd % 2 == 1) {
+              for (std::size_t r = 0; r < 13; ++r) qo[r * (head_dim + 2) + hd] = float_to_bf16(std::numeric_limits<float>::infinity());
+            }
+            std::fill(s1.begin(), s1.end(), 7.0f), std::fill(s2.begin(), s2.end(), 7.0f);
+            avx->qk_bf16_direct(qo.data(), rows, hd, head_dim + 2, krows.data(), keys, s1.data(), ahead);
+            portable.qk_bf16_direct(qo.data(), rows, hd, head_dim + 2, krows.data(), keys, s2.data(), ahead);
+            for (std::int64_t r = 0; r < rows; ++r) {
+              for (std::int64_t j = 0; j < 64; ++j) {
+                const std::size_t e = static_cast<std::size_t>(r * 64 + j);
+                if (j >= keys) EXPECT_EQ(s1[e], 7.0f) << "bf16 dot rows " << rows << " keys " << keys << " wrote past keys at " << r << "," << j;
+                else EXPECT_NEAR(s1[e], s2[e], 1e-4f) << "bf16 dot head_dim " << hd << " rows " << rows << " keys " << keys << " at " << r << "," << j;
+              }
             }
           }
           std::vector<float> b1(rows * dv_pad, 0.5f), b2(rows * dv_pad, 0.5f);
