@@ -315,7 +315,8 @@ ATTN_AVX512 inline __mmask16 lanes_below(std::int64_t n) {
   return static_cast<__mmask16>(n >= 16 ? 0xFFFF : n <= 0 ? 0 : (1u << n) - 1);
 }
 
-// R rows (1, 2, 4 or 8; nr of them real) against 16 / R keys per step: 16
+// R rows (1, 2 or 4; nr of them real; more go to the keys-as-lanes kernels
+// below) against 16 / R keys per step: 16
 // accumulators v[key * R + row], reduced together, put in row-major order
 // (lane row * 16/R + key) by one permute, and stored row by row with masks
 // (a scatter costs several times more on every AVX-512 CPU measured).
@@ -328,6 +329,31 @@ template <int R> struct RowMajor {
     return f;
   }();
 };
+
+// A 16 x 16 transpose of 32-bit elements: r[p] lane c = the old r[c] lane p.
+ATTN_AVX512 inline void transpose16(__m512i (&r)[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    for (int c = 0; c < 4; ++c) {
+      t[8 * i + c] = _mm512_shuffle_i32x4(r[8 * i + c], r[8 * i + 4 + c], 0x88);
+      t[8 * i + 4 + c] = _mm512_shuffle_i32x4(r[8 * i + c], r[8 * i + 4 + c], 0xDD);
+    }
+  }
+  for (int c = 0; c < 8; ++c) {
+    r[c] = _mm512_shuffle_i32x4(t[c], t[8 + c], 0x88);
+    r[8 + c] = _mm512_shuffle_i32x4(t[c], t[8 + c], 0xDD);
+  }
+}
 
 template <typename T> inline const T* key_row(KeyRows x, std::int64_t j) { return static_cast<const T*>(x[j]); }
 
@@ -364,6 +390,37 @@ ATTN_AVX512 void qk_direct_rows(const float* q, std::int64_t nr, std::int64_t he
   prefetch_rows(ahead, j, ahead.n);
 }
 
+// qk_direct_rows for 5 to 8 rows with keys as lanes (as
+// qk_bf16_direct_keys_as_lanes): 16 key rows' next 16 dims, widened and
+// transposed, against each row's dims broadcast; no horizontal reduction.
+template <typename T>
+ATTN_AVX512 void qk_direct_keys_as_lanes(const float* q, std::int64_t nr, std::int64_t head_dim, KeyRows k,
+                                         std::int64_t keys, float* s, const Ahead& ahead) {
+  const float* qrow[8];
+  for (int r = 0; r < 8; ++r) qrow[r] = q + std::min<std::int64_t>(r, nr - 1) * head_dim;
+  std::int64_t j = 0;
+  for (; j < keys; j += 16) {
+    prefetch_rows(ahead, j, j + 16);
+    const T* krow[16];
+    for (int c = 0; c < 16; ++c) krow[c] = key_row<T>(k, std::min<std::int64_t>(j + c, keys - 1));
+    __m512 acc[8];
+    for (__m512& a : acc) a = _mm512_setzero_ps();
+    for (std::int64_t d = 0; d < head_dim; d += 16) {
+      const __mmask16 m = lanes_below(head_dim - d);
+      __m512i t[16];
+      for (int c = 0; c < 16; ++c) t[c] = _mm512_castps_si512(load16(krow[c] + d, m));
+      transpose16(t);
+      const std::int64_t dims = std::min<std::int64_t>(16, head_dim - d);
+      for (std::int64_t e = 0; e < dims; ++e) {
+        for (int r = 0; r < 8; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(qrow[r][d + e]), _mm512_castsi512_ps(t[e]), acc[r]);
+      }
+    }
+    const __mmask16 live = lanes_below(keys - j);
+    for (int r = 0; r < 8 && r < nr; ++r) _mm512_mask_storeu_ps(s + r * kKeyBlock + j, live, acc[r]);
+  }
+  prefetch_rows(ahead, j, ahead.n);
+}
+
 template <typename T>
 ATTN_AVX512 void qk_direct_typed(const float* q, std::int64_t rows, std::int64_t head_dim, KeyRows k, std::int64_t keys,
                                  float* s, const Ahead& ahead) {
@@ -375,7 +432,7 @@ ATTN_AVX512 void qk_direct_typed(const float* q, std::int64_t rows, std::int64_t
     if (nr == 1) qk_direct_rows<1, T>(qr, nr, head_dim, k, keys, sr, a);
     else if (nr == 2) qk_direct_rows<2, T>(qr, nr, head_dim, k, keys, sr, a);
     else if (nr <= 4) qk_direct_rows<4, T>(qr, nr, head_dim, k, keys, sr, a);
-    else qk_direct_rows<8, T>(qr, nr, head_dim, k, keys, sr, a);
+    else qk_direct_keys_as_lanes<T>(qr, nr, head_dim, k, keys, sr, a);
   }
 }
 
@@ -491,37 +548,12 @@ ATTN_AVX512 void qk_bf16_direct_rows(const bf16* q, std::int64_t nr, std::int64_
   prefetch_rows(ahead, j, ahead.n);
 }
 
-// A 16 x 16 transpose of 32-bit elements: r[p] lane c = the old r[c] lane p.
-ATTN_AVX512 inline void transpose16(__m512i (&r)[16]) {
-  __m512i t[16];
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-  for (int i = 0; i < 4; ++i) {
-    r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-    r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-    r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-    r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-  }
-  for (int i = 0; i < 2; ++i) {
-    for (int c = 0; c < 4; ++c) {
-      t[8 * i + c] = _mm512_shuffle_i32x4(r[8 * i + c], r[8 * i + 4 + c], 0x88);
-      t[8 * i + 4 + c] = _mm512_shuffle_i32x4(r[8 * i + c], r[8 * i + 4 + c], 0xDD);
-    }
-  }
-  for (int c = 0; c < 8; ++c) {
-    r[c] = _mm512_shuffle_i32x4(t[c], t[8 + c], 0x88);
-    r[8 + c] = _mm512_shuffle_i32x4(t[c], t[8 + c], 0xDD);
-  }
-}
-
 // Up to 8 rows (nr of them real) against 16 keys a step, keys as lanes: the
 // 16 key rows' next 16 pairs of dims transposed (pair p of every key in one
 // vector), then each row's pair broadcast against them. No horizontal
-// reduction: qk_bf16_direct_rows<8> needs a 16-vector one every 2 keys,
-// this a transpose every 16 keys (1.3 to 1.6x faster at head_dim 128 and 64
-// on one core of the AMD EPYC of docs/results).
+// reduction: qk_bf16_direct_rows would need a 16-vector one every 2 keys at
+// 8 rows, this a transpose every 16 keys (1.3 to 1.6x faster at head_dim 128
+// and 64 on one core of the AMD EPYC of docs/results).
 ATTN_AVX512 void qk_bf16_direct_keys_as_lanes(const bf16* q, std::int64_t nr, std::int64_t head_dim, std::int64_t ldq,
                                               KeyRows k, std::int64_t keys, float* s, const Ahead& ahead) {
   const bf16* qrow[8];
