@@ -23,7 +23,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLES = os.path.join(HERE, "..", "..", "examples", "python")
 sys.path.insert(0, EXAMPLES)
 
-BACKENDS = ["streaming", "blocked", "cuda-flash"]
+# One CPU backend that runs every case (forward, backward, every dtype but float64) and one that
+# SKIPs here (no device): the module's path is the same code for every backend, so a second CPU
+# backend would prove the same thing again at twice the CI time.
+BACKENDS = ["streaming", "cuda-flash"]
 
 
 def comparable(result):
