@@ -16,7 +16,6 @@
 #pragma once
 
 #include <cstdint>
-#include <climits>
 
 #include "attnbench/dtype.hpp"
 

@@ -30,7 +30,7 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 using Scratch = cpu::TileScratch;
 
 // The rows of K and V of one key block's keys, read in place.
-struct KeyRows {
+struct BlockRows {
   std::array<const void*, kKeyBlock> k{}, v{};
   std::int64_t n = 0;
 };
@@ -120,9 +120,9 @@ class StreamingPlan final : public Plan {
     // In place: the rows of each block's keys (through the page table), and
     // those of the next block, which the kernels ask the memory for while
     // they compute this one.
-    KeyRows rows_a, rows_b;
-    KeyRows* here = &rows_a;
-    KeyRows* ahead = &rows_b;
+    BlockRows rows_a, rows_b;
+    BlockRows* here = &rows_a;
+    BlockRows* ahead = &rows_b;
     for (std::int64_t block = std::max(first, begin_block); block < std::min(last, end_block); ++block) {
       const std::int64_t j0 = block * kKeyBlock;
       // In place, no key past the tile's last visible one is read (a paged
@@ -198,7 +198,7 @@ class StreamingPlan final : public Plan {
 
   // The rows of K and V of keys [j0, min(j0 + 64, end)) of the tile's
   // entry, in place: one lookup in the page table per page.
-  void key_rows(const QueryTile& t, std::int64_t j0, std::int64_t end, KeyRows& out) const {
+  void key_rows(const QueryTile& t, std::int64_t j0, std::int64_t end, BlockRows& out) const {
     out.n = std::clamp<std::int64_t>(end - j0, 0, kKeyBlock);
     const std::int64_t k_step = io_.k.strides[2] * element_, v_step = io_.v.strides[2] * element_;
     for (std::int64_t j = j0; j < j0 + out.n;) {
