@@ -357,6 +357,82 @@ ATTN_AVX512 inline void transpose16(__m512i (&r)[16]) {
 
 template <typename T> inline const T* key_row(KeyRows x, std::int64_t j) { return static_cast<const T*>(x[j]); }
 
+// Q K^T for 5 to 8 rows, keys as lanes: the next 16 lanes of 32 bits of 16
+// key rows transposed (lane L of vector e: key L's e-th lane), then each
+// row's matching Q lane broadcast from memory against vector e. No
+// horizontal reduction: the R-row kernels below need a 16-vector one every
+// 2 keys at 8 rows, this a transpose every 16 keys (1.3 to 1.6x faster at
+// head_dim 128 and 64 on one core of the AMD EPYC of docs/results). Lanes
+// says what a lane holds: a float32 dim of K (widened) against a float32 Q
+// dim, or a pair of bfloat16 dims against Q's pair.
+template <typename T> struct F32Lanes {
+  using Q = float;
+  static constexpr std::int64_t kDims = 1;  // dims a lane
+  ATTN_AVX512 static __m512i load(const T* row, std::int64_t dims) { return _mm512_castps_si512(load16(row, lanes_below(dims))); }
+  ATTN_AVX512 static __m512 madd(__m512 acc, __m512i k, const float* q, std::int64_t) {
+    return _mm512_fmadd_ps(_mm512_castsi512_ps(k), _mm512_set1_ps(*q), acc);
+  }
+};
+struct Bf16PairLanes {
+  using Q = bf16;
+  static constexpr std::int64_t kDims = 2;
+  ATTN_AVX512 static __m512i load(const bf16* row, std::int64_t dims) {
+    return _mm512_maskz_loadu_epi16(dims >= 32 ? 0xFFFFFFFFu : (1u << dims) - 1, row);
+  }
+  // dims: Q's dims in this lane; with 1 (an odd head_dim's last pair) Q's
+  // element past head_dim is taken as 0 (K's is 0 from the masked load; an
+  // infinite one would make NaN).
+  ATTN_AVX512 static __m512 madd(__m512 acc, __m512i k, const bf16* q, std::int64_t dims) {
+    std::uint32_t pair = 0;
+    std::memcpy(&pair, q, dims >= 2 ? 4 : 2);
+    return _mm512_dpbf16_ps(acc, (__m512bh)k, (__m512bh)_mm512_set1_epi32(static_cast<std::int32_t>(pair)));
+  }
+};
+
+// 16 keys from krow against 8 rows over dims [d, d + 16 kDims) of which
+// `dims` are real; Full: all of them, known at compile time, so the
+// transposed vectors stay in registers and Q's lanes are broadcast straight
+// from memory (a loop to a run-time bound spilled the 16 vectors to the stack
+// and broadcast Q through a general register: bfloat16 decode at 8 rows was
+// about 25% slower).
+template <typename L, bool Full, typename T>
+ATTN_AVX512 inline void keys_as_lanes_chunk(const typename L::Q* (&qrow)[8], const T* (&krow)[16], std::int64_t d,
+                                            std::int64_t dims, __m512 (&acc)[8]) {
+  __m512i t[16];
+#pragma GCC unroll 16
+  for (int c = 0; c < 16; ++c) t[c] = L::load(krow[c] + d, Full ? 16 * L::kDims : dims);
+  transpose16(t);
+#pragma GCC unroll 16
+  for (int e = 0; e < 16; ++e) {
+    const std::int64_t left = Full ? L::kDims : dims - e * L::kDims;
+    if (!Full && left <= 0) break;
+#pragma GCC unroll 8
+    for (int r = 0; r < 8; ++r) acc[r] = L::madd(acc[r], t[e], qrow[r] + d + e * L::kDims, left);
+  }
+}
+
+template <typename L, typename T>
+ATTN_AVX512 void qk_keys_as_lanes(const typename L::Q* q, std::int64_t nr, std::int64_t head_dim, std::int64_t ldq,
+                                  KeyRows k, std::int64_t keys, float* s, const Ahead& ahead) {
+  constexpr std::int64_t kChunk = 16 * L::kDims;
+  const typename L::Q* qrow[8];
+  for (int r = 0; r < 8; ++r) qrow[r] = q + std::min<std::int64_t>(r, nr - 1) * ldq;
+  std::int64_t j = 0;
+  for (; j < keys; j += 16) {
+    prefetch_rows(ahead, j, j + 16);
+    const T* krow[16];
+    for (int c = 0; c < 16; ++c) krow[c] = key_row<T>(k, std::min<std::int64_t>(j + c, keys - 1));
+    __m512 acc[8];
+    for (__m512& a : acc) a = _mm512_setzero_ps();
+    std::int64_t d = 0;
+    for (; d + kChunk <= head_dim; d += kChunk) keys_as_lanes_chunk<L, true>(qrow, krow, d, kChunk, acc);
+    if (d < head_dim) keys_as_lanes_chunk<L, false>(qrow, krow, d, head_dim - d, acc);
+    const __mmask16 live = lanes_below(keys - j);
+    for (int r = 0; r < 8 && r < nr; ++r) _mm512_mask_storeu_ps(s + r * kKeyBlock + j, live, acc[r]);
+  }
+  prefetch_rows(ahead, j, ahead.n);
+}
+
 template <int R, typename T>
 ATTN_AVX512 void qk_direct_rows(const float* q, std::int64_t nr, std::int64_t head_dim, KeyRows k, std::int64_t keys,
                                 float* s, const Ahead& ahead) {
@@ -390,37 +466,6 @@ ATTN_AVX512 void qk_direct_rows(const float* q, std::int64_t nr, std::int64_t he
   prefetch_rows(ahead, j, ahead.n);
 }
 
-// qk_direct_rows for 5 to 8 rows with keys as lanes (as
-// qk_bf16_direct_keys_as_lanes): 16 key rows' next 16 dims, widened and
-// transposed, against each row's dims broadcast; no horizontal reduction.
-template <typename T>
-ATTN_AVX512 void qk_direct_keys_as_lanes(const float* q, std::int64_t nr, std::int64_t head_dim, KeyRows k,
-                                         std::int64_t keys, float* s, const Ahead& ahead) {
-  const float* qrow[8];
-  for (int r = 0; r < 8; ++r) qrow[r] = q + std::min<std::int64_t>(r, nr - 1) * head_dim;
-  std::int64_t j = 0;
-  for (; j < keys; j += 16) {
-    prefetch_rows(ahead, j, j + 16);
-    const T* krow[16];
-    for (int c = 0; c < 16; ++c) krow[c] = key_row<T>(k, std::min<std::int64_t>(j + c, keys - 1));
-    __m512 acc[8];
-    for (__m512& a : acc) a = _mm512_setzero_ps();
-    for (std::int64_t d = 0; d < head_dim; d += 16) {
-      const __mmask16 m = lanes_below(head_dim - d);
-      __m512i t[16];
-      for (int c = 0; c < 16; ++c) t[c] = _mm512_castps_si512(load16(krow[c] + d, m));
-      transpose16(t);
-      const std::int64_t dims = std::min<std::int64_t>(16, head_dim - d);
-      for (std::int64_t e = 0; e < dims; ++e) {
-        for (int r = 0; r < 8; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(qrow[r][d + e]), _mm512_castsi512_ps(t[e]), acc[r]);
-      }
-    }
-    const __mmask16 live = lanes_below(keys - j);
-    for (int r = 0; r < 8 && r < nr; ++r) _mm512_mask_storeu_ps(s + r * kKeyBlock + j, live, acc[r]);
-  }
-  prefetch_rows(ahead, j, ahead.n);
-}
-
 template <typename T>
 ATTN_AVX512 void qk_direct_typed(const float* q, std::int64_t rows, std::int64_t head_dim, KeyRows k, std::int64_t keys,
                                  float* s, const Ahead& ahead) {
@@ -432,7 +477,7 @@ ATTN_AVX512 void qk_direct_typed(const float* q, std::int64_t rows, std::int64_t
     if (nr == 1) qk_direct_rows<1, T>(qr, nr, head_dim, k, keys, sr, a);
     else if (nr == 2) qk_direct_rows<2, T>(qr, nr, head_dim, k, keys, sr, a);
     else if (nr <= 4) qk_direct_rows<4, T>(qr, nr, head_dim, k, keys, sr, a);
-    else qk_direct_keys_as_lanes<T>(qr, nr, head_dim, k, keys, sr, a);
+    else qk_keys_as_lanes<F32Lanes<T>, T>(qr, nr, head_dim, head_dim, k, keys, sr, a);
   }
 }
 
@@ -548,46 +593,6 @@ ATTN_AVX512 void qk_bf16_direct_rows(const bf16* q, std::int64_t nr, std::int64_
   prefetch_rows(ahead, j, ahead.n);
 }
 
-// Up to 8 rows (nr of them real) against 16 keys a step, keys as lanes: the
-// 16 key rows' next 16 pairs of dims transposed (pair p of every key in one
-// vector), then each row's pair broadcast against them. No horizontal
-// reduction: qk_bf16_direct_rows would need a 16-vector one every 2 keys at
-// 8 rows, this a transpose every 16 keys (1.3 to 1.6x faster at head_dim 128
-// and 64 on one core of the AMD EPYC of docs/results).
-ATTN_AVX512 void qk_bf16_direct_keys_as_lanes(const bf16* q, std::int64_t nr, std::int64_t head_dim, std::int64_t ldq,
-                                              KeyRows k, std::int64_t keys, float* s, const Ahead& ahead) {
-  const bf16* qrow[8];
-  for (int r = 0; r < 8; ++r) qrow[r] = q + std::min<std::int64_t>(r, nr - 1) * ldq;
-  std::int64_t j = 0;
-  for (; j < keys; j += 16) {
-    prefetch_rows(ahead, j, j + 16);
-    const bf16* krow[16];
-    for (int c = 0; c < 16; ++c) krow[c] = key_row<bf16>(k, std::min<std::int64_t>(j + c, keys - 1));
-    __m512 acc[8];
-    for (__m512& a : acc) a = _mm512_setzero_ps();
-    for (std::int64_t d = 0; d < head_dim; d += 32) {
-      const __mmask32 m = head_dim - d >= 32 ? 0xFFFFFFFFu : (1u << (head_dim - d)) - 1;
-      __m512i t[16];
-      for (int c = 0; c < 16; ++c) t[c] = _mm512_maskz_loadu_epi16(m, krow[c] + d);
-      transpose16(t);
-      const std::int64_t pairs = std::min<std::int64_t>(16, (head_dim - d + 1) / 2);
-      for (std::int64_t pp = 0; pp < pairs; ++pp) {
-        // An odd head_dim's last pair: Q's element past head_dim is taken as
-        // 0 (K's is 0 from the masked load; an infinite one would make NaN).
-        const std::uint32_t keep = d + 2 * pp + 1 < head_dim ? 0xFFFFFFFFu : 0xFFFFu;
-        for (int r = 0; r < 8; ++r) {
-          std::uint32_t pair;
-          std::memcpy(&pair, qrow[r] + d + 2 * pp, sizeof pair);
-          acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_set1_epi32(static_cast<std::int32_t>(pair & keep)), (__m512bh)t[pp]);
-        }
-      }
-    }
-    const __mmask16 live = lanes_below(keys - j);
-    for (int r = 0; r < 8 && r < nr; ++r) _mm512_mask_storeu_ps(s + r * kKeyBlock + j, live, acc[r]);
-  }
-  prefetch_rows(ahead, j, ahead.n);
-}
-
 ATTN_AVX512 void qk_bf16_direct(const bf16* q, std::int64_t rows, std::int64_t head_dim, std::int64_t ldq, KeyRows k,
                                 std::int64_t keys, float* s, const Ahead& ahead) {
   for (std::int64_t r0 = 0; r0 < rows; r0 += 8) {
@@ -598,7 +603,7 @@ ATTN_AVX512 void qk_bf16_direct(const bf16* q, std::int64_t rows, std::int64_t h
     if (nr == 1) qk_bf16_direct_rows<1>(qr, nr, head_dim, ldq, k, keys, sr, a);
     else if (nr == 2) qk_bf16_direct_rows<2>(qr, nr, head_dim, ldq, k, keys, sr, a);
     else if (nr <= 4) qk_bf16_direct_rows<4>(qr, nr, head_dim, ldq, k, keys, sr, a);
-    else qk_bf16_direct_keys_as_lanes(qr, nr, head_dim, ldq, k, keys, sr, a);
+    else qk_keys_as_lanes<Bf16PairLanes, bf16>(qr, nr, head_dim, ldq, k, keys, sr, a);
   }
 }
 
