@@ -43,6 +43,48 @@ TEST(CpuBackends, StreamingIsBitwiseReproducibleAtAFixedThreadCount) {
   }
 }
 
+// A plan runs on the inputs as they are when run() is called: the packed K
+// and V a thread keeps between the tiles of a head (HeadPack) must not carry
+// over into the next run, whose K and V may hold other values. One (batch,
+// kv head), so the next run's first tile asks for what the last one packed.
+TEST(CpuBackends, EachRunReadsTheInputsAsTheyAreThen) {
+  for (const char* shape : {"dtype=f32,b=1,hq=2,hkv=1,sq=150,sk=200,d=24,causal=bottom_right",
+                            "dtype=bf16,b=1,hq=2,hkv=1,sq=150,sk=200,d=24,causal=bottom_right,wl=70",
+                            "dtype=f16,b=1,hq=8,hkv=1,sq=1,sk=700,d=24"}) {
+    const Problem p = Problem::parse(shape);
+    auto random_case = [&](std::uint32_t seed) {
+      CaseData data;
+      data.problem = p;
+      std::mt19937 gen(seed);
+      std::normal_distribution<double> normal;
+      for (auto [v, n] : {std::pair{&data.q, p.q_elements()}, {&data.k, p.k_elements()}, {&data.v, p.v_elements()}}) {
+        for (std::int64_t e = 0; e < n; ++e) v->push_back(round_to_dtype(normal(gen), p.dtype));
+      }
+      return data;
+    };
+    const CaseData first = random_case(1), second = random_case(2);
+    for (const char* name : {"streaming", "blocked"}) {
+      auto backends = make_backends(std::vector<std::string>{name});
+      const BackendRun fresh = run_backend(*backends[0], second, {1});
+      DeviceReadyInputs inputs = make_backend_inputs(first);
+      const DeviceReadyInputs later = make_backend_inputs(second);
+      Buffer out(static_cast<std::size_t>(p.out_elements()) * dtype_size(p.dtype));
+      const Dims4 shape4{p.q_batch(), p.heads_q, p.seq_q, p.head_dim_v};
+      inputs.io.out = MutableTensorView{out.data(), p.dtype, shape4, layout_strides(shape4, p.layout)};
+      auto plan = backends[0]->prepare(p, inputs.io, {1});
+      plan->run();
+      std::memcpy(inputs.q.data(), later.q.data(), later.q.size());
+      std::memcpy(inputs.k.data(), later.k.data(), later.k.size());
+      std::memcpy(inputs.v.data(), later.v.data(), later.v.size());
+      plan->run();
+      plan->read_output();
+      for (std::int64_t e = 0; e < p.out_elements(); ++e) {
+        ASSERT_EQ(load_as_double(out.data(), e, p.dtype), fresh.out[static_cast<std::size_t>(e)]) << name << " " << shape << " at " << e;
+      }
+    }
+  }
+}
+
 // The decode kernels read K and V rows in place in each dtype. Q K^T reduces
 // 16 dot products at once and stores them row by row: every row count (1, 2,
 // 4 and 8 per group, partial groups) and key tail must land each sum in its

@@ -36,6 +36,7 @@ class BlockedPlan final : public Plan {
   }
 
   void run() override {
+    for (Scratch& s : scratch_) s.pack.forget();  // K and V as they are now
     ThreadPool::get(threads_).parallel_for(p_.batch * p_.heads_kv * g_.query_tiles, [&](std::int64_t tile, int worker) {
       compute(tile, scratch_[static_cast<std::size_t>(worker)]);
     });

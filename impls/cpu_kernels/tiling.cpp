@@ -104,30 +104,49 @@ void HeadPack::reserve(const Problem& p, const Geometry& g) {
     const bool direct = p.dtype == DType::f32 && p.head_dim_v == g.dv_pad;
     if (!direct) v_f32_.assign(static_cast<std::size_t>(keys * g.dv_pad), 0.0f);
   }
+  packed_.assign(static_cast<std::size_t>(g.key_blocks), 0);
+  forget();
 }
 
 std::size_t HeadPack::bytes() const {
-  return (k_f32_.size() + v_f32_.size() + row_.size()) * sizeof(float) + (k_bf16_.size() + v_bf16_.size()) * sizeof(bf16);
+  return (k_f32_.size() + v_f32_.size() + row_.size()) * sizeof(float) + (k_bf16_.size() + v_bf16_.size()) * sizeof(bf16) +
+         packed_.size();
 }
 
 void HeadPack::pack(const Problem& p, const Geometry& g, const AttentionIO& io, std::int64_t b, std::int64_t kv_head,
                     std::int64_t first_block, std::int64_t end_block) {
-  if (b == packed_b_ && kv_head == packed_g_ && first_block == packed_first_ && end_block == packed_end_) return;
-  packed_b_ = b, packed_g_ = kv_head, packed_first_ = first_block, packed_end_ = end_block;
-  first_ = first_block;
-  const std::int64_t j_begin = first_block * kKeyBlock, j_end = end_block * kKeyBlock;
-  // A paged entry holds seq_lens[b] keys: the table says nothing past them.
+  if (b != packed_b_ || kv_head != packed_g_) {
+    std::fill(packed_.begin(), packed_.end(), std::uint8_t{0});
+    packed_b_ = b, packed_g_ = kv_head;
+    // float32 V rows in place when they are contiguous and unpaged (reserve
+    // left v_f32_ empty when the dtype and width allow it); else packed.
+    const bool direct = !g.bf16_kernels && v_f32_.empty() && io.v.strides[3] == 1 && !p.paged();
+    if (!g.bf16_kernels && !direct && v_f32_.empty()) v_f32_.assign(static_cast<std::size_t>(g.key_blocks * kKeyBlock * g.dv_pad), 0.0f);
+    v_direct_ = direct ? typed<float>(io.v) + io.v.offset(b, kv_head, 0, 0) : nullptr;
+    ldv_ = direct ? io.v.strides[2] : g.dv_pad;
+  }
+  for (std::int64_t block = first_block; block < end_block; ++block) {
+    std::uint8_t& done = packed_[static_cast<std::size_t>(block)];
+    if (!done) pack_block(p, g, io, block);
+    done = 1;
+  }
+}
+
+// Keys [block * 64, block * 64 + 64) of (packed_b_, packed_g_). Padding
+// columns (dims past head_dim, V columns past head_dim_v) are zero from
+// reserve() and never written; keys past seq_k (a paged entry's length) are
+// written as zeros, since another (batch, kv head) may have put a real key in
+// the same slot.
+void HeadPack::pack_block(const Problem& p, const Geometry& g, const AttentionIO& io, std::int64_t block) {
+  const std::int64_t b = packed_b_, kv_head = packed_g_;
+  const std::int64_t j_begin = block * kKeyBlock, j_end = j_begin + kKeyBlock;
   const std::int64_t j_real = std::min(j_end, p.paged() ? io.seq_lens[b] : p.seq_k);
-  // Padding columns (dims past head_dim, V columns past head_dim_v) are zero
-  // from reserve() and never written; keys past seq_k are zeroed here, since
-  // another range may have put a real key in the same slot.
   if (g.bf16_kernels) {
-    ldv_ = g.dv_pad;
     const std::int64_t ks = io.k.strides[3], vs = io.v.strides[3];
+    bf16* kblock = k_bf16_.data() + block * kKeyBlock * k_stride_ * 2;
     for (std::int64_t j = j_begin; j < j_end; ++j) {
       const std::int64_t slot = j % kKeyBlock;
-      bf16* kblock = k_bf16_.data() + ((j / kKeyBlock) - first_) * kKeyBlock * k_stride_ * 2;
-      bf16* vpair = v_bf16_.data() + ((j - j_begin) / 2) * g.dv_pad * 2 + (j % 2);
+      bf16* vpair = v_bf16_.data() + (j / 2) * g.dv_pad * 2 + (j % 2);
       if (j >= j_real) {
         for (std::int64_t d = 0; d < p.head_dim; ++d) kblock[(d / 2) * kKeyBlock * 2 + slot * 2 + (d % 2)] = bf16{};
         for (std::int64_t c = 0; c < p.head_dim_v; ++c) vpair[c * 2] = bf16{};
@@ -141,22 +160,15 @@ void HeadPack::pack(const Problem& p, const Geometry& g, const AttentionIO& io, 
     return;
   }
   float* row = row_.data();
+  float* kblock = k_f32_.data() + block * kKeyBlock * k_stride_;
   for (std::int64_t j = j_begin; j < j_end; ++j) {
-    float* kblock = k_f32_.data() + ((j / kKeyBlock) - first_) * kKeyBlock * k_stride_ + j % kKeyBlock;
     if (j < j_real) read_row(io.k, key_offset(p, io, io.k, b, kv_head, j), p.head_dim, row);
     else std::fill_n(row, p.head_dim, 0.0f);
-    for (std::int64_t d = 0; d < p.head_dim; ++d) kblock[d * kKeyBlock] = row[d];
+    for (std::int64_t d = 0; d < p.head_dim; ++d) kblock[d * kKeyBlock + j % kKeyBlock] = row[d];
   }
-  if (v_f32_.empty() && io.v.strides[3] == 1 && !p.paged()) {
-    v_direct_ = typed<float>(io.v) + io.v.offset(b, kv_head, 0, 0);
-    ldv_ = io.v.strides[2];
-    return;
-  }
-  v_direct_ = nullptr;
-  if (v_f32_.empty()) v_f32_.assign(static_cast<std::size_t>(g.key_blocks * kKeyBlock * g.dv_pad), 0.0f);
-  ldv_ = g.dv_pad;
+  if (v_direct_) return;
   for (std::int64_t j = j_begin; j < j_end; ++j) {
-    float* vrow = v_f32_.data() + (j - j_begin) * g.dv_pad;
+    float* vrow = v_f32_.data() + j * g.dv_pad;
     if (j < j_real) read_row(io.v, key_offset(p, io, io.v, b, kv_head, j), p.head_dim_v, vrow);
     else std::fill_n(vrow, p.head_dim_v, 0.0f);
   }
@@ -182,7 +194,7 @@ double TileScratch::bytes_for(const Problem& p, const Geometry& g, bool pack_kv,
   auto d = [](std::int64_t x) { return static_cast<double>(x); };
   const double keys = d(g.key_blocks) * d(kKeyBlock), rows = d(g.scratch_rows);
   // The packed K and V (float32 is the larger), Q, the scores and the rest of a tile.
-  const double pack = pack_kv ? 4.0 * keys * d(std::max(p.head_dim, g.head_dim_pairs * 2) + g.dv_pad) : 0.0;
+  const double pack = pack_kv ? 4.0 * keys * d(std::max(p.head_dim, g.head_dim_pairs * 2) + g.dv_pad) + d(g.key_blocks) : 0.0;
   return pack + 4.0 * rows * (d(p.head_dim) + d(kKeyBlock) * d(std::max<std::int64_t>(score_blocks, 1)) + d(g.dv_pad) + 3.0 +
                               d(kKeyBlock));
 }

@@ -60,28 +60,35 @@ struct Geometry {
   Geometry with_float32_products() const;
 };
 
-// K and V of one (batch, kv head) in the kernels' layouts, for keys
-// [first_block * 64, end_block * 64). Owned per thread and reused.
+// K and V of one (batch, kv head) in the kernels' layouts, key block by key
+// block, each where its keys are (block * 64). Owned per thread and reused:
+// a block stays packed until another (batch, kv head) comes or forget() is
+// called, so the tiles of a causal or windowed prefill, whose ranges grow or
+// slide, pack each block of a head once, not once per tile.
 class HeadPack {
  public:
   void reserve(const Problem& p, const Geometry& g);
-  // Packs unless this (b, kv head, range) is already here.
+  // Packs the blocks of [first_block, end_block) that are not here yet.
   void pack(const Problem& p, const Geometry& g, const AttentionIO& io, std::int64_t b, std::int64_t kv_head,
             std::int64_t first_block, std::int64_t end_block);
-  const float* k_f32(std::int64_t block) const { return k_f32_.data() + (block - first_) * kKeyBlock * k_stride_; }
-  const bf16* k_bf16(std::int64_t block) const { return k_bf16_.data() + (block - first_) * kKeyBlock * k_stride_ * 2; }
+  // The inputs may have changed (a new run): nothing packed is kept.
+  void forget() { packed_b_ = packed_g_ = -1; }
+  const float* k_f32(std::int64_t block) const { return k_f32_.data() + block * kKeyBlock * k_stride_; }
+  const bf16* k_bf16(std::int64_t block) const { return k_bf16_.data() + block * kKeyBlock * k_stride_ * 2; }
   // float32 V rows for keys starting at `key`, and their stride.
-  const float* v_f32(std::int64_t key) const { return v_direct_ ? v_direct_ + key * ldv_ : v_f32_.data() + (key - first_ * kKeyBlock) * ldv_; }
+  const float* v_f32(std::int64_t key) const { return (v_direct_ ? v_direct_ : v_f32_.data()) + key * ldv_; }
   std::int64_t ldv() const { return ldv_; }
-  const bf16* v_bf16(std::int64_t key) const { return v_bf16_.data() + (key - first_ * kKeyBlock) * ldv_; }
+  const bf16* v_bf16(std::int64_t key) const { return v_bf16_.data() + key * ldv_; }
   std::size_t bytes() const;
 
  private:
+  void pack_block(const Problem& p, const Geometry& g, const AttentionIO& io, std::int64_t block);
   LineVector<float> k_f32_, v_f32_, row_;
   LineVector<bf16> k_bf16_, v_bf16_;
+  std::vector<std::uint8_t> packed_;  // per key block: packed for (packed_b_, packed_g_)
   const float* v_direct_ = nullptr;
-  std::int64_t ldv_ = 0, k_stride_ = 0, first_ = 0;
-  std::int64_t packed_b_ = -1, packed_g_ = -1, packed_first_ = -1, packed_end_ = -1;
+  std::int64_t ldv_ = 0, k_stride_ = 0;
+  std::int64_t packed_b_ = -1, packed_g_ = -1;
 };
 
 // One thread's scratch for tiles: packed K/V, the tile's Q, scores (one

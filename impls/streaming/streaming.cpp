@@ -73,6 +73,7 @@ class StreamingPlan final : public Plan {
   }
 
   void run() override {
+    for (Scratch& s : scratch_) s.pack.forget();  // K and V as they are now
     ThreadPool& pool = ThreadPool::get(threads_);
     pool.parallel_for(tiles_ * chunks_, [&](std::int64_t task, int worker) {
       compute(task / chunks_, task % chunks_, scratch_[static_cast<std::size_t>(worker)]);
