@@ -138,10 +138,6 @@ float f16_to_float(f16 value) {
   return std::bit_cast<float>(out);
 }
 
-float bf16_to_float(bf16 value) {
-  return std::bit_cast<float>(static_cast<std::uint32_t>(value.bits) << 16);
-}
-
 f16 double_to_f16(double value) {
   if (std::isnan(value)) return f16{static_cast<std::uint16_t>((std::signbit(value) ? 0x8000 : 0) | 0x7E00)};
   return f16{f16_bits_from_rounded(round_to_format(value, kF16Mantissa, kF16MinExp, 65504.0))};
@@ -171,13 +167,6 @@ f16 float_to_f16(float value) {
   std::uint32_t rounded = abs + 0xFFFu + ((abs >> 13) & 1u);  // ties to even on bit 13
   rounded -= (112u << 23);                                   // rebias exponent 127 -> 15
   return f16{static_cast<std::uint16_t>(sign | (rounded >> 13))};
-}
-
-bf16 float_to_bf16(float value) {
-  std::uint32_t x = std::bit_cast<std::uint32_t>(value);
-  if ((x & 0x7FFFFFFFu) > 0x7F800000u) return bf16{static_cast<std::uint16_t>((x >> 16) | 0x0040)};  // quiet NaN
-  x += 0x7FFFu + ((x >> 16) & 1u);
-  return bf16{static_cast<std::uint16_t>(x >> 16)};
 }
 
 bf16 double_to_bf16(double value) {

@@ -44,13 +44,25 @@ struct bf16 {
 
 // Exact widening.
 float f16_to_float(f16 value);
-float bf16_to_float(bf16 value);
+inline float bf16_to_float(bf16 value) {
+  const std::uint32_t bits = static_cast<std::uint32_t>(value.bits) << 16;
+  float x;
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
+}
 
 // Round to nearest, ties to even, from float or double directly (no double
 // rounding through float). Overflow goes to infinity, NaN stays NaN (quiet).
+// float_to_bf16 is inline: backends convert every output element with it.
 f16 float_to_f16(float value);
 f16 double_to_f16(double value);
-bf16 float_to_bf16(float value);
+inline bf16 float_to_bf16(float value) {
+  std::uint32_t x;
+  std::memcpy(&x, &value, sizeof x);
+  if ((x & 0x7FFFFFFFu) > 0x7F800000u) return bf16{static_cast<std::uint16_t>((x >> 16) | 0x0040)};  // quiet NaN
+  x += 0x7FFFu + ((x >> 16) & 1u);
+  return bf16{static_cast<std::uint16_t>(x >> 16)};
+}
 bf16 double_to_bf16(double value);
 
 // Rounds a double to the nearest value representable in `dtype` and returns
