@@ -233,6 +233,34 @@ TEST(CpuKernels, TileBuffersStartOnACacheLine) {
   }
 }
 
+// K is packed by transposing rows of 32-bit words 16 x 16 at a time: every
+// row count and width (partial groups of rows and of words) must land each
+// word at out[w * ld + r] and write nothing else.
+TEST(CpuKernels, Transpose32WritesEachWordOnceAndNothingElse) {
+  const std::int64_t ld = 64;
+  std::vector<std::uint32_t> src(64 * 40);
+  for (std::size_t e = 0; e < src.size(); ++e) src[e] = static_cast<std::uint32_t>(e * 2654435761u);
+  std::vector<const void*> rows(64);
+  for (std::size_t r = 0; r < rows.size(); ++r) rows[r] = src.data() + ((r * 11) % 64) * 40;  // any order, as pages
+  std::vector<const cpu::Kernels*> sets{&cpu::portable_kernels()};
+  if (cpu::avx512_kernels()) sets.push_back(cpu::avx512_kernels());
+  for (const cpu::Kernels* k : sets) {
+    for (std::int64_t n : {0, 1, 5, 16, 17, 64}) {
+      for (std::int64_t words : {1, 7, 16, 20, 33}) {
+        std::vector<std::uint32_t> out(static_cast<std::size_t>(words * ld + 16), 0xDEADBEEFu);
+        k->transpose32(rows.data(), n, words, out.data(), ld);
+        for (std::int64_t w = 0; w < words; ++w) {
+          for (std::int64_t r = 0; r < ld; ++r) {
+            const std::uint32_t want = r < n ? static_cast<const std::uint32_t*>(rows[static_cast<std::size_t>(r)])[w] : 0xDEADBEEFu;
+            ASSERT_EQ(out[static_cast<std::size_t>(w * ld + r)], want) << k->isa << " n " << n << " words " << words << " at " << w << "," << r;
+          }
+        }
+        for (std::size_t e = static_cast<std::size_t>(words * ld); e < out.size(); ++e) ASSERT_EQ(out[e], 0xDEADBEEFu) << k->isa;
+      }
+    }
+  }
+}
+
 TEST(CpuKernels, WideningFloat16IsExactForEveryBitPattern) {
   std::vector<f16> all(65536 + 5);  // 5 more: a tail that is not a multiple of 16
   for (std::size_t e = 0; e < all.size(); ++e) all[e].bits = static_cast<std::uint16_t>(e);

@@ -111,6 +111,10 @@ struct Kernels {
   void (*to_bf16)(const float* x, std::int64_t n, bf16* out);
   // out[j] = float(x[j]) for j < n (exact: every float16 is a float).
   void (*widen_f16)(const f16* x, std::int64_t n, float* out);
+  // Rows of 32-bit words transposed: out[w * ld + r] = rows[r][w] for r < n
+  // and w < words, in 32-bit words (a float32 dim, or a pair of bfloat16
+  // dims): K packed for qk_f32 and qk_bf16 (ld 64). Nothing else is written.
+  void (*transpose32)(const void* const* rows, std::int64_t n, std::int64_t words, void* out, std::int64_t ld);
   std::int64_t bf16_rows_align = 1;
   std::int64_t bf16_pairs_align = 1;
 };

@@ -714,8 +714,29 @@ ATTN_AVX512 void widen_f16(const f16* x, std::int64_t n, float* out) {
   }
 }
 
+// 16 rows at a time (the last group's missing rows read the last real one and
+// are not stored), 16 words at a time (masked past `words`): transpose16.
+ATTN_AVX512 void transpose32(const void* const* rows, std::int64_t n, std::int64_t words, void* out, std::int64_t ld) {
+  auto* o = static_cast<std::uint32_t*>(out);
+  for (std::int64_t r0 = 0; r0 < n; r0 += 16) {
+    const __mmask16 live_rows = lanes_below(n - r0);
+    const std::uint32_t* row[16];
+    for (int c = 0; c < 16; ++c) row[c] = static_cast<const std::uint32_t*>(rows[std::min<std::int64_t>(r0 + c, n - 1)]);
+    for (std::int64_t w0 = 0; w0 < words; w0 += 16) {
+      const __mmask16 live_words = lanes_below(words - w0);
+      __m512i t[16];
+      for (int c = 0; c < 16; ++c) t[c] = _mm512_maskz_loadu_epi32(live_words, row[c] + w0);
+      transpose16(t);
+      for (std::int64_t e = 0; e < std::min<std::int64_t>(16, words - w0); ++e) {
+        _mm512_mask_storeu_epi32(o + (w0 + e) * ld + r0, live_rows, t[e]);
+      }
+    }
+  }
+}
+
 const Kernels kAvx512{"avx512_bf16", qk_f32, qk_bf16, pv_f32, pv_bf16, exp2_sum, exp2_sum_bf16,
-                      max_of, qk_direct, pv_direct, qk_bf16_direct, pv_bf16_direct, scale_row, to_bf16, widen_f16};
+                      max_of, qk_direct, pv_direct, qk_bf16_direct, pv_bf16_direct, scale_row, to_bf16, widen_f16,
+                      transpose32};
 
 }  // namespace
 

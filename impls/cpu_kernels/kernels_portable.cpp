@@ -178,8 +178,17 @@ void widen_f16(const f16* x, std::int64_t n, float* out) {
   for (std::int64_t j = 0; j < n; ++j) out[j] = f16_to_float(x[j]);
 }
 
+void transpose32(const void* const* rows, std::int64_t n, std::int64_t words, void* out, std::int64_t ld) {
+  auto* o = static_cast<unsigned char*>(out);
+  for (std::int64_t r = 0; r < n; ++r) {
+    const auto* row = static_cast<const unsigned char*>(rows[r]);
+    for (std::int64_t w = 0; w < words; ++w) std::memcpy(o + (w * ld + r) * 4, row + w * 4, 4);
+  }
+}
+
 const Kernels kPortable{"portable", qk_f32, qk_bf16, pv_f32, pv_bf16, exp2_sum, exp2_sum_bf16,
-                        max_of, qk_direct, pv_direct, qk_bf16_direct, pv_bf16_direct, scale_row, to_bf16, widen_f16};
+                        max_of, qk_direct, pv_direct, qk_bf16_direct, pv_bf16_direct, scale_row, to_bf16, widen_f16,
+                        transpose32};
 
 }  // namespace
 

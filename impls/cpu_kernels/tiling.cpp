@@ -1,6 +1,7 @@
 #include "impls/cpu_kernels/tiling.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -100,7 +101,7 @@ void HeadPack::reserve(const Problem& p, const Geometry& g) {
   } else {
     k_stride_ = p.head_dim;
     k_f32_.assign(static_cast<std::size_t>(keys * p.head_dim), 0.0f);
-    row_.assign(static_cast<std::size_t>(p.head_dim), 0.0f);
+    row_.assign(static_cast<std::size_t>(kKeyBlock * p.head_dim), 0.0f);  // K rows widened before the transpose
     const bool direct = p.dtype == DType::f32 && p.head_dim_v == g.dv_pad;
     if (!direct) v_f32_.assign(static_cast<std::size_t>(keys * g.dv_pad), 0.0f);
   }
@@ -132,44 +133,62 @@ void HeadPack::pack(const Problem& p, const Geometry& g, const AttentionIO& io, 
   }
 }
 
-// Keys [block * 64, block * 64 + 64) of (packed_b_, packed_g_). Padding
-// columns (dims past head_dim, V columns past head_dim_v) are zero from
-// reserve() and never written; keys past seq_k (a paged entry's length) are
-// written as zeros, since another (batch, kv head) may have put a real key in
-// the same slot.
+// Keys [block * 64, block * 64 + 64) of (packed_b_, packed_g_), K transposed
+// 16 x 16 words at a time (Kernels::transpose32). Padding columns (dims past
+// head_dim, V columns past head_dim_v) are zero from reserve() and never
+// written; keys past seq_k (a paged entry's length) are written as zeros,
+// since another (batch, kv head) may have put a real key in the same slot.
 void HeadPack::pack_block(const Problem& p, const Geometry& g, const AttentionIO& io, std::int64_t block) {
   const std::int64_t b = packed_b_, kv_head = packed_g_;
-  const std::int64_t j_begin = block * kKeyBlock, j_end = j_begin + kKeyBlock;
-  const std::int64_t j_real = std::min(j_end, p.paged() ? io.seq_lens[b] : p.seq_k);
+  const std::int64_t j0 = block * kKeyBlock;
+  const std::int64_t real = std::clamp<std::int64_t>((p.paged() ? io.seq_lens[b] : p.seq_k) - j0, 0, kKeyBlock);
+  const Kernels& kernels = best_kernels();
+  std::array<const void*, kKeyBlock> rows{};
   if (g.bf16_kernels) {
-    const std::int64_t ks = io.k.strides[3], vs = io.v.strides[3];
     bf16* kblock = k_bf16_.data() + block * kKeyBlock * k_stride_ * 2;
-    for (std::int64_t j = j_begin; j < j_end; ++j) {
-      const std::int64_t slot = j % kKeyBlock;
-      bf16* vpair = v_bf16_.data() + (j / 2) * g.dv_pad * 2 + (j % 2);
-      if (j >= j_real) {
-        for (std::int64_t d = 0; d < p.head_dim; ++d) kblock[(d / 2) * kKeyBlock * 2 + slot * 2 + (d % 2)] = bf16{};
-        for (std::int64_t c = 0; c < p.head_dim_v; ++c) vpair[c * 2] = bf16{};
-        continue;
+    auto at = [&](std::int64_t d, std::int64_t j) -> bf16& { return kblock[(d / 2) * kKeyBlock * 2 + j * 2 + d % 2]; };
+    const std::int64_t ks = io.k.strides[3], vs = io.v.strides[3];
+    for (std::int64_t j = 0; j < real; ++j) rows[static_cast<std::size_t>(j)] = typed<bf16>(io.k) + key_offset(p, io, io.k, b, kv_head, j0 + j);
+    if (ks == 1) {  // whole pairs transposed; an odd head_dim's last dim alone
+      kernels.transpose32(rows.data(), real, p.head_dim / 2, kblock, kKeyBlock);
+      for (std::int64_t j = 0; j < real && p.head_dim % 2; ++j) at(p.head_dim - 1, j) = static_cast<const bf16*>(rows[static_cast<std::size_t>(j)])[p.head_dim - 1];
+    } else {
+      for (std::int64_t j = 0; j < real; ++j)
+        for (std::int64_t d = 0; d < p.head_dim; ++d) at(d, j) = static_cast<const bf16*>(rows[static_cast<std::size_t>(j)])[d * ks];
+    }
+    for (std::int64_t j = real; j < kKeyBlock; ++j)
+      for (std::int64_t d = 0; d < p.head_dim; ++d) at(d, j) = bf16{};
+    // V in pairs of keys: row j0 / 2 + i holds keys 2i and 2i + 1 interleaved.
+    for (std::int64_t j = 0; j < kKeyBlock; j += 2) {
+      const bf16* v0 = j < real ? typed<bf16>(io.v) + key_offset(p, io, io.v, b, kv_head, j0 + j) : nullptr;
+      const bf16* v1 = j + 1 < real ? typed<bf16>(io.v) + key_offset(p, io, io.v, b, kv_head, j0 + j + 1) : nullptr;
+      bf16* vp = v_bf16_.data() + (j0 + j) * g.dv_pad;
+      if (v0 && v1 && vs == 1) {
+        for (std::int64_t c = 0; c < p.head_dim_v; ++c) vp[2 * c] = v0[c], vp[2 * c + 1] = v1[c];
+      } else {
+        for (std::int64_t c = 0; c < p.head_dim_v; ++c) vp[2 * c] = v0 ? v0[c * vs] : bf16{}, vp[2 * c + 1] = v1 ? v1[c * vs] : bf16{};
       }
-      const bf16* krow = typed<bf16>(io.k) + key_offset(p, io, io.k, b, kv_head, j);
-      for (std::int64_t d = 0; d < p.head_dim; ++d) kblock[(d / 2) * kKeyBlock * 2 + slot * 2 + (d % 2)] = krow[d * ks];
-      const bf16* vrow = typed<bf16>(io.v) + key_offset(p, io, io.v, b, kv_head, j);
-      for (std::int64_t c = 0; c < p.head_dim_v; ++c) vpair[c * 2] = vrow[c * vs];
     }
     return;
   }
-  float* row = row_.data();
   float* kblock = k_f32_.data() + block * kKeyBlock * k_stride_;
-  for (std::int64_t j = j_begin; j < j_end; ++j) {
-    if (j < j_real) read_row(io.k, key_offset(p, io, io.k, b, kv_head, j), p.head_dim, row);
-    else std::fill_n(row, p.head_dim, 0.0f);
-    for (std::int64_t d = 0; d < p.head_dim; ++d) kblock[d * kKeyBlock + j % kKeyBlock] = row[d];
+  for (std::int64_t j = 0; j < real; ++j) {
+    const std::int64_t at = key_offset(p, io, io.k, b, kv_head, j0 + j);
+    if (io.k.dtype == DType::f32 && io.k.strides[3] == 1) {
+      rows[static_cast<std::size_t>(j)] = typed<float>(io.k) + at;
+    } else {  // widened (or gathered) first
+      float* row = row_.data() + j * p.head_dim;
+      read_row(io.k, at, p.head_dim, row);
+      rows[static_cast<std::size_t>(j)] = row;
+    }
   }
+  kernels.transpose32(rows.data(), real, p.head_dim, kblock, kKeyBlock);
+  for (std::int64_t j = real; j < kKeyBlock; ++j)
+    for (std::int64_t d = 0; d < p.head_dim; ++d) kblock[d * kKeyBlock + j] = 0.0f;
   if (v_direct_) return;
-  for (std::int64_t j = j_begin; j < j_end; ++j) {
-    float* vrow = v_f32_.data() + j * g.dv_pad;
-    if (j < j_real) read_row(io.v, key_offset(p, io, io.v, b, kv_head, j), p.head_dim_v, vrow);
+  for (std::int64_t j = 0; j < kKeyBlock; ++j) {
+    float* vrow = v_f32_.data() + (j0 + j) * g.dv_pad;
+    if (j < real) read_row(io.v, key_offset(p, io, io.v, b, kv_head, j0 + j), p.head_dim_v, vrow);
     else std::fill_n(vrow, p.head_dim_v, 0.0f);
   }
 }
@@ -194,7 +213,8 @@ double TileScratch::bytes_for(const Problem& p, const Geometry& g, bool pack_kv,
   auto d = [](std::int64_t x) { return static_cast<double>(x); };
   const double keys = d(g.key_blocks) * d(kKeyBlock), rows = d(g.scratch_rows);
   // The packed K and V (float32 is the larger), Q, the scores and the rest of a tile.
-  const double pack = pack_kv ? 4.0 * keys * d(std::max(p.head_dim, g.head_dim_pairs * 2) + g.dv_pad) + d(g.key_blocks) : 0.0;
+  const double pack =
+      pack_kv ? 4.0 * (keys * d(std::max(p.head_dim, g.head_dim_pairs * 2) + g.dv_pad) + d(kKeyBlock * p.head_dim)) + d(g.key_blocks) : 0.0;
   return pack + 4.0 * rows * (d(p.head_dim) + d(kKeyBlock) * d(std::max<std::int64_t>(score_blocks, 1)) + d(g.dv_pad) + 3.0 +
                               d(kKeyBlock));
 }
