@@ -196,10 +196,11 @@ TEST(CpuKernels, AmxAndAvx512Agree) {
     avx.to_bf16(kf.data(), static_cast<std::int64_t>(kf.size()), kb.data());
     avx.to_bf16(pf.data(), static_cast<std::int64_t>(pf.size()), pb.data());
     avx.to_bf16(vf.data(), static_cast<std::int64_t>(vf.size()), vb.data());
-    std::vector<float> s1(padded * 64), s2(padded * 64);
-    amx->qk_bf16(qb.data(), rows, pairs, kb.data(), s1.data());
-    avx.qk_bf16(qb.data(), rows, pairs, kb.data(), s2.data());
+    std::vector<float> s1(padded * 64), s2(padded * 64), m1(rows), m2(rows);
+    amx->qk_bf16(qb.data(), rows, pairs, kb.data(), s1.data(), m1.data());
+    avx.qk_bf16(qb.data(), rows, pairs, kb.data(), s2.data(), m2.data());
     for (std::int64_t e = 0; e < rows * 64; ++e) EXPECT_NEAR(s1[e], s2[e], 1e-3f * (1 + std::abs(s2[e]))) << rows << " rows, at " << e;
+    for (std::int64_t r = 0; r < rows; ++r) EXPECT_EQ(m1[r], *std::max_element(s1.begin() + r * 64, s1.begin() + (r + 1) * 64)) << "row " << r;
     for (std::int64_t keys : {64, 38, 2}) {
       std::vector<float> o1(padded * dv_pad, 0.25f), o2(padded * dv_pad, 0.25f);
       std::vector<bf16> p = pb;
@@ -323,9 +324,13 @@ TEST(CpuKernels, Avx512AndPortableAgree) {
   for (std::size_t e = 0; e < qb.size(); ++e) EXPECT_EQ(qb[e].bits, float_to_bf16(q[e]).bits);  // RNE, as the scalar path
   portable.to_bf16(kp.data(), static_cast<std::int64_t>(kb.size() / 2), kb.data());
   portable.to_bf16(kp.data(), static_cast<std::int64_t>(kb.size() / 2), kb.data() + kb.size() / 2);
-  avx->qk_bf16(qb.data(), rows, pairs, kb.data(), s1.data());
-  portable.qk_bf16(qb.data(), rows, pairs, kb.data(), s2.data());
+  avx->qk_bf16(qb.data(), rows, pairs, kb.data(), s1.data(), max1.data());
+  portable.qk_bf16(qb.data(), rows, pairs, kb.data(), s2.data(), max2.data());
   for (std::size_t e = 0; e < s1.size(); ++e) EXPECT_NEAR(s1[e], s2[e], 1e-3f);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    EXPECT_EQ(max1[r], *std::max_element(s1.begin() + r * 64, s1.begin() + (r + 1) * 64)) << "bf16 row " << r;
+    EXPECT_EQ(max2[r], *std::max_element(s2.begin() + r * 64, s2.begin() + (r + 1) * 64)) << "bf16 row " << r;
+  }
   std::vector<float> o1(rows * dv_pad, 0.5f), o2(rows * dv_pad, 0.5f);
   avx->pv_f32(p.data(), rows, 37, v.data(), dv_pad, dv_pad, o1.data());
   portable.pv_f32(p.data(), rows, 37, v.data(), dv_pad, dv_pad, o2.data());

@@ -72,7 +72,8 @@ class BlockedPlan final : public Plan {
       float* tile_scores = s.scores.data() + block * g_.scratch_rows * kKeyBlock + r0 * kKeyBlock;
       if (live == 0) continue;
       if (g_.bf16_kernels) {
-        kernels_.qk_bf16(s.q_bf16.data() + r0 * g_.head_dim_pairs * 2, live, g_.head_dim_pairs, s.pack.k_bf16(block), tile_scores);
+        kernels_.qk_bf16(s.q_bf16.data() + r0 * g_.head_dim_pairs * 2, live, g_.head_dim_pairs, s.pack.k_bf16(block), tile_scores,
+                         nullptr);
       } else {
         kernels_.qk_f32(s.q.data() + r0 * p_.head_dim, live, p_.head_dim, s.pack.k_f32(block), tile_scores, s.block_max.data() + r0);
       }

@@ -330,7 +330,7 @@ class FlashBackwardPlan final : public BackwardPlan {
     const float* delta = delta_.data() + row_of(unit, r0);
     const bf16* qb = qb_.data() + row_of(unit, r0) * qpairs_ * 2;
     const bf16* dob = dob_.data() + row_of(unit, r0) * vpairs_ * 2;
-    kernels_.qk_bf16(qb, rows, qpairs_, w.kp.data(), w.s.data());
+    kernels_.qk_bf16(qb, rows, qpairs_, w.kp.data(), w.s.data(), nullptr);
     if (p_.softcap != 0) {
       for (std::int64_t e = 0; e < rows * kKeyBlock; ++e) w.raw[size(e)] = w.s[size(e)] * g_.score_scale;
     }
@@ -339,7 +339,7 @@ class FlashBackwardPlan final : public BackwardPlan {
     for (std::int64_t r = 0; r < rows; ++r) {
       tiny |= probabilities_from_lse(kernels_, w.s.data() + r * kKeyBlock, kKeyBlock, lse_hi[r], lse_lo[r]);
     }
-    kernels_.qk_bf16(dob, rows, vpairs_, w.vp.data(), w.dp.data());
+    kernels_.qk_bf16(dob, rows, vpairs_, w.vp.data(), w.dp.data(), nullptr);
     // bfloat16 dot products read a subnormal input as 0: a tile whose P or
     // dS holds one (a key nearly hidden, a gradient near float32's smallest
     // normal) takes the float32 products, which keep it.

@@ -62,8 +62,9 @@ struct Kernels {
   // Same over bfloat16 pairs; head_dim_pairs = ceil(head_dim / 2) rounded up to
   // bf16_pairs_align (the padding is zero in Q and Kp). The bfloat16 kernels
   // work on round_up(rows, bf16_rows_align) rows: q, s, p and o must have room
-  // for them (what they compute there is never read).
-  void (*qk_bf16)(const bf16* q, std::int64_t rows, std::int64_t head_dim_pairs, const bf16* kp, float* s);
+  // for them (what they compute there is never read). row_max, unless null,
+  // as qk_f32's (the real rows only).
+  void (*qk_bf16)(const bf16* q, std::int64_t rows, std::int64_t head_dim_pairs, const bf16* kp, float* s, float* row_max);
   // O[r][c] += sum_{j < keys} P[r][j] * V[j][c] for c < dv_pad.
   void (*pv_f32)(const float* p, std::int64_t rows, std::int64_t keys, const float* v, std::int64_t ldv,
                  std::int64_t dv_pad, float* o);

@@ -8,6 +8,7 @@
 // Linux hands out the 8 KiB of tile state only on request
 // (arch_prctl(ARCH_REQ_XCOMP_PERM)); core/cpu.cpp asks once, and
 // amx_kernels() returns nullptr when the CPU or the kernel says no.
+#include <algorithm>
 #include <immintrin.h>
 
 #include <cstdint>
@@ -99,7 +100,7 @@ ATTN_AMX inline void zero_c() {
 }
 
 // S = Q Kp for round_up(rows, 16) rows and the block's 64 keys.
-ATTN_AMX void qk_bf16(const bf16* q, std::int64_t rows, std::int64_t pairs, const bf16* kp, float* s) {
+ATTN_AMX void qk_bf16(const bf16* q, std::int64_t rows, std::int64_t pairs, const bf16* kp, float* s, float* row_max) {
   TileScope scope;
   const std::int64_t q_stride = pairs * 4;                // bytes per Q row
   const std::int64_t k_stride = kKeyBlock * 2 * 2;        // bytes per Kp pair row
@@ -119,6 +120,7 @@ ATTN_AMX void qk_bf16(const bf16* q, std::int64_t rows, std::int64_t pairs, cons
       }
     }
   }
+  for (std::int64_t r = 0; r < rows && row_max; ++r) row_max[r] = *std::max_element(s + r * kKeyBlock, s + (r + 1) * kKeyBlock);
 }
 
 template <bool TWO_ROWS, bool TWO_COLS>

@@ -53,7 +53,7 @@ ATTN_AVX512 void qk_f32_rows(const float* q, std::int64_t head_dim, const float*
 }
 
 template <int NR>
-ATTN_AVX512 void qk_bf16_rows(const bf16* q, std::int64_t pairs, const bf16* kp, float* s) {
+ATTN_AVX512 void qk_bf16_rows(const bf16* q, std::int64_t pairs, const bf16* kp, float* s, float* row_max) {
   __m512 acc[NR][4];
 #pragma GCC unroll 8
   for (int r = 0; r < NR; ++r)
@@ -78,6 +78,11 @@ ATTN_AVX512 void qk_bf16_rows(const bf16* q, std::int64_t pairs, const bf16* kp,
   for (int r = 0; r < NR; ++r)
 #pragma GCC unroll 8
     for (int c = 0; c < 4; ++c) _mm512_storeu_ps(s + r * kKeyBlock + 16 * c, acc[r][c]);
+  if (!row_max) return;
+#pragma GCC unroll 8
+  for (int r = 0; r < NR; ++r) {
+    row_max[r] = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(acc[r][0], acc[r][1]), _mm512_max_ps(acc[r][2], acc[r][3])));
+  }
 }
 
 // O rows [0, NR), columns [0, 16 NV): += P V over `keys` keys.
@@ -150,13 +155,13 @@ ATTN_AVX512 void qk_f32(const float* q, std::int64_t rows, std::int64_t head_dim
   }
 }
 
-ATTN_AVX512 void qk_bf16(const bf16* q, std::int64_t rows, std::int64_t pairs, const bf16* kp, float* s) {
-  using Fn = void (*)(const bf16*, std::int64_t, const bf16*, float*);
+ATTN_AVX512 void qk_bf16(const bf16* q, std::int64_t rows, std::int64_t pairs, const bf16* kp, float* s, float* row_max) {
+  using Fn = void (*)(const bf16*, std::int64_t, const bf16*, float*, float*);
   static constexpr auto table =
       make_table([](auto n) -> Fn { return &qk_bf16_rows<decltype(n)::value>; }, std::make_index_sequence<kRowsPerStep>{});
   for (std::int64_t r = 0; r < rows; r += kRowsPerStep) {
     std::int64_t n = std::min<std::int64_t>(kRowsPerStep, rows - r);
-    table[static_cast<std::size_t>(n - 1)](q + r * pairs * 2, pairs, kp, s + r * kKeyBlock);
+    table[static_cast<std::size_t>(n - 1)](q + r * pairs * 2, pairs, kp, s + r * kKeyBlock, row_max ? row_max + r : nullptr);
   }
 }
 

@@ -32,7 +32,7 @@ void qk_f32(const float* q, std::int64_t rows, std::int64_t head_dim, const floa
   }
 }
 
-void qk_bf16(const bf16* q, std::int64_t rows, std::int64_t pairs, const bf16* kp, float* s) {
+void qk_bf16(const bf16* q, std::int64_t rows, std::int64_t pairs, const bf16* kp, float* s, float* row_max) {
   for (std::int64_t r = 0; r < rows; ++r) {
     float acc[kKeyBlock] = {};
     for (std::int64_t dp = 0; dp < pairs; ++dp) {
@@ -43,6 +43,7 @@ void qk_bf16(const bf16* q, std::int64_t rows, std::int64_t pairs, const bf16* k
       }
     }
     std::memcpy(s + r * kKeyBlock, acc, sizeof acc);
+    if (row_max) row_max[r] = *std::max_element(acc, acc + kKeyBlock);
   }
 }
 

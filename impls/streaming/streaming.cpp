@@ -152,17 +152,19 @@ class StreamingPlan final : public Plan {
           kernels_.qk_direct(q, live, p_.head_dim, here->k.data(), io_.k.dtype, keys, scores, next);
         }
       } else if (g_.bf16_kernels) {
-        kernels_.qk_bf16(q_bf16, live, g_.head_dim_pairs, s.pack.k_bf16(block), scores);
+        kernels_.qk_bf16(q_bf16, live, g_.head_dim_pairs, s.pack.k_bf16(block), scores, block_max);
       } else {
         kernels_.qk_f32(q, live, p_.head_dim, s.pack.k_f32(block), scores, block_max);
       }
       // What exp2 still has to multiply the scores by: 1 once finish_scores has
       // scaled them, or the scale for a fully visible block of raw bfloat16
-      // products, whose maxima are then taken as they are and scaled.
+      // products, whose maxima (qk_bf16's, or taken here) are then scaled.
       float pending = 1.0f;
       if (g_.bf16_kernels && g_.score_scale > 0 && cpu::block_fully_visible(p_, io_, seen, j0)) {
         pending = g_.score_scale;
-        for (std::int64_t r = 0; r < live; ++r) block_max[r] = kernels_.max_of(scores + r * kKeyBlock, kKeyBlock) * pending;
+        for (std::int64_t r = 0; r < live; ++r) {
+          block_max[r] = (direct ? kernels_.max_of(scores + r * kKeyBlock, kKeyBlock) : block_max[r]) * pending;
+        }
       } else {
         const bool kernel_max = !direct && !g_.bf16_kernels;
         cpu::finish_scores(p_, g_, io_, kernels_, seen, j0, scores, block_max, kernel_max);
