@@ -85,6 +85,13 @@ struct Kernels {
   // The same weights written as bfloat16 to out (round to nearest even); x is
   // left alone and the sum is of the float32 weights.
   float (*exp2_sum_bf16)(const float* x, std::int64_t n, float scale, float m, int shift, bf16* out);
+  // exp2_sum and exp2_sum_bf16 over `rows` rows of n scores (row r at
+  // x + r * n, its bfloat16 weights at out + r * n), each against its own
+  // m[r]; sums[r] is row r's sum. One call a key block: the constants are set
+  // up once, not once a row.
+  void (*exp2_rows)(float* x, std::int64_t rows, std::int64_t n, float scale, const float* m, int shift, float* sums);
+  void (*exp2_rows_bf16)(const float* x, std::int64_t rows, std::int64_t n, float scale, const float* m, int shift,
+                         bf16* out, float* sums);
   // max_j x[j] for j < n (n >= 1).
   float (*max_of)(const float* x, std::int64_t n);
   // Decode shapes, K and V read in place (no packing): the rows of keys

@@ -245,9 +245,8 @@ ATTN_AVX512 inline __m512 exp2_live(__m512 x, __m512 scale, __m512 m, const Exp2
 
 // Weights for n scores, two independent chains; Store(j, e, lanes) writes them.
 template <typename Store>
-ATTN_AVX512 inline float exp2_sum_with(const float* x, std::int64_t n, float scale, float m, int shift, Store store) {
-  const __m512 sv = _mm512_set1_ps(scale), mv = _mm512_set1_ps(m);
-  const Exp2Constants k(shift);
+ATTN_AVX512 inline float exp2_sum_with(const float* x, std::int64_t n, __m512 sv, __m512 mv, const Exp2Constants& k,
+                                       Store store) {
   __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
   std::int64_t j = 0;
   for (; j + 32 <= n; j += 32) {
@@ -268,15 +267,34 @@ ATTN_AVX512 inline float exp2_sum_with(const float* x, std::int64_t n, float sca
   return _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
 }
 
+ATTN_AVX512 inline auto store_f32(float* x) {
+  return [x](std::int64_t j, __m512 e, __mmask16 lanes) ATTN_AVX512 { _mm512_mask_storeu_ps(x + j, lanes, e); };
+}
+ATTN_AVX512 inline auto store_bf16(bf16* out) {
+  return [out](std::int64_t j, __m512 e, __mmask16 lanes) ATTN_AVX512 {
+    _mm256_mask_storeu_epi16(out + j, lanes, (__m256i)_mm512_cvtneps_pbh(e));
+  };
+}
+
 ATTN_AVX512 float exp2_sum(float* x, std::int64_t n, float scale, float m, int shift) {
-  return exp2_sum_with(x, n, scale, m, shift,
-                       [x](std::int64_t j, __m512 e, __mmask16 lanes) ATTN_AVX512 { _mm512_mask_storeu_ps(x + j, lanes, e); });
+  return exp2_sum_with(x, n, _mm512_set1_ps(scale), _mm512_set1_ps(m), Exp2Constants(shift), store_f32(x));
 }
 
 ATTN_AVX512 float exp2_sum_bf16(const float* x, std::int64_t n, float scale, float m, int shift, bf16* out) {
-  return exp2_sum_with(x, n, scale, m, shift, [out](std::int64_t j, __m512 e, __mmask16 lanes) ATTN_AVX512 {
-    _mm256_mask_storeu_epi16(out + j, lanes, (__m256i)_mm512_cvtneps_pbh(e));
-  });
+  return exp2_sum_with(x, n, _mm512_set1_ps(scale), _mm512_set1_ps(m), Exp2Constants(shift), store_bf16(out));
+}
+
+ATTN_AVX512 void exp2_rows(float* x, std::int64_t rows, std::int64_t n, float scale, const float* m, int shift, float* sums) {
+  const __m512 sv = _mm512_set1_ps(scale);
+  const Exp2Constants k(shift);
+  for (std::int64_t r = 0; r < rows; ++r) sums[r] = exp2_sum_with(x + r * n, n, sv, _mm512_set1_ps(m[r]), k, store_f32(x + r * n));
+}
+
+ATTN_AVX512 void exp2_rows_bf16(const float* x, std::int64_t rows, std::int64_t n, float scale, const float* m, int shift,
+                                bf16* out, float* sums) {
+  const __m512 sv = _mm512_set1_ps(scale);
+  const Exp2Constants k(shift);
+  for (std::int64_t r = 0; r < rows; ++r) sums[r] = exp2_sum_with(x + r * n, n, sv, _mm512_set1_ps(m[r]), k, store_bf16(out + r * n));
 }
 
 ATTN_AVX512 float max_of(const float* x, std::int64_t n) {
@@ -739,7 +757,7 @@ ATTN_AVX512 void transpose32(const void* const* rows, std::int64_t n, std::int64
   }
 }
 
-const Kernels kAvx512{"avx512_bf16", qk_f32, qk_bf16, pv_f32, pv_bf16, exp2_sum, exp2_sum_bf16,
+const Kernels kAvx512{"avx512_bf16", qk_f32, qk_bf16, pv_f32, pv_bf16, exp2_sum, exp2_sum_bf16, exp2_rows, exp2_rows_bf16,
                       max_of, qk_direct, pv_direct, qk_bf16_direct, pv_bf16_direct, scale_row, to_bf16, widen_f16,
                       transpose32};
 

@@ -169,7 +169,7 @@ class StreamingPlan final : public Plan {
         const bool kernel_max = !direct && !g_.bf16_kernels;
         cpu::finish_scores(p_, g_, io_, kernels_, seen, j0, scores, block_max, kernel_max);
       }
-      for (std::int64_t r = r0; r < r0 + live; ++r) online_softmax_row(s, r, pending, shift);
+      online_softmax(s, r0, live, pending, shift);
       float* const o = s.o.data() + r0 * g_.dv_pad;
       const bf16* const p_bf16 = s.p_bf16.data() + r0 * kKeyBlock;
       if (direct) {
@@ -223,31 +223,37 @@ class StreamingPlan final : public Plan {
     return static_cast<const std::byte*>(view.data) + offset * static_cast<std::int64_t>(dtype_size(view.dtype));
   }
 
-  // Folds the scores of one row of the current block (times `pending`) into
-  // the running max, sum and output; the block's probabilities go to the row
-  // of s.p_bf16 for bfloat16 kernels, else over the row of s.scores.
-  void online_softmax_row(Scratch& s, std::int64_t r, float pending, int shift) {
-    float* row = s.scores.data() + r * kKeyBlock;
-    bf16* p_row = g_.bf16_kernels ? s.p_bf16.data() + r * kKeyBlock : nullptr;
-    const float block_max = s.block_max[static_cast<std::size_t>(r)];
-    const float m_old = s.m[static_cast<std::size_t>(r)];
-    const float m_new = std::max(m_old, block_max);
-    if (m_new == kNegInf) {  // nothing visible yet
-      if (p_row) std::fill_n(p_row, kKeyBlock, bf16{});
-      else std::fill_n(row, kKeyBlock, 0.0f);
-      return;
+  // Folds the scores of rows [r0, r0 + live) of the current block (times
+  // `pending`) into their running max, sum and output; the block's
+  // probabilities go to the rows of s.p_bf16 for bfloat16 kernels, else over
+  // the rows of s.scores. A row that has seen nothing visible yet (max -inf)
+  // gets weights 0: its scores are all -inf, taken against 0.
+  void online_softmax(Scratch& s, std::int64_t r0, std::int64_t live, float pending, int shift) {
+    std::array<float, kMaxTileRows> m_new, against, sums;
+    for (std::int64_t i = 0; i < live; ++i) {
+      const auto r = static_cast<std::size_t>(r0 + i), at = static_cast<std::size_t>(i);
+      m_new[at] = std::max(s.m[r], s.block_max[r]);
+      against[at] = m_new[at] == kNegInf ? 0.0f : m_new[at];
     }
-    const float sum = p_row ? kernels_.exp2_sum_bf16(row, kKeyBlock, pending, m_new, shift, p_row)
-                            : kernels_.exp2_sum(row, kKeyBlock, pending, m_new, shift);
-    float& l = s.l[static_cast<std::size_t>(r)];
-    if (m_new > m_old) {  // lazy: rescale only when the max grew
-      const float alpha = m_old == kNegInf ? 0.0f : std::exp2(m_old - m_new);
-      float* o = s.o.data() + r * g_.dv_pad;
-      for (std::int64_t c = 0; c < g_.dv_pad; ++c) o[c] *= alpha;
-      l *= alpha;
+    float* const scores = s.scores.data() + r0 * kKeyBlock;
+    if (g_.bf16_kernels) {
+      kernels_.exp2_rows_bf16(scores, live, kKeyBlock, pending, against.data(), shift, s.p_bf16.data() + r0 * kKeyBlock, sums.data());
+    } else {
+      kernels_.exp2_rows(scores, live, kKeyBlock, pending, against.data(), shift, sums.data());
     }
-    l += sum;
-    s.m[static_cast<std::size_t>(r)] = m_new;
+    for (std::int64_t i = 0; i < live; ++i) {
+      const auto r = static_cast<std::size_t>(r0 + i), at = static_cast<std::size_t>(i);
+      const float m_old = s.m[r];
+      if (m_new[at] == kNegInf) continue;  // nothing visible yet
+      if (m_new[at] > m_old) {  // lazy: rescale only when the max grew
+        const float alpha = m_old == kNegInf ? 0.0f : std::exp2(m_old - m_new[at]);
+        float* o = s.o.data() + (r0 + i) * g_.dv_pad;
+        for (std::int64_t c = 0; c < g_.dv_pad; ++c) o[c] *= alpha;
+        s.l[r] *= alpha;
+      }
+      s.l[r] += sums[at];
+      s.m[r] = m_new[at];
+    }
   }
 
   // Combines the chunks of one tile: weights 2^(m_c - M) so each partial sum
