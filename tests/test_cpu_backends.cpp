@@ -384,6 +384,26 @@ TEST(CpuKernels, Avx512AndPortableAgree) {
     EXPECT_EQ(k->max_of(z.data(), 70), z_max) << k->isa;
     EXPECT_EQ(k->max_of(z.data(), 37), *std::max_element(z.begin(), z.begin() + 37)) << k->isa;
     EXPECT_EQ(k->max_of(z.data() + 9, 1), -INFINITY) << k->isa;
+    // The same over rows, each against its own max, bit for bit what one row
+    // a call gives (a row of -inf against 0: weights 0).
+    const std::int64_t n = 35;
+    std::vector<float> rows_in(z.begin(), z.begin() + 2 * n), m{z_max * 0.25f, 1.5f, 0.0f};
+    rows_in.resize(3 * n, -INFINITY);
+    std::vector<float> rows_f32 = rows_in, sums(3, -1.0f), sums_bf16(3, -1.0f);
+    std::vector<bf16> rows_bf16(3 * n + 1, bf16{0x7777});
+    k->exp2_rows(rows_f32.data(), 3, n, 0.25f, m.data(), 2, sums.data());
+    k->exp2_rows_bf16(rows_in.data(), 3, n, 0.25f, m.data(), 2, rows_bf16.data(), sums_bf16.data());
+    EXPECT_EQ(rows_bf16[3 * n].bits, 0x7777) << k->isa << " wrote past the rows";
+    for (std::int64_t r = 0; r < 3; ++r) {
+      std::vector<float> one(rows_in.begin() + r * n, rows_in.begin() + (r + 1) * n);
+      EXPECT_EQ(sums[r], k->exp2_sum(one.data(), n, 0.25f, m[r], 2)) << k->isa << " row " << r;
+      EXPECT_EQ(sums_bf16[r], sums[r]) << k->isa << " row " << r;
+      for (std::int64_t j = 0; j < n; ++j) {
+        EXPECT_EQ(rows_f32[r * n + j], one[j]) << k->isa << " row " << r << " at " << j;
+        EXPECT_EQ(rows_bf16[r * n + j].bits, float_to_bf16(one[j]).bits) << k->isa << " row " << r << " at " << j;
+      }
+    }
+    EXPECT_EQ(sums[2], 0.0f) << k->isa;
   }
   std::vector<float> za = z, zp = z;
   const float sa = avx->exp2_sum(za.data(), 70, 0.25f, z_max * 0.25f, 0), sp = portable.exp2_sum(zp.data(), 70, 0.25f, z_max * 0.25f, 0);
