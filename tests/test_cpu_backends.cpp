@@ -197,8 +197,8 @@ TEST(CpuKernels, AmxAndAvx512Agree) {
     avx.to_bf16(pf.data(), static_cast<std::int64_t>(pf.size()), pb.data());
     avx.to_bf16(vf.data(), static_cast<std::int64_t>(vf.size()), vb.data());
     std::vector<float> s1(padded * 64), s2(padded * 64), m1(rows), m2(rows);
-    amx->qk_bf16(qb.data(), rows, pairs, kb.data(), s1.data(), m1.data());
-    avx.qk_bf16(qb.data(), rows, pairs, kb.data(), s2.data(), m2.data());
+    amx->qk_bf16(qb.data(), rows, pairs, kb.data(), s1.data(), m1.data(), 64);
+    avx.qk_bf16(qb.data(), rows, pairs, kb.data(), s2.data(), m2.data(), 64);
     for (std::int64_t e = 0; e < rows * 64; ++e) EXPECT_NEAR(s1[e], s2[e], 1e-3f * (1 + std::abs(s2[e]))) << rows << " rows, at " << e;
     for (std::int64_t r = 0; r < rows; ++r) EXPECT_EQ(m1[r], *std::max_element(s1.begin() + r * 64, s1.begin() + (r + 1) * 64)) << "row " << r;
     for (std::int64_t keys : {64, 38, 2}) {
@@ -312,8 +312,8 @@ TEST(CpuKernels, Avx512AndPortableAgree) {
   for (auto* a : {&q, &kp, &p, &v})
     for (float& x : *a) x = normal(gen);
   std::vector<float> s1(rows * 64), s2(rows * 64), max1(rows), max2(rows);
-  avx->qk_f32(q.data(), rows, head_dim, kp.data(), s1.data(), max1.data());
-  portable.qk_f32(q.data(), rows, head_dim, kp.data(), s2.data(), max2.data());
+  avx->qk_f32(q.data(), rows, head_dim, kp.data(), s1.data(), max1.data(), 64);
+  portable.qk_f32(q.data(), rows, head_dim, kp.data(), s2.data(), max2.data(), 64);
   for (std::size_t e = 0; e < s1.size(); ++e) EXPECT_NEAR(s1[e], s2[e], 1e-4f);
   for (std::int64_t r = 0; r < rows; ++r) {  // each kernel's maximum is the maximum of what it wrote
     EXPECT_EQ(max1[r], *std::max_element(s1.begin() + r * 64, s1.begin() + (r + 1) * 64)) << "row " << r;
@@ -324,8 +324,8 @@ TEST(CpuKernels, Avx512AndPortableAgree) {
   for (std::size_t e = 0; e < qb.size(); ++e) EXPECT_EQ(qb[e].bits, float_to_bf16(q[e]).bits);  // RNE, as the scalar path
   portable.to_bf16(kp.data(), static_cast<std::int64_t>(kb.size() / 2), kb.data());
   portable.to_bf16(kp.data(), static_cast<std::int64_t>(kb.size() / 2), kb.data() + kb.size() / 2);
-  avx->qk_bf16(qb.data(), rows, pairs, kb.data(), s1.data(), max1.data());
-  portable.qk_bf16(qb.data(), rows, pairs, kb.data(), s2.data(), max2.data());
+  avx->qk_bf16(qb.data(), rows, pairs, kb.data(), s1.data(), max1.data(), 64);
+  portable.qk_bf16(qb.data(), rows, pairs, kb.data(), s2.data(), max2.data(), 64);
   for (std::size_t e = 0; e < s1.size(); ++e) EXPECT_NEAR(s1[e], s2[e], 1e-3f);
   for (std::int64_t r = 0; r < rows; ++r) {
     EXPECT_EQ(max1[r], *std::max_element(s1.begin() + r * 64, s1.begin() + (r + 1) * 64)) << "bf16 row " << r;

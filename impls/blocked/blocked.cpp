@@ -73,9 +73,10 @@ class BlockedPlan final : public Plan {
       if (live == 0) continue;
       if (g_.bf16_kernels) {
         kernels_.qk_bf16(s.q_bf16.data() + r0 * g_.head_dim_pairs * 2, live, g_.head_dim_pairs, s.pack.k_bf16(block), tile_scores,
-                         nullptr);
+                         nullptr, kKeyBlock);
       } else {
-        kernels_.qk_f32(s.q.data() + r0 * p_.head_dim, live, p_.head_dim, s.pack.k_f32(block), tile_scores, s.block_max.data() + r0);
+        kernels_.qk_f32(s.q.data() + r0 * p_.head_dim, live, p_.head_dim, s.pack.k_f32(block), tile_scores, s.block_max.data() + r0,
+                        kKeyBlock);
       }
       cpu::finish_scores(p_, g_, io_, kernels_, seen, block * kKeyBlock, tile_scores, s.block_max.data() + r0, !g_.bf16_kernels);
       for (std::int64_t r = r0; r < r0 + live; ++r) s.m[r] = std::max(s.m[r], s.block_max[r]);

@@ -306,13 +306,13 @@ class FlashBackwardPlan final : public BackwardPlan {
       const float* qs = qs_.data() + row_of(unit, r0) * d_pad_;
       const float* dout = dout_.data() + row_of(unit, r0) * g_.dv_pad;
       // P from the recomputed scores and the forward's lse.
-      kernels_.qk_f32(qs, rows, d_pad_, w.kt.data(), w.s.data(), w.row_max.data());
+      kernels_.qk_f32(qs, rows, d_pad_, w.kt.data(), w.s.data(), w.row_max.data(), kKeyBlock);
       if (p_.softcap != 0) std::copy_n(w.s.begin(), rows * kKeyBlock, w.raw.begin());
       finish_scores(p_, g_, f, kernels_, t, j0, w.s.data(), w.row_max.data(), true);
       for (std::int64_t r = 0; r < rows; ++r) probabilities_from_lse(kernels_, w.s.data() + r * kKeyBlock, kKeyBlock, lse_hi[r], lse_lo[r]);
       // dP = dO V^T, then dS = P (dP - D) in place of dP, times scale and the
       // softcap's slope 1 - tanh^2 (what Q K^T is multiplied by).
-      kernels_.qk_f32(dout, rows, g_.dv_pad, w.vt.data(), w.dp.data(), w.row_max.data());
+      kernels_.qk_f32(dout, rows, g_.dv_pad, w.vt.data(), w.dp.data(), w.row_max.data(), kKeyBlock);
       scores_to_ds(t, rows, j0, keys, delta, w);
       float32_products(unit, t, keys, partial, w);
     }
@@ -330,7 +330,7 @@ class FlashBackwardPlan final : public BackwardPlan {
     const float* delta = delta_.data() + row_of(unit, r0);
     const bf16* qb = qb_.data() + row_of(unit, r0) * qpairs_ * 2;
     const bf16* dob = dob_.data() + row_of(unit, r0) * vpairs_ * 2;
-    kernels_.qk_bf16(qb, rows, qpairs_, w.kp.data(), w.s.data(), nullptr);
+    kernels_.qk_bf16(qb, rows, qpairs_, w.kp.data(), w.s.data(), nullptr, kKeyBlock);
     if (p_.softcap != 0) {
       for (std::int64_t e = 0; e < rows * kKeyBlock; ++e) w.raw[size(e)] = w.s[size(e)] * g_.score_scale;
     }
@@ -339,7 +339,7 @@ class FlashBackwardPlan final : public BackwardPlan {
     for (std::int64_t r = 0; r < rows; ++r) {
       tiny |= probabilities_from_lse(kernels_, w.s.data() + r * kKeyBlock, kKeyBlock, lse_hi[r], lse_lo[r]);
     }
-    kernels_.qk_bf16(dob, rows, vpairs_, w.vp.data(), w.dp.data(), nullptr);
+    kernels_.qk_bf16(dob, rows, vpairs_, w.vp.data(), w.dp.data(), nullptr, kKeyBlock);
     // bfloat16 dot products read a subnormal input as 0: a tile whose P or
     // dS holds one (a key nearly hidden, a gradient near float32's smallest
     // normal) takes the float32 products, which keep it.

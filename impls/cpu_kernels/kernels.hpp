@@ -54,17 +54,21 @@ inline void prefetch_rows(const Ahead& a, std::int64_t r0, std::int64_t r1, std:
 
 struct Kernels {
   const char* isa;
-  // S[r][j] = sum_d Q[r][d] * Kp[d][j] for r < rows, j < 64, and row_max[r] =
-  // max_j S[r][j] over all 64 columns (the zero padding past seq_k included):
+  // S[r][j] = sum_d Q[r][d] * Kp[d][j] for r < rows, j < cols, and row_max[r] =
+  // max_j S[r][j] over those columns (the zero padding past seq_k included):
   // the maximum comes from the registers, so a fully visible block needs no
-  // second pass over its scores.
-  void (*qk_f32)(const float* q, std::int64_t rows, std::int64_t head_dim, const float* kp, float* s, float* row_max);
+  // second pass over its scores. cols is 16, 32, 48 or 64; Kp and S rows
+  // keep their stride of 64, so columns [c0, c0 + cols) of a block are
+  // kp + c0 and s + c0 (a window's edge block computes what its rows see).
+  void (*qk_f32)(const float* q, std::int64_t rows, std::int64_t head_dim, const float* kp, float* s, float* row_max,
+                 std::int64_t cols);
   // Same over bfloat16 pairs; head_dim_pairs = ceil(head_dim / 2) rounded up to
   // bf16_pairs_align (the padding is zero in Q and Kp). The bfloat16 kernels
   // work on round_up(rows, bf16_rows_align) rows: q, s, p and o must have room
   // for them (what they compute there is never read). row_max, unless null,
   // as qk_f32's (the real rows only).
-  void (*qk_bf16)(const bf16* q, std::int64_t rows, std::int64_t head_dim_pairs, const bf16* kp, float* s, float* row_max);
+  void (*qk_bf16)(const bf16* q, std::int64_t rows, std::int64_t head_dim_pairs, const bf16* kp, float* s, float* row_max,
+                  std::int64_t cols);
   // O[r][c] += sum_{j < keys} P[r][j] * V[j][c] for c < dv_pad.
   void (*pv_f32)(const float* p, std::int64_t rows, std::int64_t keys, const float* v, std::int64_t ldv,
                  std::int64_t dv_pad, float* o);

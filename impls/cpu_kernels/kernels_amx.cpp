@@ -100,7 +100,11 @@ ATTN_AMX inline void zero_c() {
 }
 
 // S = Q Kp for round_up(rows, 16) rows and the block's 64 keys.
-ATTN_AMX void qk_bf16(const bf16* q, std::int64_t rows, std::int64_t pairs, const bf16* kp, float* s, float* row_max) {
+ATTN_AMX void qk_bf16(const bf16* q, std::int64_t rows, std::int64_t pairs, const bf16* kp, float* s, float* row_max,
+                      std::int64_t cols) {
+  // Fewer columns (never asked for by the backends on AMX, whose tiles are
+  // whole): the AVX-512 kernel's.
+  if (cols < kKeyBlock) return avx512_kernels()->qk_bf16(q, rows, pairs, kp, s, row_max, cols);
   TileScope scope;
   const std::int64_t q_stride = pairs * 4;                // bytes per Q row
   const std::int64_t k_stride = kKeyBlock * 2 * 2;        // bytes per Kp pair row

@@ -21,67 +21,72 @@ namespace {
 
 constexpr int kRowsPerStep = 6;  // 6 rows x 4 vectors = 24 accumulators
 
-// S rows [0, NR) of a 64-key tile: NR x 4 accumulators over head_dim, and
-// each row's maximum taken from the accumulators before they leave registers.
-template <int NR>
+// S rows [0, NR), columns [0, 16 NC) of a 64-key tile: NR x NC accumulators
+// over head_dim, and each row's maximum taken from the accumulators before
+// they leave registers.
+template <int NR, int NC>
 ATTN_AVX512 void qk_f32_rows(const float* q, std::int64_t head_dim, const float* kp, float* s, float* row_max) {
-  __m512 acc[NR][4];
+  __m512 acc[NR][NC];
 #pragma GCC unroll 8
   for (int r = 0; r < NR; ++r)
 #pragma GCC unroll 4
-    for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
+    for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_setzero_ps();
   for (std::int64_t d = 0; d < head_dim; ++d) {
     const float* k = kp + d * kKeyBlock;
-    __m512 k0 = _mm512_loadu_ps(k), k1 = _mm512_loadu_ps(k + 16), k2 = _mm512_loadu_ps(k + 32),
-           k3 = _mm512_loadu_ps(k + 48);
+    __m512 kv[NC];
+#pragma GCC unroll 4
+    for (int c = 0; c < NC; ++c) kv[c] = _mm512_loadu_ps(k + 16 * c);
 #pragma GCC unroll 8
     for (int r = 0; r < NR; ++r) {
       __m512 qb = _mm512_set1_ps(q[r * head_dim + d]);
-      acc[r][0] = _mm512_fmadd_ps(qb, k0, acc[r][0]);
-      acc[r][1] = _mm512_fmadd_ps(qb, k1, acc[r][1]);
-      acc[r][2] = _mm512_fmadd_ps(qb, k2, acc[r][2]);
-      acc[r][3] = _mm512_fmadd_ps(qb, k3, acc[r][3]);
+#pragma GCC unroll 4
+      for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_fmadd_ps(qb, kv[c], acc[r][c]);
     }
   }
 #pragma GCC unroll 8
   for (int r = 0; r < NR; ++r) {
+    __m512 m = acc[r][0];
 #pragma GCC unroll 4
-    for (int c = 0; c < 4; ++c) _mm512_storeu_ps(s + r * kKeyBlock + 16 * c, acc[r][c]);
-    const __m512 m = _mm512_max_ps(_mm512_max_ps(acc[r][0], acc[r][1]), _mm512_max_ps(acc[r][2], acc[r][3]));
+    for (int c = 0; c < NC; ++c) {
+      _mm512_storeu_ps(s + r * kKeyBlock + 16 * c, acc[r][c]);
+      m = _mm512_max_ps(m, acc[r][c]);
+    }
     row_max[r] = _mm512_reduce_max_ps(m);
   }
 }
 
-template <int NR>
+template <int NR, int NC>
 ATTN_AVX512 void qk_bf16_rows(const bf16* q, std::int64_t pairs, const bf16* kp, float* s, float* row_max) {
-  __m512 acc[NR][4];
+  __m512 acc[NR][NC];
 #pragma GCC unroll 8
   for (int r = 0; r < NR; ++r)
 #pragma GCC unroll 8
-    for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
+    for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_setzero_ps();
   for (std::int64_t dp = 0; dp < pairs; ++dp) {
     const bf16* k = kp + dp * kKeyBlock * 2;
-    __m512bh k0 = (__m512bh)_mm512_loadu_si512(k), k1 = (__m512bh)_mm512_loadu_si512(k + 32),
-             k2 = (__m512bh)_mm512_loadu_si512(k + 64), k3 = (__m512bh)_mm512_loadu_si512(k + 96);
+    __m512bh kv[NC];
+#pragma GCC unroll 4
+    for (int c = 0; c < NC; ++c) kv[c] = (__m512bh)_mm512_loadu_si512(k + 32 * c);
 #pragma GCC unroll 8
     for (int r = 0; r < NR; ++r) {
       std::int32_t pair;
       std::memcpy(&pair, q + r * pairs * 2 + 2 * dp, sizeof pair);
       __m512bh qb = (__m512bh)_mm512_set1_epi32(pair);
-      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], qb, k0);
-      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], qb, k1);
-      acc[r][2] = _mm512_dpbf16_ps(acc[r][2], qb, k2);
-      acc[r][3] = _mm512_dpbf16_ps(acc[r][3], qb, k3);
+#pragma GCC unroll 4
+      for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], qb, kv[c]);
     }
   }
 #pragma GCC unroll 8
   for (int r = 0; r < NR; ++r)
 #pragma GCC unroll 8
-    for (int c = 0; c < 4; ++c) _mm512_storeu_ps(s + r * kKeyBlock + 16 * c, acc[r][c]);
+    for (int c = 0; c < NC; ++c) _mm512_storeu_ps(s + r * kKeyBlock + 16 * c, acc[r][c]);
   if (!row_max) return;
 #pragma GCC unroll 8
   for (int r = 0; r < NR; ++r) {
-    row_max[r] = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_max_ps(acc[r][0], acc[r][1]), _mm512_max_ps(acc[r][2], acc[r][3])));
+    __m512 m = acc[r][0];
+#pragma GCC unroll 4
+    for (int c = 1; c < NC; ++c) m = _mm512_max_ps(m, acc[r][c]);
+    row_max[r] = _mm512_reduce_max_ps(m);
   }
 }
 
@@ -144,21 +149,33 @@ constexpr auto make_table(Fn fn, std::index_sequence<I...>) {
   return std::array{fn(std::integral_constant<int, static_cast<int>(I) + 1>{})...};
 }
 
+// Kernel tables by column vectors (1 to 4) and rows (1 to kRowsPerStep).
+template <int NC> struct QkTables {
+  using F32 = void (*)(const float*, std::int64_t, const float*, float*, float*);
+  using BF16 = void (*)(const bf16*, std::int64_t, const bf16*, float*, float*);
+  static constexpr auto f32 = make_table([](auto n) -> F32 { return &qk_f32_rows<decltype(n)::value, NC>; },
+                                         std::make_index_sequence<kRowsPerStep>{});
+  static constexpr auto b16 = make_table([](auto n) -> BF16 { return &qk_bf16_rows<decltype(n)::value, NC>; },
+                                         std::make_index_sequence<kRowsPerStep>{});
+};
+
+template <typename Table>
+const auto& pick(std::int64_t nv, const Table& t1, const Table& t2, const Table& t3, const Table& t4) {
+  return nv == 1 ? t1 : nv == 2 ? t2 : nv == 3 ? t3 : t4;
+}
+
 ATTN_AVX512 void qk_f32(const float* q, std::int64_t rows, std::int64_t head_dim, const float* kp, float* s,
-                        float* row_max) {
-  using Fn = void (*)(const float*, std::int64_t, const float*, float*, float*);
-  static constexpr auto table =
-      make_table([](auto n) -> Fn { return &qk_f32_rows<decltype(n)::value>; }, std::make_index_sequence<kRowsPerStep>{});
+                        float* row_max, std::int64_t cols) {
+  const auto& table = pick(cols / 16, QkTables<1>::f32, QkTables<2>::f32, QkTables<3>::f32, QkTables<4>::f32);
   for (std::int64_t r = 0; r < rows; r += kRowsPerStep) {
     std::int64_t n = std::min<std::int64_t>(kRowsPerStep, rows - r);
     table[static_cast<std::size_t>(n - 1)](q + r * head_dim, head_dim, kp, s + r * kKeyBlock, row_max + r);
   }
 }
 
-ATTN_AVX512 void qk_bf16(const bf16* q, std::int64_t rows, std::int64_t pairs, const bf16* kp, float* s, float* row_max) {
-  using Fn = void (*)(const bf16*, std::int64_t, const bf16*, float*, float*);
-  static constexpr auto table =
-      make_table([](auto n) -> Fn { return &qk_bf16_rows<decltype(n)::value>; }, std::make_index_sequence<kRowsPerStep>{});
+ATTN_AVX512 void qk_bf16(const bf16* q, std::int64_t rows, std::int64_t pairs, const bf16* kp, float* s, float* row_max,
+                         std::int64_t cols) {
+  const auto& table = pick(cols / 16, QkTables<1>::b16, QkTables<2>::b16, QkTables<3>::b16, QkTables<4>::b16);
   for (std::int64_t r = 0; r < rows; r += kRowsPerStep) {
     std::int64_t n = std::min<std::int64_t>(kRowsPerStep, rows - r);
     table[static_cast<std::size_t>(n - 1)](q + r * pairs * 2, pairs, kp, s + r * kKeyBlock, row_max ? row_max + r : nullptr);
@@ -173,11 +190,6 @@ template <int NV> struct PvTables {
   static constexpr auto b16 = make_table([](auto n) -> BF16 { return &pv_bf16_block<decltype(n)::value, NV>; },
                                          std::make_index_sequence<kRowsPerStep>{});
 };
-
-template <typename Table>
-const auto& pick(std::int64_t nv, const Table& t1, const Table& t2, const Table& t3, const Table& t4) {
-  return nv == 1 ? t1 : nv == 2 ? t2 : nv == 3 ? t3 : t4;
-}
 
 ATTN_AVX512 void pv_f32(const float* p, std::int64_t rows, std::int64_t keys, const float* v, std::int64_t ldv,
                         std::int64_t dv_pad, float* o) {

@@ -19,31 +19,33 @@ namespace attn::cpu {
 
 namespace {
 
-void qk_f32(const float* q, std::int64_t rows, std::int64_t head_dim, const float* kp, float* s, float* row_max) {
+void qk_f32(const float* q, std::int64_t rows, std::int64_t head_dim, const float* kp, float* s, float* row_max,
+            std::int64_t cols) {
   for (std::int64_t r = 0; r < rows; ++r) {
     float acc[kKeyBlock] = {};
     for (std::int64_t d = 0; d < head_dim; ++d) {
       const float qv = q[r * head_dim + d];
       const float* k = kp + d * kKeyBlock;
-      for (std::int64_t j = 0; j < kKeyBlock; ++j) acc[j] += qv * k[j];
+      for (std::int64_t j = 0; j < cols; ++j) acc[j] += qv * k[j];
     }
-    std::memcpy(s + r * kKeyBlock, acc, sizeof acc);
-    row_max[r] = *std::max_element(acc, acc + kKeyBlock);
+    std::memcpy(s + r * kKeyBlock, acc, static_cast<std::size_t>(cols) * sizeof(float));
+    row_max[r] = *std::max_element(acc, acc + cols);
   }
 }
 
-void qk_bf16(const bf16* q, std::int64_t rows, std::int64_t pairs, const bf16* kp, float* s, float* row_max) {
+void qk_bf16(const bf16* q, std::int64_t rows, std::int64_t pairs, const bf16* kp, float* s, float* row_max,
+             std::int64_t cols) {
   for (std::int64_t r = 0; r < rows; ++r) {
     float acc[kKeyBlock] = {};
     for (std::int64_t dp = 0; dp < pairs; ++dp) {
       const float q0 = bf16_to_float(q[r * pairs * 2 + 2 * dp]), q1 = bf16_to_float(q[r * pairs * 2 + 2 * dp + 1]);
       const bf16* k = kp + dp * kKeyBlock * 2;
-      for (std::int64_t j = 0; j < kKeyBlock; ++j) {
+      for (std::int64_t j = 0; j < cols; ++j) {
         acc[j] += q0 * bf16_to_float(k[2 * j]) + q1 * bf16_to_float(k[2 * j + 1]);
       }
     }
-    std::memcpy(s + r * kKeyBlock, acc, sizeof acc);
-    if (row_max) row_max[r] = *std::max_element(acc, acc + kKeyBlock);
+    std::memcpy(s + r * kKeyBlock, acc, static_cast<std::size_t>(cols) * sizeof(float));
+    if (row_max) row_max[r] = *std::max_element(acc, acc + cols);
   }
 }
 

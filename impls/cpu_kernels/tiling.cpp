@@ -286,6 +286,22 @@ QueryTile rows_seeing_block(const Problem& p, const AttentionIO& io, const Query
   return seen;
 }
 
+std::int64_t column_runs(const Problem& p, const AttentionIO& io, const Geometry& g, const QueryTile& t, std::int64_t j0,
+                         ColumnRun* out) {
+  const SequenceMap map = io.sequences(p);
+  std::int64_t runs = 0;
+  for (std::int64_t q = 0; q < t.queries; ++q) {
+    const Problem::KeyRange keys = map.entry_row(t.b, t.first_query + q).keys;
+    const std::int64_t lo = std::clamp<std::int64_t>(keys.lo - j0, 0, kKeyBlock);
+    const std::int64_t hi = std::clamp<std::int64_t>(keys.hi - j0, 0, kKeyBlock);
+    ColumnRun run{q * g.group, (q + 1) * g.group, 0, 0};
+    if (!keys.empty() && hi > lo) run.c0 = lo / 16 * 16, run.c1 = (hi + 15) / 16 * 16;
+    if (runs > 0 && out[runs - 1].c0 == run.c0 && out[runs - 1].c1 == run.c1) out[runs - 1].end = run.end;
+    else out[runs++] = run;
+  }
+  return runs;
+}
+
 bool block_fully_visible(const Problem& p, const AttentionIO& io, const QueryTile& t, std::int64_t j0) {
   if (!plain_scores(p, io)) return false;
   const Problem::KeyRange first = row_keys(p, io, t.b, t.first_query);
@@ -333,7 +349,7 @@ void finish_scores(const Problem& p, const Geometry& g, const AttentionIO& io, c
         row[j] = std::isinf(bias) && bias < 0 ? kNegInf : std::fma(bias, g.score_unit, row[j]);
       }
     }
-    row_max[r] = *std::max_element(row, row + kKeyBlock);
+    row_max[r] = kernels.max_of(row, kKeyBlock);
   }
 }
 

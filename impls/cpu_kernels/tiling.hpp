@@ -133,6 +133,20 @@ std::int64_t visible_key_begin(const Problem& p, const AttentionIO& io, const Qu
 // that sees none computes it to no effect).
 QueryTile rows_seeing_block(const Problem& p, const AttentionIO& io, const QueryTile& t, std::int64_t j0);
 
+// Rows [begin, end) of a tile that see keys of block j0 in the same 16-key
+// column groups [c0, c1) (multiples of 16; c0 == c1 where they see none).
+struct ColumnRun {
+  std::int64_t begin = 0, end = 0, c0 = 0, c1 = 0;
+};
+
+// The tile's rows in runs by the column groups of [j0, j0 + 64) each sees
+// under the position rules (causal, window, kv_len, the entry's keys): an
+// edge block computed run by run, each over its own columns, costs about
+// what its rows see, not 64 keys a row. Writes at most t.rows() runs to out;
+// returns how many.
+std::int64_t column_runs(const Problem& p, const AttentionIO& io, const Geometry& g, const QueryTile& t, std::int64_t j0,
+                         ColumnRun* out);
+
 // Whether every row of the tile sees all 64 keys [j0, j0 + 64) with plain
 // scores: no mask, bias, softcap or ALiBi, and no position rule hides any.
 bool block_fully_visible(const Problem& p, const AttentionIO& io, const QueryTile& t, std::int64_t j0);

@@ -121,6 +121,9 @@ class StreamingPlan final : public Plan {
     // In place: the rows of each block's keys (through the page table), and
     // those of the next block, which the kernels ask the memory for while
     // they compute this one.
+    // A block's runs of rows (at most one a query: tiles hold at most
+    // kMaxTileRows / group queries, or one).
+    std::array<cpu::ColumnRun, kMaxTileRows> runs{};
     BlockRows rows_a, rows_b;
     BlockRows* here = &rows_a;
     BlockRows* ahead = &rows_b;
@@ -144,6 +147,14 @@ class StreamingPlan final : public Plan {
       float* const block_max = s.block_max.data() + r0;
       const float* const q = s.q.data() + r0 * p_.head_dim;
       const bf16* const q_bf16 = s.q_bf16.data() + r0 * g_.head_dim_pairs * 2;
+      const bool full = cpu::block_fully_visible(p_, io_, seen, j0);
+      // Packed, an edge block (the diagonal, a window's left edge) is computed
+      // in runs of rows that see the same 16-key column groups, each over
+      // those only: a partly visible block costs about what its rows see.
+      // (AMX computes whole 16-row tiles: one run.)
+      std::int64_t n_runs = 1;
+      runs[0] = {0, live, 0, kKeyBlock};
+      if (!direct && !full && narrow_rows_) n_runs = cpu::column_runs(p_, io_, g_, seen, j0, runs.data());
       if (direct) {
         const cpu::Ahead next{ahead->k.data(), ahead->n, p_.head_dim * element_};
         if (g_.bf16_kernels) {
@@ -151,16 +162,25 @@ class StreamingPlan final : public Plan {
         } else {
           kernels_.qk_direct(q, live, p_.head_dim, here->k.data(), io_.k.dtype, keys, scores, next);
         }
-      } else if (g_.bf16_kernels) {
-        kernels_.qk_bf16(q_bf16, live, g_.head_dim_pairs, s.pack.k_bf16(block), scores, block_max);
       } else {
-        kernels_.qk_f32(q, live, p_.head_dim, s.pack.k_f32(block), scores, block_max);
+        for (std::int64_t u = 0; u < n_runs; ++u) {
+          const cpu::ColumnRun& run = runs[static_cast<std::size_t>(u)];
+          const std::int64_t n = run.end - run.begin, cols = run.c1 - run.c0;
+          if (cols == 0) continue;  // rows that see none of it: finish_scores hides all 64
+          float* const sr = scores + run.begin * kKeyBlock + run.c0;
+          if (g_.bf16_kernels) {
+            kernels_.qk_bf16(q_bf16 + run.begin * g_.head_dim_pairs * 2, n, g_.head_dim_pairs, s.pack.k_bf16(block) + run.c0 * 2, sr,
+                             block_max + run.begin, cols);
+          } else {
+            kernels_.qk_f32(q + run.begin * p_.head_dim, n, p_.head_dim, s.pack.k_f32(block) + run.c0, sr, block_max + run.begin, cols);
+          }
+        }
       }
       // What exp2 still has to multiply the scores by: 1 once finish_scores has
       // scaled them, or the scale for a fully visible block of raw bfloat16
       // products, whose maxima (qk_bf16's, or taken here) are then scaled.
       float pending = 1.0f;
-      if (g_.bf16_kernels && g_.score_scale > 0 && cpu::block_fully_visible(p_, io_, seen, j0)) {
+      if (g_.bf16_kernels && g_.score_scale > 0 && full) {
         pending = g_.score_scale;
         for (std::int64_t r = 0; r < live; ++r) {
           block_max[r] = (direct ? kernels_.max_of(scores + r * kKeyBlock, kKeyBlock) : block_max[r]) * pending;
@@ -179,10 +199,18 @@ class StreamingPlan final : public Plan {
         } else {
           kernels_.pv_direct(scores, live, keys, here->v.data(), io_.v.dtype, p_.head_dim_v, g_.dv_pad, o, next);
         }
-      } else if (g_.bf16_kernels) {
-        kernels_.pv_bf16(p_bf16, live, (keys + 1) / 2 * 2, s.pack.v_bf16(j0), g_.dv_pad, o);
       } else {
-        kernels_.pv_f32(scores, live, keys, s.pack.v_f32(j0), s.pack.ldv(), g_.dv_pad, o);
+        for (std::int64_t u = 0; u < n_runs; ++u) {  // each run over the keys of its columns (P is 0 elsewhere)
+          const cpu::ColumnRun& run = runs[static_cast<std::size_t>(u)];
+          const std::int64_t n = run.end - run.begin, k0 = run.c0, k1 = std::min(run.c1, keys);
+          if (k1 <= k0) continue;
+          float* const orow = o + run.begin * g_.dv_pad;
+          if (g_.bf16_kernels) {
+            kernels_.pv_bf16(p_bf16 + run.begin * kKeyBlock + k0, n, (k1 - k0 + 1) / 2 * 2, s.pack.v_bf16(j0 + k0), g_.dv_pad, orow);
+          } else {
+            kernels_.pv_f32(scores + run.begin * kKeyBlock + k0, n, k1 - k0, s.pack.v_f32(j0 + k0), s.pack.ldv(), g_.dv_pad, orow);
+          }
+        }
       }
     }
     if (chunks_ == 1) {
