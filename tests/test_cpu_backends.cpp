@@ -319,6 +319,23 @@ TEST(CpuKernels, Avx512AndPortableAgree) {
     EXPECT_EQ(max1[r], *std::max_element(s1.begin() + r * 64, s1.begin() + (r + 1) * 64)) << "row " << r;
     EXPECT_EQ(max2[r], *std::max_element(s2.begin() + r * 64, s2.begin() + (r + 1) * 64)) << "row " << r;
   }
+  // Fewer columns (an edge block's run): columns [16, 16 + cols) from kp + 16
+  // and s + 16, the same sums as all 64 give, their maximum, nothing else.
+  for (const cpu::Kernels* k : {avx, &portable}) {
+    for (std::int64_t cols : {16, 32, 48}) {
+      std::vector<float> s3(rows * 64, 7.0f), max3(rows);
+      k->qk_f32(q.data(), rows, head_dim, kp.data() + 16, s3.data() + 16, max3.data(), cols);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const auto row = s1.begin() + r * 64;  // avx's, all 64 columns
+        for (std::int64_t j = 0; j < 64; ++j) {
+          const float got = s3[static_cast<std::size_t>(r * 64 + j)];
+          if (j < 16 || j >= 16 + cols) EXPECT_EQ(got, 7.0f) << k->isa << " cols " << cols << " wrote column " << j;
+          else EXPECT_NEAR(got, row[j], 1e-4f) << k->isa << " cols " << cols << " at " << r << "," << j;
+        }
+        EXPECT_EQ(max3[r], *std::max_element(s3.begin() + r * 64 + 16, s3.begin() + r * 64 + 16 + cols)) << k->isa;
+      }
+    }
+  }
   std::vector<bf16> qb(rows * pairs * 2), kb(pairs * 64 * 2), pb(rows * 64), vb(keys * dv_pad);
   avx->to_bf16(q.data(), static_cast<std::int64_t>(qb.size()), qb.data());
   for (std::size_t e = 0; e < qb.size(); ++e) EXPECT_EQ(qb[e].bits, float_to_bf16(q[e]).bits);  // RNE, as the scalar path
@@ -330,6 +347,20 @@ TEST(CpuKernels, Avx512AndPortableAgree) {
   for (std::int64_t r = 0; r < rows; ++r) {
     EXPECT_EQ(max1[r], *std::max_element(s1.begin() + r * 64, s1.begin() + (r + 1) * 64)) << "bf16 row " << r;
     EXPECT_EQ(max2[r], *std::max_element(s2.begin() + r * 64, s2.begin() + (r + 1) * 64)) << "bf16 row " << r;
+  }
+  for (const cpu::Kernels* k : {avx, &portable}) {  // bfloat16 pairs: column c0 is kp + 2 c0
+    for (std::int64_t cols : {16, 32, 48}) {
+      std::vector<float> s3(rows * 64, 7.0f), max3(rows);
+      k->qk_bf16(qb.data(), rows, pairs, kb.data() + 32, s3.data() + 16, max3.data(), cols);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        for (std::int64_t j = 0; j < 64; ++j) {
+          const float got = s3[static_cast<std::size_t>(r * 64 + j)];
+          if (j < 16 || j >= 16 + cols) EXPECT_EQ(got, 7.0f) << k->isa << " bf16 cols " << cols << " wrote column " << j;
+          else EXPECT_NEAR(got, s1[static_cast<std::size_t>(r * 64 + j)], 1e-3f) << k->isa << " bf16 cols " << cols << " at " << r << "," << j;
+        }
+        EXPECT_EQ(max3[r], *std::max_element(s3.begin() + r * 64 + 16, s3.begin() + r * 64 + 16 + cols)) << k->isa;
+      }
+    }
   }
   std::vector<float> o1(rows * dv_pad, 0.5f), o2(rows * dv_pad, 0.5f);
   avx->pv_f32(p.data(), rows, 37, v.data(), dv_pad, dv_pad, o1.data());
