@@ -85,6 +85,32 @@ TEST(CpuBackends, EachRunReadsTheInputsAsTheyAreThen) {
   }
 }
 
+// One kv head with more query heads than a tile's 96 rows (MQA with 128
+// heads): a tile then holds one query's 128 rows, and every per-row buffer of
+// a block must take them all. streaming against naive, prefill and decode.
+TEST(CpuBackends, StreamingTilesOfMoreThan96Rows) {
+  auto backends = make_backends(std::vector<std::string>{"streaming", "naive"});
+  for (const char* shape : {"dtype=f32,b=1,hq=128,hkv=1,sq=3,sk=150,d=16,causal=bottom_right,wl=40",
+                            "dtype=bf16,b=2,hq=128,hkv=1,sq=1,sk=300,d=16"}) {
+    const Problem p = Problem::parse(shape);
+    CaseData data;
+    data.problem = p;
+    std::mt19937 gen(9);
+    std::normal_distribution<double> normal;
+    for (auto [v, n] : {std::pair{&data.q, p.q_elements()}, {&data.k, p.k_elements()}, {&data.v, p.v_elements()}}) {
+      for (std::int64_t e = 0; e < n; ++e) v->push_back(round_to_dtype(normal(gen), p.dtype));
+    }
+    for (int threads : {1, 2}) {
+      const BackendRun fast = run_backend(*backends[0], data, {threads}), truth = run_backend(*backends[1], data, {threads});
+      const double tolerance = p.dtype == DType::bf16 ? 2e-2 : 1e-5;
+      for (std::size_t e = 0; e < truth.out.size(); ++e) {
+        ASSERT_NEAR(fast.out[e], truth.out[e], tolerance) << shape << " at " << e;
+      }
+      EXPECT_TRUE(fast.guard_damage.empty()) << fast.guard_damage;
+    }
+  }
+}
+
 // The decode kernels read K and V rows in place in each dtype. Q K^T reduces
 // 16 dot products at once and stores them row by row: every row count (1, 2,
 // 4 and 8 per group, partial groups) and key tail must land each sum in its

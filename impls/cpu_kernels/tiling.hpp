@@ -142,8 +142,8 @@ struct ColumnRun {
 // The tile's rows in runs by the column groups of [j0, j0 + 64) each sees
 // under the position rules (causal, window, kv_len, the entry's keys): an
 // edge block computed run by run, each over its own columns, costs about
-// what its rows see, not 64 keys a row. Writes at most t.rows() runs to out;
-// returns how many.
+// what its rows see, not 64 keys a row. Writes at most t.queries runs (one a
+// query) to out; returns how many.
 std::int64_t column_runs(const Problem& p, const AttentionIO& io, const Geometry& g, const QueryTile& t, std::int64_t j0,
                          ColumnRun* out);
 

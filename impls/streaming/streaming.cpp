@@ -255,32 +255,37 @@ class StreamingPlan final : public Plan {
   // `pending`) into their running max, sum and output; the block's
   // probabilities go to the rows of s.p_bf16 for bfloat16 kernels, else over
   // the rows of s.scores. A row that has seen nothing visible yet (max -inf)
-  // gets weights 0: its scores are all -inf, taken against 0.
+  // gets weights 0: its scores are all -inf, taken against 0. Up to
+  // kMaxTileRows rows at a time (a tile holds more when one kv head has more
+  // query heads).
   void online_softmax(Scratch& s, std::int64_t r0, std::int64_t live, float pending, int shift) {
     std::array<float, kMaxTileRows> m_new, against, sums;
-    for (std::int64_t i = 0; i < live; ++i) {
-      const auto r = static_cast<std::size_t>(r0 + i), at = static_cast<std::size_t>(i);
-      m_new[at] = std::max(s.m[r], s.block_max[r]);
-      against[at] = m_new[at] == kNegInf ? 0.0f : m_new[at];
-    }
-    float* const scores = s.scores.data() + r0 * kKeyBlock;
-    if (g_.bf16_kernels) {
-      kernels_.exp2_rows_bf16(scores, live, kKeyBlock, pending, against.data(), shift, s.p_bf16.data() + r0 * kKeyBlock, sums.data());
-    } else {
-      kernels_.exp2_rows(scores, live, kKeyBlock, pending, against.data(), shift, sums.data());
-    }
-    for (std::int64_t i = 0; i < live; ++i) {
-      const auto r = static_cast<std::size_t>(r0 + i), at = static_cast<std::size_t>(i);
-      const float m_old = s.m[r];
-      if (m_new[at] == kNegInf) continue;  // nothing visible yet
-      if (m_new[at] > m_old) {  // lazy: rescale only when the max grew
-        const float alpha = m_old == kNegInf ? 0.0f : std::exp2(m_old - m_new[at]);
-        float* o = s.o.data() + (r0 + i) * g_.dv_pad;
-        for (std::int64_t c = 0; c < g_.dv_pad; ++c) o[c] *= alpha;
-        s.l[r] *= alpha;
+    for (std::int64_t first = r0; first < r0 + live; first += kMaxTileRows) {
+      const std::int64_t n = std::min(kMaxTileRows, r0 + live - first);
+      for (std::int64_t i = 0; i < n; ++i) {
+        const auto r = static_cast<std::size_t>(first + i), at = static_cast<std::size_t>(i);
+        m_new[at] = std::max(s.m[r], s.block_max[r]);
+        against[at] = m_new[at] == kNegInf ? 0.0f : m_new[at];
       }
-      s.l[r] += sums[at];
-      s.m[r] = m_new[at];
+      float* const scores = s.scores.data() + first * kKeyBlock;
+      if (g_.bf16_kernels) {
+        kernels_.exp2_rows_bf16(scores, n, kKeyBlock, pending, against.data(), shift, s.p_bf16.data() + first * kKeyBlock, sums.data());
+      } else {
+        kernels_.exp2_rows(scores, n, kKeyBlock, pending, against.data(), shift, sums.data());
+      }
+      for (std::int64_t i = 0; i < n; ++i) {
+        const auto r = static_cast<std::size_t>(first + i), at = static_cast<std::size_t>(i);
+        const float m_old = s.m[r];
+        if (m_new[at] == kNegInf) continue;  // nothing visible yet
+        if (m_new[at] > m_old) {  // lazy: rescale only when the max grew
+          const float alpha = m_old == kNegInf ? 0.0f : std::exp2(m_old - m_new[at]);
+          float* o = s.o.data() + (first + i) * g_.dv_pad;
+          for (std::int64_t c = 0; c < g_.dv_pad; ++c) o[c] *= alpha;
+          s.l[r] *= alpha;
+        }
+        s.l[r] += sums[at];
+        s.m[r] = m_new[at];
+      }
     }
   }
 
