@@ -245,8 +245,7 @@ void pack_queries(const Problem& p, const Geometry& g, const AttentionIO& io, co
     if (g.bf16_kernels) {  // the padding past head_dim stays zero from TileScratch::reserve
       const bf16* x = typed<bf16>(io.q) + io.q.offset(t.b, h, i, 0);
       bf16* row = q_bf16 + r * g.head_dim_pairs * 2;
-      if (io.q.strides[3] == 1) std::copy_n(x, p.head_dim, row);
-      else for (std::int64_t d = 0; d < p.head_dim; ++d) row[d] = x[d * io.q.strides[3]];
+      for (std::int64_t d = 0; d < p.head_dim; ++d) row[d] = x[d * io.q.strides[3]];
     } else {
       float* row = q_f32 + r * p.head_dim;
       read_row(io.q, io.q.offset(t.b, h, i, 0), p.head_dim, row);
@@ -371,18 +370,12 @@ void write_rows(const Problem& p, const Geometry& g, const AttentionIO& io, cons
     const float* acc = o + r * g.dv_pad;
     const std::int64_t base = out.offset(t.b, h, i, 0);
     switch (out.dtype) {
-      case DType::f32: {
-        float* y = static_cast<float*>(out.data) + base;
-        if (step == 1) for (std::int64_t c = 0; c < p.head_dim_v; ++c) y[c] = acc[c] * inv;
-        else for (std::int64_t c = 0; c < p.head_dim_v; ++c) y[c * step] = acc[c] * inv;
+      case DType::f32:
+        for (std::int64_t c = 0; c < p.head_dim_v; ++c) static_cast<float*>(out.data)[base + c * step] = acc[c] * inv;
         break;
-      }
-      case DType::bf16: {
-        bf16* y = static_cast<bf16*>(out.data) + base;
-        if (step == 1) for (std::int64_t c = 0; c < p.head_dim_v; ++c) y[c] = float_to_bf16(acc[c] * inv);
-        else for (std::int64_t c = 0; c < p.head_dim_v; ++c) y[c * step] = float_to_bf16(acc[c] * inv);
+      case DType::bf16:
+        for (std::int64_t c = 0; c < p.head_dim_v; ++c) static_cast<bf16*>(out.data)[base + c * step] = float_to_bf16(acc[c] * inv);
         break;
-      }
       default:
         for (std::int64_t c = 0; c < p.head_dim_v; ++c) store_float(out, base + c * step, acc[c] * inv);
     }
@@ -394,15 +387,10 @@ void write_rows(const Problem& p, const Geometry& g, const AttentionIO& io, cons
 }
 
 bool outputs_finite(const Geometry& g, const float* o, std::int64_t rows) {
-  // On the bits, with no early exit, so the loop vectorizes (the answer is
-  // almost always yes): a float is not finite when its exponent is all ones.
-  std::uint32_t inf_or_nan = 0;
   for (std::int64_t e = 0; e < rows * g.dv_pad; ++e) {
-    std::uint32_t bits;
-    std::memcpy(&bits, o + e, sizeof bits);
-    inf_or_nan |= (bits & 0x7F800000u) == 0x7F800000u;
+    if (!std::isfinite(o[e])) return false;
   }
-  return inf_or_nan == 0;
+  return true;
 }
 
 }  // namespace attn::cpu
