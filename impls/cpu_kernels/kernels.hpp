@@ -86,14 +86,12 @@ struct Kernels {
   // (a weight under 2^(shift-126) of the largest) a kernel may give 0: the
   // AVX-512 one does, since underflowing costs a microcode assist.
   float (*exp2_sum)(float* x, std::int64_t n, float scale, float m, int shift);
-  // The same weights written as bfloat16 to out (round to nearest even); x is
-  // left alone and the sum is of the float32 weights.
-  float (*exp2_sum_bf16)(const float* x, std::int64_t n, float scale, float m, int shift, bf16* out);
-  // exp2_sum and exp2_sum_bf16 over `rows` rows of n scores (row r at
-  // x + r * n, its bfloat16 weights at out + r * n), each against its own
-  // m[r]; sums[r] is row r's sum. One call a key block: the constants are set
-  // up once, not once a row.
+  // exp2_sum over `rows` rows of n scores (row r at x + r * n), each against
+  // its own m[r]; sums[r] is row r's sum. One call a key block: the
+  // constants are set up once, not once a row.
   void (*exp2_rows)(float* x, std::int64_t rows, std::int64_t n, float scale, const float* m, int shift, float* sums);
+  // The same weights written as bfloat16 (round to nearest even) to
+  // out + r * n; x is left alone and the sums are of the float32 weights.
   void (*exp2_rows_bf16)(const float* x, std::int64_t rows, std::int64_t n, float scale, const float* m, int shift,
                          bf16* out, float* sums);
   // max_j x[j] for j < n (n >= 1).

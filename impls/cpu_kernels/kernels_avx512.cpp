@@ -292,21 +292,23 @@ ATTN_AVX512 float exp2_sum(float* x, std::int64_t n, float scale, float m, int s
   return exp2_sum_with(x, n, _mm512_set1_ps(scale), _mm512_set1_ps(m), Exp2Constants(shift), store_f32(x));
 }
 
-ATTN_AVX512 float exp2_sum_bf16(const float* x, std::int64_t n, float scale, float m, int shift, bf16* out) {
-  return exp2_sum_with(x, n, _mm512_set1_ps(scale), _mm512_set1_ps(m), Exp2Constants(shift), store_bf16(out));
+// exp2_sum_with over rows of n, the constants set up once; row_store(r)
+// makes row r's Store.
+template <typename RowStore>
+ATTN_AVX512 inline void exp2_rows_with(const float* x, std::int64_t rows, std::int64_t n, float scale, const float* m,
+                                       int shift, float* sums, RowStore row_store) {
+  const __m512 sv = _mm512_set1_ps(scale);
+  const Exp2Constants k(shift);
+  for (std::int64_t r = 0; r < rows; ++r) sums[r] = exp2_sum_with(x + r * n, n, sv, _mm512_set1_ps(m[r]), k, row_store(r));
 }
 
 ATTN_AVX512 void exp2_rows(float* x, std::int64_t rows, std::int64_t n, float scale, const float* m, int shift, float* sums) {
-  const __m512 sv = _mm512_set1_ps(scale);
-  const Exp2Constants k(shift);
-  for (std::int64_t r = 0; r < rows; ++r) sums[r] = exp2_sum_with(x + r * n, n, sv, _mm512_set1_ps(m[r]), k, store_f32(x + r * n));
+  exp2_rows_with(x, rows, n, scale, m, shift, sums, [x, n](std::int64_t r) ATTN_AVX512 { return store_f32(x + r * n); });
 }
 
 ATTN_AVX512 void exp2_rows_bf16(const float* x, std::int64_t rows, std::int64_t n, float scale, const float* m, int shift,
                                 bf16* out, float* sums) {
-  const __m512 sv = _mm512_set1_ps(scale);
-  const Exp2Constants k(shift);
-  for (std::int64_t r = 0; r < rows; ++r) sums[r] = exp2_sum_with(x + r * n, n, sv, _mm512_set1_ps(m[r]), k, store_bf16(out + r * n));
+  exp2_rows_with(x, rows, n, scale, m, shift, sums, [out, n](std::int64_t r) ATTN_AVX512 { return store_bf16(out + r * n); });
 }
 
 ATTN_AVX512 float max_of(const float* x, std::int64_t n) {
@@ -769,7 +771,7 @@ ATTN_AVX512 void transpose32(const void* const* rows, std::int64_t n, std::int64
   }
 }
 
-const Kernels kAvx512{"avx512_bf16", qk_f32, qk_bf16, pv_f32, pv_bf16, exp2_sum, exp2_sum_bf16, exp2_rows, exp2_rows_bf16,
+const Kernels kAvx512{"avx512_bf16", qk_f32, qk_bf16, pv_f32, pv_bf16, exp2_sum, exp2_rows, exp2_rows_bf16,
                       max_of, qk_direct, pv_direct, qk_bf16_direct, pv_bf16_direct, scale_row, to_bf16, widen_f16,
                       transpose32};
 

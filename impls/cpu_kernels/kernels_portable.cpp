@@ -85,23 +85,21 @@ float exp2_sum(float* x, std::int64_t n, float scale, float m, int shift) {
   return sum;
 }
 
-float exp2_sum_bf16(const float* x, std::int64_t n, float scale, float m, int shift, bf16* out) {
-  float sum = 0;
-  for (std::int64_t j = 0; j < n; ++j) {
-    const float w = weight(x[j], scale, m, shift);
-    out[j] = float_to_bf16(w);
-    sum += w;
-  }
-  return sum;
-}
-
 void exp2_rows(float* x, std::int64_t rows, std::int64_t n, float scale, const float* m, int shift, float* sums) {
   for (std::int64_t r = 0; r < rows; ++r) sums[r] = exp2_sum(x + r * n, n, scale, m[r], shift);
 }
 
 void exp2_rows_bf16(const float* x, std::int64_t rows, std::int64_t n, float scale, const float* m, int shift, bf16* out,
                     float* sums) {
-  for (std::int64_t r = 0; r < rows; ++r) sums[r] = exp2_sum_bf16(x + r * n, n, scale, m[r], shift, out + r * n);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float sum = 0;
+    for (std::int64_t j = 0; j < n; ++j) {
+      const float w = weight(x[r * n + j], scale, m[r], shift);
+      out[r * n + j] = float_to_bf16(w);
+      sum += w;
+    }
+    sums[r] = sum;
+  }
 }
 
 float max_of(const float* x, std::int64_t n) { return *std::max_element(x, x + n); }
@@ -198,7 +196,7 @@ void transpose32(const void* const* rows, std::int64_t n, std::int64_t words, vo
   }
 }
 
-const Kernels kPortable{"portable", qk_f32, qk_bf16, pv_f32, pv_bf16, exp2_sum, exp2_sum_bf16, exp2_rows, exp2_rows_bf16,
+const Kernels kPortable{"portable", qk_f32, qk_bf16, pv_f32, pv_bf16, exp2_sum, exp2_rows, exp2_rows_bf16,
                         max_of, qk_direct, pv_direct, qk_bf16_direct, pv_bf16_direct, scale_row, to_bf16, widen_f16,
                         transpose32};
 
