@@ -244,8 +244,14 @@ TEST(CpuKernels, TileBuffersStartOnACacheLine) {
                            "dtype=bf16,b=1,hq=8,hkv=8,sq=100,sk=130,d=64,dv=64,scale=0.125"}) {
     const Problem p = Problem::parse(text);
     const cpu::Geometry g = cpu::Geometry::of(p, 96, cpu::best_kernels());
+    CaseData data;
+    data.problem = p;
+    data.q.assign(static_cast<std::size_t>(p.q_elements()), 0.0);
+    data.k.assign(static_cast<std::size_t>(p.k_elements()), 0.0);
+    data.v.assign(static_cast<std::size_t>(p.v_elements()), 0.0);
+    const DeviceReadyInputs inputs = make_backend_inputs(data);
     cpu::TileScratch s;
-    s.reserve(p, g, true, 1);
+    s.reserve(p, inputs.io, g, true, 1);
     const auto line = [](const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 64; };
     for (const auto* v : {&s.q, &s.scores, &s.o}) {
       if (!v->empty()) {

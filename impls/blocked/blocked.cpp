@@ -32,7 +32,7 @@ class BlockedPlan final : public Plan {
     threads_ = resolve_threads(options.threads);
     require_workspace(threads_ * Scratch::bytes_for(p, g_, true, g_.key_blocks), "blocked's scores of a row block, per thread");
     scratch_.resize(static_cast<std::size_t>(threads_));
-    for (Scratch& s : scratch_) s.reserve(p, g_, true, g_.key_blocks);  // scores of every key block
+    for (Scratch& s : scratch_) s.reserve(p, io, g_, true, g_.key_blocks);  // scores of every key block
   }
 
   void run() override {

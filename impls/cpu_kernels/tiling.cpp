@@ -92,7 +92,7 @@ Geometry Geometry::with_float32_products() const {
   return g;
 }
 
-void HeadPack::reserve(const Problem& p, const Geometry& g) {
+void HeadPack::reserve(const Problem& p, const Geometry& g, const AttentionIO& io) {
   const std::int64_t keys = g.key_blocks * kKeyBlock;
   if (g.bf16_kernels) {
     k_stride_ = g.head_dim_pairs;
@@ -102,8 +102,10 @@ void HeadPack::reserve(const Problem& p, const Geometry& g) {
     k_stride_ = p.head_dim;
     k_f32_.assign(static_cast<std::size_t>(keys * p.head_dim), 0.0f);
     row_.assign(static_cast<std::size_t>(kKeyBlock * p.head_dim), 0.0f);  // K rows widened before the transpose
-    const bool direct = p.dtype == DType::f32 && p.head_dim_v == g.dv_pad;
-    if (!direct) v_f32_.assign(static_cast<std::size_t>(keys * g.dv_pad), 0.0f);
+    // float32 V rows read in place when they are contiguous, unpaged and as
+    // wide as the kernels' rows; else packed.
+    v_in_place_ = io.v.dtype == DType::f32 && p.head_dim_v == g.dv_pad && io.v.strides[3] == 1 && !p.paged();
+    if (!v_in_place_) v_f32_.assign(static_cast<std::size_t>(keys * g.dv_pad), 0.0f);
   }
   packed_.assign(static_cast<std::size_t>(g.key_blocks), 0);
   forget();
@@ -119,12 +121,8 @@ void HeadPack::pack(const Problem& p, const Geometry& g, const AttentionIO& io, 
   if (b != packed_b_ || kv_head != packed_g_) {
     std::fill(packed_.begin(), packed_.end(), std::uint8_t{0});
     packed_b_ = b, packed_g_ = kv_head;
-    // float32 V rows in place when they are contiguous and unpaged (reserve
-    // left v_f32_ empty when the dtype and width allow it); else packed.
-    const bool direct = !g.bf16_kernels && v_f32_.empty() && io.v.strides[3] == 1 && !p.paged();
-    if (!g.bf16_kernels && !direct && v_f32_.empty()) v_f32_.assign(static_cast<std::size_t>(g.key_blocks * kKeyBlock * g.dv_pad), 0.0f);
-    v_direct_ = direct ? typed<float>(io.v) + io.v.offset(b, kv_head, 0, 0) : nullptr;
-    ldv_ = direct ? io.v.strides[2] : g.dv_pad;
+    v_direct_ = v_in_place_ ? typed<float>(io.v) + io.v.offset(b, kv_head, 0, 0) : nullptr;
+    ldv_ = v_in_place_ ? io.v.strides[2] : g.dv_pad;
   }
   for (std::int64_t block = first_block; block < end_block; ++block) {
     std::uint8_t& done = packed_[static_cast<std::size_t>(block)];
@@ -193,8 +191,8 @@ void HeadPack::pack_block(const Problem& p, const Geometry& g, const AttentionIO
   }
 }
 
-void TileScratch::reserve(const Problem& p, const Geometry& g, bool pack_kv, std::int64_t score_blocks) {
-  if (pack_kv) pack.reserve(p, g);
+void TileScratch::reserve(const Problem& p, const AttentionIO& io, const Geometry& g, bool pack_kv, std::int64_t score_blocks) {
+  if (pack_kv) pack.reserve(p, g, io);
   const auto rows = static_cast<std::size_t>(g.scratch_rows);
   if (g.bf16_kernels) {
     q_bf16.assign(rows * static_cast<std::size_t>(g.head_dim_pairs * 2), bf16{});

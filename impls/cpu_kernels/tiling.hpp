@@ -67,7 +67,7 @@ struct Geometry {
 // slide, pack each block of a head once, not once per tile.
 class HeadPack {
  public:
-  void reserve(const Problem& p, const Geometry& g);
+  void reserve(const Problem& p, const Geometry& g, const AttentionIO& io);
   // Packs the blocks of [first_block, end_block) that are not here yet.
   void pack(const Problem& p, const Geometry& g, const AttentionIO& io, std::int64_t b, std::int64_t kv_head,
             std::int64_t first_block, std::int64_t end_block);
@@ -86,6 +86,7 @@ class HeadPack {
   LineVector<float> k_f32_, v_f32_, row_;
   LineVector<bf16> k_bf16_, v_bf16_;
   std::vector<std::uint8_t> packed_;  // per key block: packed for (packed_b_, packed_g_)
+  bool v_in_place_ = false;  // float32 V read where it is (v_direct_, per head)
   const float* v_direct_ = nullptr;
   std::int64_t ldv_ = 0, k_stride_ = 0;
   std::int64_t packed_b_ = -1, packed_g_ = -1;
@@ -99,7 +100,7 @@ struct TileScratch {
   HeadPack pack;
   LineVector<float> q, scores, o, m, l, block_max;
   LineVector<bf16> q_bf16, p_bf16;
-  void reserve(const Problem& p, const Geometry& g, bool pack_kv, std::int64_t score_blocks);
+  void reserve(const Problem& p, const AttentionIO& io, const Geometry& g, bool pack_kv, std::int64_t score_blocks);
   std::size_t bytes() const;
   // What reserve() would allocate, at most, worked out before it does.
   static double bytes_for(const Problem& p, const Geometry& g, bool pack_kv, std::int64_t score_blocks);

@@ -59,7 +59,7 @@ class StreamingPlan final : public Plan {
                           (chunks_ > 1 ? 4.0 * static_cast<double>(tiles_ * chunks_ * g_.tile_rows) * static_cast<double>(g_.dv_pad + 2) : 0.0),
                       "streaming's tile scratch and split-K partials");
     scratch_.resize(static_cast<std::size_t>(threads_));
-    for (Scratch& s : scratch_) s.reserve(p, g_, !direct_, 1);
+    for (Scratch& s : scratch_) s.reserve(p, io, g_, !direct_, 1);
     if (chunks_ > 1) {
       // NaN until a chunk writes them: a chunk that left its partials unwritten
       // (one with no visible key, say) would poison its rows, not pass by the
