@@ -222,9 +222,7 @@ struct SkipDecision {
 
 std::string decide_skip(const Backend& backend, const Problem& p, Direction d, const BenchOptions& options) {
   Status ok = backend.available();
-  if (ok) ok = backend_accepts(backend, p);
-  if (ok && d != Direction::forward && !backend.capabilities().backward) ok = Status::no("it has no backward pass");
-  if (ok && d != Direction::forward && p.paged()) ok = Status::no("a paged case has no backward pass");
+  if (ok) ok = backend_accepts(backend, p, d == Direction::forward ? attn::Direction::forward : attn::Direction::backward);
   if (!ok) return fmt::format("SKIP: {}", ok.reason);
   double limit = options.max_seconds_per_call;
   if (limit <= 0) limit = options.preset == "quick" ? 2.0 : options.preset == "full" ? 60.0 : 5.0;

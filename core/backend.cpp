@@ -26,7 +26,19 @@ std::unique_ptr<BackwardPlan> Backend::prepare_backward(const Problem&, const Ba
   throw Unsupported(fmt::format("{} has no backward pass", name()));
 }
 
-Status backend_accepts(const Backend& backend, const Problem& problem) {
+Status Backend::supports_backward(const Problem&) const { return Status::yes(); }
+
+Status backward_defined(const Problem& problem) {
+  if (problem.paged()) {
+    return Status::no("a paged case has no backward pass: the format defines gradients for contiguous and packed K "
+                      "and V only");
+  }
+  return Status::yes();
+}
+
+namespace {
+
+Status forward_accepts(const Backend& backend, const Problem& problem) {
   const Capabilities declared = backend.capabilities();
   const unsigned missing = problem.features() & ~declared.features;
   if (missing) return Status::no(fmt::format("does not implement {} (format version 2)", feature_names(missing)));
@@ -35,6 +47,16 @@ Status backend_accepts(const Backend& backend, const Problem& problem) {
                                   declared.dtypes ? dtype_names(declared.dtypes) : std::string("no dtype")));
   }
   return backend.supports(problem);
+}
+
+}  // namespace
+
+Status backend_accepts(const Backend& backend, const Problem& problem, Direction direction) {
+  Status forward = forward_accepts(backend, problem);
+  if (!forward || direction == Direction::forward) return forward;
+  if (Status defined = backward_defined(problem); !defined) return defined;
+  if (!backend.capabilities().backward) return Status::no("does not implement the backward pass (format version 3)");
+  return backend.supports_backward(problem);
 }
 
 }  // namespace attn

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "attnbench/backend.hpp"
 #include "attnbench/error.hpp"
 #include "core/detmath.hpp"
 #include "reference/compensated_sum.hpp"
@@ -36,9 +37,7 @@ ReferenceGradients reference_backward(const CaseData& data, const std::vector<do
                                       const ReferenceStats& stats, bool bias_gradient, const GradientPrecision* precision,
                                       GradientErrors* errors) {
   const Problem& p = data.problem;
-  if (p.paged()) {
-    throw InputError("a paged case has no backward pass: the format defines gradients for contiguous and packed K and V only");
-  }
+  if (const Status defined = backward_defined(p); !defined) throw InputError(defined.reason);
   if (static_cast<std::int64_t>(dout.size()) != p.out_elements()) {
     throw InputError(fmt::format("dout holds {} values, the case's out {}", dout.size(), p.out_elements()));
   }

@@ -17,7 +17,7 @@ void expect_all_pass(const std::vector<fs::path>& files, std::size_t at_least) {
   std::vector<std::unique_ptr<Backend>> backends;
   backends.push_back(make_naive_backend());
   VerifySummary summary = verify(files, backends, {});
-  EXPECT_TRUE(summary.input_errors.empty()) << (summary.input_errors.empty() ? "" : summary.input_errors.front());
+  EXPECT_TRUE(summary.input_errors.empty()) << (summary.input_errors.empty() ? "" : summary.input_errors.front().message);
   EXPECT_GE(summary.outcomes.size(), at_least);
   for (const auto& o : summary.outcomes) {
     EXPECT_EQ(o.comparison.verdict, Verdict::pass) << o.file << ": " << o.comparison.reason;

@@ -130,8 +130,9 @@ class GoldenCheck : public ::testing::Test {
     VerifySummary s = run(file);
     EXPECT_TRUE(s.outcomes.empty()) << "a wrong golden must not be blamed on a backend";
     ASSERT_EQ(s.input_errors.size(), 1u);
-    EXPECT_NE(s.input_errors[0].find(file.string()), std::string::npos) << s.input_errors[0];
-    EXPECT_NE(s.input_errors[0].find(words), std::string::npos) << s.input_errors[0];
+    EXPECT_EQ(s.input_errors[0].file, file.string());
+    EXPECT_NE(s.input_errors[0].message.find(file.string()), std::string::npos) << s.input_errors[0].message;
+    EXPECT_NE(s.input_errors[0].message.find(words), std::string::npos) << s.input_errors[0].message;
   }
   fs::path dir_;
 };
@@ -256,7 +257,7 @@ TEST_F(GoldenCheck, ABoundFromHugeScoresStillRefusesAWrongGolden) {
   capped = recomputed(capped);
   write_fixture(capped, dir_ / "cap_huge_right.h5");
   const VerifySummary right = run(dir_ / "cap_huge_right.h5");
-  EXPECT_TRUE(right.input_errors.empty()) << right.input_errors.front();
+  EXPECT_TRUE(right.input_errors.empty()) << right.input_errors.front().message;
   double largest = 0;
   for (double x : capped.out) largest = std::max(largest, std::fabs(x));
   capped.out[3] += 0.01 * largest;  // wrong by a hundredth of the output
@@ -318,7 +319,7 @@ TEST_F(GoldenCheck, ExtremeValuesAreComputedRightOrRefused) {
     const fs::path file = dir_ / (std::string(x.name) + ".h5");
     write_fixture(f, file);
     const VerifySummary s = verify({file}, backends, {});
-    EXPECT_TRUE(s.input_errors.empty()) << x.name << ": " << s.input_errors.front();
+    EXPECT_TRUE(s.input_errors.empty()) << x.name << ": " << s.input_errors.front().message;
     for (const auto& o : s.outcomes) {
       EXPECT_NE(o.comparison.verdict, Verdict::fail) << x.name << " " << o.backend << ": " << o.comparison.reason;
       if (o.comparison.verdict == Verdict::skip) {

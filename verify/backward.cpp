@@ -98,38 +98,73 @@ std::vector<GradientPart> gradient_parts(const Problem& p) {
           {"dsinks", {1, 1, 1, p.heads_q}, &ReferenceGradients::dsinks, &FixtureGradients::dsinks}};
 }
 
-GradientTruth gradient_truth(const CaseData& data, const std::vector<double>& dout, bool bias_gradient,
-                             const ReferenceResult& forward, const ReferenceStats& stats) {
-  const Problem& p = data.problem;
-  const GradientPrecision precision = gradient_precision(p.dtype);
-  GradientErrors errors;
-  GradientTruth t;
-  t.value = reference_backward(data, dout, forward, stats, bias_gradient, &precision, &errors);
-  const double terms = static_cast<double>(std::max(p.seq_k, p.q_batch() * p.heads_q * p.seq_q));
-  t.bound.dq = gradient_bounds(p.dtype, errors.dq, terms);
-  t.bound.dk = gradient_bounds(p.dtype, errors.dk, terms);
-  t.bound.dv = gradient_bounds(p.dtype, errors.dv, terms);
-  t.bound.dbias = gradient_bounds(p.dtype, errors.dbias, terms);
-  t.bound.dsinks = gradient_bounds(p.dtype, errors.dsinks, terms);
-  t.magnitude = std::move(errors.magnitude);
-  return t;
+std::vector<TensorTruth> GradientTruth::tensors(const Problem& p) const {
+  std::vector<TensorTruth> tensors;
+  const std::vector<GradientPart> parts = gradient_parts(p);
+  for (std::size_t index = 0; index < parts.size(); ++index) {
+    const GradientPart& part = parts[index];
+    if ((value.*part.values).empty()) continue;
+    TensorTruth t;
+    t.name = part.name;
+    t.dtype = p.dtype;
+    t.shape = part.shape;
+    t.value = &(value.*part.values);
+    t.bound = &(bound.*part.values);
+    if (index < measured.size()) t.measured = &measured[index];
+    t.measured_of = "plain backward's";
+    tensors.push_back(std::move(t));
+  }
+  return tensors;
 }
 
 namespace {
 
-// The terms count the subnormal allowance is taken over (as gradient_truth's).
+// The terms count the subnormal allowance is taken over.
 double summed_terms(const Problem& p) {
   return static_cast<double>(std::max(p.seq_k, p.q_batch() * p.heads_q * p.seq_q));
 }
 
+std::string gradients_beyond(const Problem& p, const ReferenceGradients& truth) {
+  const double largest = largest_finite(p.dtype);
+  for (const GradientPart& part : gradient_parts(p)) {
+    for (double x : truth.*part.values) {
+      if (!std::isfinite(x) || std::fabs(x) > largest) {
+        return fmt::format("its true {} holds {:.3g}, beyond {}'s range: no {} result can be right", part.name, x,
+                           dtype_name(p.dtype), dtype_name(p.dtype));
+      }
+    }
+  }
+  return {};
+}
+
 }  // namespace
 
-void measure_gradients(GradientTruth& truth, const CaseData& data, const std::vector<double>& dout,
-                       const std::vector<double>& out, bool bias_gradient) {
+BackwardTruth::BackwardTruth(const CaseData& data, const FixtureGradients& gradients, const ForwardTruth& forward)
+    : data_(data), gradients_(gradients) {
   const Problem& p = data.problem;
-  const std::vector<ReferenceGradients> family = baseline_backward_family(data, dout, out, bias_gradient);
+  const GradientPrecision precision = gradient_precision(p.dtype);
+  GradientErrors errors;
+  truth_.value = reference_backward(data, gradients.dout, forward.truth, forward.stats, gradients.bias_requires_grad,
+                                    &precision, &errors);
+  const double terms = summed_terms(p);
+  truth_.bound.dq = gradient_bounds(p.dtype, errors.dq, terms);
+  truth_.bound.dk = gradient_bounds(p.dtype, errors.dk, terms);
+  truth_.bound.dv = gradient_bounds(p.dtype, errors.dv, terms);
+  truth_.bound.dbias = gradient_bounds(p.dtype, errors.dbias, terms);
+  truth_.bound.dsinks = gradient_bounds(p.dtype, errors.dsinks, terms);
+  truth_.magnitude = std::move(errors.magnitude);
+  beyond_ = gradients_beyond(p, truth_.value);
+}
+
+const GradientTruth& BackwardTruth::measured_from(const std::vector<double>& out) {
+  for (const auto& [seen, truth] : measured_) {
+    if (seen == out) return truth;
+  }
+  GradientTruth truth = truth_;
+  const Problem& p = data_.problem;
+  const std::vector<ReferenceGradients> family =
+      baseline_backward_family(data_, gradients_.dout, out, gradients_.bias_requires_grad);
   const double u = unit_roundoff(p.dtype), ratio = accumulation_roundoff(p.dtype) / u;
-  truth.measured.clear();
   for (const GradientPart& part : gradient_parts(p)) {
     const std::vector<double>& want = truth.value.*part.values;
     // What the floor is a unit roundoff (of the dtype) of: the result itself,
@@ -151,6 +186,7 @@ void measure_gradients(GradientTruth& truth, const CaseData& data, const std::ve
     if (!finite) m.baseline_max = m.baseline_rms = std::numeric_limits<double>::infinity();
     truth.measured.push_back(m);
   }
+  return measured_.emplace_back(out, std::move(truth)).second;
 }
 
 std::string backward_differences(const Problem& p, const BackwardRun& a, const BackwardRun& b, bool dq_may_vary) {
@@ -169,20 +205,15 @@ std::string backward_differences(const Problem& p, const BackwardRun& a, const B
   return {};
 }
 
-std::string gradients_beyond(const Problem& p, const ReferenceGradients& truth) {
-  const double largest = largest_finite(p.dtype);
-  for (const GradientPart& part : gradient_parts(p)) {
-    for (double x : truth.*part.values) {
-      if (!std::isfinite(x) || std::fabs(x) > largest) {
-        return fmt::format("its true {} holds {:.3g}, beyond {}'s range: no {} result can be right", part.name, x,
-                           dtype_name(p.dtype), dtype_name(p.dtype));
-      }
-    }
-  }
-  return {};
-}
-
 namespace {
+
+// The truth as a declared convention changes it (judge_backward, in backward.hpp).
+struct ConventionalGradients {
+  GradientTruth truth;
+  std::int64_t rows = 0;
+  bool additive = false;
+  std::string why;  // the declaration's own words
+};
 
 // One way a framework's "mean of V" rows pass gradients (see backward.hpp).
 ConventionalGradients mean_v_gradients(const Convention& declared, const CaseData& data, const std::vector<double>& dout,
@@ -270,8 +301,6 @@ ConventionalGradients mean_v_gradients(const Convention& declared, const CaseDat
   return c;
 }
 
-}  // namespace
-
 ConventionalGradients conventional_gradients(const std::vector<Convention>& conventions, const CaseData& data,
                                              const std::vector<double>& dout, const GradientTruth& truth, bool additive) {
   const Problem& p = data.problem;
@@ -281,111 +310,87 @@ ConventionalGradients conventional_gradients(const std::vector<Convention>& conv
   return mean_v_gradients(*mean_v, data, dout, truth, additive);
 }
 
-Comparison compare_gradients(const Problem& p, const GradientTruth& truth, const BackwardRun& run) {
+}  // namespace
+
+Comparison judge_backward(const Problem& p, const GradientTruth& truth, const ReferenceGradients& got) {
   Comparison c;
-  c.compared = true;
-  std::string first_failure, measured_failure;
-  std::size_t elements = 0, informative = 0;
   const std::vector<GradientPart> parts = gradient_parts(p);
-  for (std::size_t index = 0; index < parts.size(); ++index) {
-    const GradientPart& part = parts[index];
-    const std::vector<double>& want = truth.value.*part.values;
-    const std::vector<double>& bound = truth.bound.*part.values;
-    const std::vector<double>& have = run.got.*part.values;
-    if (want.empty()) continue;
-    GradientScore score;
-    score.name = part.name;
-    if (have.size() != want.size()) {
-      c.fail(fmt::format("{} has {} elements, expected {}", part.name, have.size(), want.size()));
-      c.gradients.push_back(std::move(score));
-      continue;
-    }
-    auto coordinates = [&](std::size_t e) {
-      Dims4 at{};
-      for (int a = 3; a >= 0; --a) {
-        const auto extent = static_cast<std::size_t>(std::max<std::int64_t>(part.shape[a], 1));
-        at[a] = static_cast<std::int64_t>(e % extent);
-        e /= extent;
-      }
-      return at;
-    };
-    double dot = 0, got_squares = 0, want_squares = 0, error_squares = 0;
-    std::int64_t last_row = -1;
-    const auto width = static_cast<std::size_t>(std::max<std::int64_t>(part.shape[3], 1));
-    for (std::size_t e = 0; e < want.size(); ++e) {
-      const double x = have[e];
-      double ratio;
-      if (!std::isfinite(x)) {
-        ++(std::isnan(x) ? score.nan_elements : score.infinite_elements);
-        if (static_cast<std::int64_t>(e / width) != last_row) ++score.nonfinite_rows;
-        last_row = static_cast<std::int64_t>(e / width);
-        if (score.nonfinite_at.size() < 8) score.nonfinite_at.push_back(coordinates(e));
-        ratio = std::numeric_limits<double>::infinity();
-      } else {
-        const double diff = std::fabs(x - want[e]);
-        score.max_abs_error = std::max(score.max_abs_error, diff);
-        error_squares += diff * diff;
-        dot += x * want[e];
-        got_squares += x * x;
-        want_squares += want[e] * want[e];
-        if (want[e] != 0) c.max_rel_error = std::max(c.max_rel_error, diff / std::fabs(want[e]));
-        ratio = bound[e] > 0 ? diff / bound[e] : (diff > 0 ? std::numeric_limits<double>::infinity() : 0.0);
-      }
-      // As for out: an element tells something when its truth stands out of its bound, or must be exactly 0.
-      ++elements;
-      informative += std::fabs(want[e]) > bound[e] || want[e] == 0.0;
-      if (ratio > 1.0 && first_failure.empty()) {
-        const Dims4 at = coordinates(e);
-        first_failure = fmt::format("{}[{},{},{},{}] is {:.6g}, expected {:.6g} (bound {:.3g})", part.name, at[0], at[1],
-                                    at[2], at[3], x, want[e], bound[e]);
-      }
-      if (ratio > c.worst_ratio) {
-        c.worst_ratio = ratio;
-        c.bound_at_worst = bound[e];
-      }
-      score.worst_ratio = std::max(score.worst_ratio, ratio);
-    }
-    const std::int64_t nonfinite = score.nan_elements + score.infinite_elements;
-    c.nan_elements += score.nan_elements;
-    c.infinite_elements += score.infinite_elements;
-    const double nan = std::numeric_limits<double>::quiet_NaN();
-    score.rms_error = std::sqrt(error_squares / static_cast<double>(want.size()));
-    if (nonfinite > 0) {
-      score.cosine = score.norm_ratio = nan;
-    } else if (want_squares > 0) {
-      score.norm_ratio = std::sqrt(got_squares / want_squares);
-      score.cosine = got_squares > 0 ? dot / std::sqrt(got_squares * want_squares) : 0.0;
-    } else if (got_squares > 0) {
-      score.cosine = 0, score.norm_ratio = std::numeric_limits<double>::infinity();
-    }
-    c.max_abs_error = std::max(c.max_abs_error, score.max_abs_error);
-    c.rms_error = std::max(c.rms_error, score.rms_error);
-    // The measured bound, as for out (verify/compare.cpp, check 3), per gradient.
-    if (index < truth.measured.size() && nonfinite == 0) {
-      const ErrorNorms norms{score.max_abs_error, score.rms_error, static_cast<std::int64_t>(want.size())};
-      const MeasuredJudgement j =
-          judge_measured(norms, truth.measured[index], fmt::format("{}: ", part.name), "plain backward's");
-      score.baseline_max_ratio = j.over_max;
-      score.baseline_rms_ratio = j.over_rms;
-      score.baseline_ratio = j.budget;
-      if (!c.baseline_ratio || j.budget > *c.baseline_ratio) {
-        c.baseline_ratio = j.budget;
-        c.baseline_max_ratio = j.over_max;
-        c.baseline_rms_ratio = j.over_rms;
-      }
-      if (measured_failure.empty()) measured_failure = j.failure;
-    }
-    if (nonfinite > 0) {
-      const Dims4& at = score.nonfinite_at.front();
-      c.fail(fmt::format("{} holds {} NaN and {} infinite values in {} rows, first at [{},{},{},{}]", part.name,
-                         score.nan_elements, score.infinite_elements, score.nonfinite_rows, at[0], at[1], at[2], at[3]));
-    }
-    c.gradients.push_back(std::move(score));
+  for (const TensorTruth& t : truth.tensors(p)) {
+    const auto part = std::find_if(parts.begin(), parts.end(), [&](const GradientPart& x) { return t.name == x.name; });
+    c.add(score_tensor(t, got.*part->values));
   }
-  // worst_index stays -1: a gradient's element is not one of out; the reason names it.
-  c.informative_fraction = elements > 0 ? static_cast<double>(informative) / static_cast<double>(elements) : 0.0;
-  if (!first_failure.empty() && c.nan_elements + c.infinite_elements == 0) c.fail(first_failure);
-  if (!measured_failure.empty()) c.fail(measured_failure);
+  c.conclude();
+  return c;
+}
+
+Comparison judge_backward(const Problem& p, const GradientTruth& truth, const ReferenceGradients& got,
+                          const std::vector<Convention>& conventions, const CaseData& data, const std::vector<double>& dout) {
+  Comparison c = judge_backward(p, truth, got);
+  if (c.verdict != Verdict::fail) return c;
+  for (bool additive : {false, true}) {  // the second only when the first does not explain the gradients
+    const ConventionalGradients conventional = conventional_gradients(conventions, data, dout, truth, additive);
+    if (conventional.rows == 0) break;
+    Comparison as_declared = judge_backward(p, conventional.truth, got);
+    if (as_declared.verdict != Verdict::pass && as_declared.verdict != Verdict::mistrusted) continue;
+    const std::string differs = fmt::format(
+        "{} rows with no visible key weigh every key 1/seq_k, so their dO / seq_k reaches dV of every key{} "
+        "(declared: {}); the format passes them nothing",
+        conventional.rows, conventional.additive ? " and (dP - mean dP) / seq_k reaches dQ and dK" : "", conventional.why);
+    if (as_declared.verdict == Verdict::pass) {
+      as_declared.verdict = Verdict::differs;
+      as_declared.reason = differs;
+    } else {
+      as_declared.reason += "; " + differs;
+    }
+    return as_declared;
+  }
+  return c;
+}
+
+namespace {
+
+void append(Comparison& c, const std::string& text) { c.reason += (c.reason.empty() ? "" : "; ") + text; }
+
+}  // namespace
+
+Comparison judge_backend_backward(const Backend& backend, const CaseData& data, BackwardTruth& truth,
+                                  const RunOptions& options, FirstBackwards& first) {
+  const Problem& p = data.problem;
+  const FixtureGradients& g = truth.gradients();
+  const BackwardRun run = run_backward(backend, data, g.dout, g.bias_requires_grad, options);
+  Comparison c = judge_backward(p, truth.measured_from(run.out), run.got, conventions_of(backend, p), data, g.dout);
+  const BackwardRun again = run_backward(backend, data, g.dout, g.bias_requires_grad, options);
+  const bool dq_may_vary = backend.capabilities().nondeterministic_dq;
+  // Gradients are compared bit for bit only between runs whose forward gave
+  // the same out (a forward may differ between thread counts; its backward
+  // then starts elsewhere).
+  if (again.out != run.out) {
+    append(c, fmt::format("its forward's out differs between two runs at {} threads, so its gradients were not "
+                          "compared between them", options.threads));
+  } else if (std::string why = backward_differences(p, run, again, dq_may_vary); !why.empty()) {
+    c.fail(fmt::format("not deterministic: {} between two runs at {} threads", why, options.threads));
+  } else if (dq_may_vary) {
+    // Declared: reported, not failed.
+    if (std::string dq = backward_differences(p, run, again, false); !dq.empty()) {
+      append(c, fmt::format("{} between two runs (declared non-deterministic dQ accumulation)", dq));
+    }
+  }
+  const auto [earlier, inserted] = first.try_emplace({&backend, p.layout}, run);
+  if (inserted) return c;
+  if (earlier->second.out != run.out) {
+    append(c, fmt::format("its forward's out at {} threads differs from the first thread count's, so its gradients "
+                          "were not compared with those", options.threads));
+  } else if (std::string why = backward_differences(p, earlier->second, run, dq_may_vary); !why.empty()) {
+    const std::string declared = thread_dependent_gradients_of(backend);
+    if (declared.empty() || c.verdict == Verdict::fail) {
+      c.fail(fmt::format("not deterministic: {} at {} threads against the first thread count", why, options.threads));
+    } else {
+      // Declared by the framework's adapter: shown, not failed (docs/verification/tolerance.md#differs).
+      if (c.verdict == Verdict::pass) c.verdict = Verdict::differs;
+      append(c, fmt::format("{} at {} threads against the first thread count (declared: {})", why, options.threads,
+                            declared));
+    }
+  }
   return c;
 }
 

@@ -1,11 +1,14 @@
 // The backward pass of a backend on a version 3 case (docs/format/v3.md):
 // its own forward first (the backward reads its out and lse), then its
 // backward plan, with every gradient buffer pre-filled with NaN; and the
-// judgement of its gradients against the float64 backward under the
-// a-priori gradient bounds (docs/verification/tolerance.md, "Gradients").
+// judgement of its gradients, each scored as a tensor (verify/score.hpp)
+// against the float64 backward under the gradient bounds
+// (docs/verification/tolerance.md, "Gradients").
 #pragma once
 
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attnbench/backend.hpp"
@@ -29,26 +32,46 @@ struct GradientPart {
 std::vector<GradientPart> gradient_parts(const Problem& problem);
 
 // The float64 gradients of a case and the a-priori bound of each element
-// (docs/verification/tolerance.md, "Gradients"), computed once per fixture.
+// (docs/verification/tolerance.md, "Gradients").
 struct GradientTruth {
   ReferenceGradients value;
   ReferenceGradients bound;      // the same shapes
   ReferenceGradients magnitude;  // per element: the sum of |terms| summed into it
-  // The measured bound of each gradient, in the order of gradient_parts (empty
-  // until measure_gradients ran; then one per part, unused for absent parts).
+  // The measured bound of each gradient, in the order of gradient_parts
+  // (empty until measured; then one per part, unused for absent parts).
   std::vector<MeasuredLimit> measured;
+  // One TensorTruth per gradient the case has, in the order of gradient_parts.
+  std::vector<TensorTruth> tensors(const Problem& problem) const;
 };
-GradientTruth gradient_truth(const CaseData& data, const std::vector<double>& dout, bool bias_gradient,
-                             const ReferenceResult& forward, const ReferenceStats& stats);
 
-// The measured bound (verify/backward_baseline.hpp): the plain backwards'
-// max and RMS errors per gradient, floored at one rounding of the result
-// plus one of the accumulation at the summed magnitude. `out` is a plain
-// forward's output in the dtype. A plain backward whose gradient is not
-// finite (scores beyond float32) measures nothing: that gradient keeps only
-// its a-priori bound.
-void measure_gradients(GradientTruth& truth, const CaseData& data, const std::vector<double>& dout,
-                       const std::vector<double>& out, bool bias_gradient);
+// The gradients of one fixture, computed once: the truth and its a-priori
+// bounds, and the measured bounds once per distinct forward output that a
+// backward started from (D = rowsum(dO o O) starts there, so a forward's
+// error, judged on its own, is not charged to its backward twice).
+class BackwardTruth {
+ public:
+  BackwardTruth(const CaseData& data, const FixtureGradients& gradients, const ForwardTruth& forward);
+  const GradientTruth& a_priori() const { return truth_; }
+  // Non-empty when a true gradient is not a finite number of the dtype (a
+  // case whose values are near the dtype's largest): no backend can return
+  // it, so its backward is SKIP with this reason.
+  const std::string& beyond() const { return beyond_; }
+  // The plain backwards' errors (verify/backward_baseline.hpp) from `out`,
+  // floored at one rounding of the result plus one of the accumulation at
+  // the summed magnitude. A plain backward whose gradient is not finite
+  // (scores beyond float32) measures nothing: that gradient keeps only its
+  // a-priori bound.
+  const GradientTruth& measured_from(const std::vector<double>& out);
+  const CaseData& data() const { return data_; }
+  const FixtureGradients& gradients() const { return gradients_; }
+
+ private:
+  const CaseData& data_;
+  const FixtureGradients& gradients_;
+  GradientTruth truth_;
+  std::string beyond_;
+  std::vector<std::pair<std::vector<double>, GradientTruth>> measured_;
+};
 
 struct BackwardRun {
   ReferenceGradients got;  // canonical row-major, widened from the dtype; dbias and dsinks empty when not asked
@@ -60,39 +83,37 @@ struct BackwardRun {
 BackwardRun run_backward(const Backend& backend, const CaseData& data, const std::vector<double>& dout, bool bias_gradient,
                          const RunOptions& options);
 
-// Non-empty when a true gradient is not a finite number of the dtype (a case
-// whose values are near the dtype's largest): no backend can return it, so
-// its backward is SKIP with this reason.
-std::string gradients_beyond(const Problem& problem, const ReferenceGradients& truth);
+// Every gradient scored against `truth` (a NaN or infinity fails, naming the
+// gradient and the element).
+Comparison judge_backward(const Problem& problem, const GradientTruth& truth, const ReferenceGradients& got);
+
+// judge_backward, and when it fails, against the gradients a declared
+// convention gives on rows with no visible key (DIFFERS when they are its).
+// empty_rows_mean_v weighs every key of a row with no visible key 1/seq_k,
+// so that row's dO / seq_k reaches the dV of each of them; two ways, as
+// frameworks hide keys: by a fill (np.where(mask, s, -1e9): the scores are a
+// constant, dQ and dK receive nothing) or additively (s - 1e9: the uniform
+// weights still differentiate the scores, so dS_j = (dP_j - mean dP) /
+// seq_k reaches dQ and dK too). Each is the truth so changed, with bounds
+// and measured floors widened by the added terms' rounding. Dense K and V
+// only (Python backends, the ones that declare conventions, get no packed
+// or paged case).
+Comparison judge_backward(const Problem& problem, const GradientTruth& truth, const ReferenceGradients& got,
+                          const std::vector<Convention>& conventions, const CaseData& data, const std::vector<double>& dout);
 
 // "" when two runs' gradients are identical bit for bit (dq aside when it
 // may vary), else which gradient differs first and where.
 std::string backward_differences(const Problem& problem, const BackwardRun& a, const BackwardRun& b, bool dq_may_vary);
 
-// The gradients a declared convention gives (verify/conventions.hpp) where
-// it has a backward. empty_rows_mean_v weighs every key of a row with no
-// visible key 1/seq_k, so that row's dO / seq_k reaches the dV of each of
-// them; two ways, as frameworks hide keys: by a fill (np.where(mask, s,
-// -1e9): the scores are a constant, dQ and dK receive nothing) or additively
-// (s - 1e9: the uniform weights still differentiate the scores, so
-// dS_j = (dP_j - mean dP) / seq_k reaches dQ and dK too). Each is the truth so
-// changed, with bounds and measured floors widened by the added terms'
-// rounding; `rows` 0 when no convention applies or no row has no visible key.
-// Dense K and V only (Python backends, the ones that declare conventions,
-// get no packed or paged case).
-struct ConventionalGradients {
-  GradientTruth truth;
-  std::int64_t rows = 0;
-  bool additive = false;
-  std::string why;  // the declaration's own words
-};
-ConventionalGradients conventional_gradients(const std::vector<Convention>& conventions, const CaseData& data,
-                                             const std::vector<double>& dout, const GradientTruth& truth, bool additive);
+// Each backend's first backward per layout, which every later run (another
+// thread count) must match bit for bit.
+using FirstBackwards = std::map<std::pair<const Backend*, Layout>, BackwardRun>;
 
-// Every element of every gradient within its bound, and (when measured) each
-// gradient's max and RMS error within k times the plain backwards'; a NaN or
-// infinity fails, naming the gradient and the element. Fills the per-gradient
-// scores: errors, budgets, direction and where the non-finite values are.
-Comparison compare_gradients(const Problem& problem, const GradientTruth& truth, const BackwardRun& run);
+// A backend's backward on `data` (the fixture in the run's layout): its
+// gradients judged, then determinism, a verdict of its own: the same run
+// again, and the first run of this layout at another thread count, bit for
+// bit (unless the backend declares what may differ).
+Comparison judge_backend_backward(const Backend& backend, const CaseData& data, BackwardTruth& truth,
+                                  const RunOptions& options, FirstBackwards& first);
 
 }  // namespace attn

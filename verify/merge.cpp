@@ -19,8 +19,14 @@ nlohmann::json read_json(const std::filesystem::path& path) {
   if (!in) throw InputError(fmt::format("{}: cannot read it", path.string()));
   nlohmann::json doc = nlohmann::json::parse(in, nullptr, false);
   if (doc.is_discarded()) throw InputError(fmt::format("{}: not JSON", path.string()));
-  if (!doc.is_object() || doc.value("schema", "") != "attn-verify-1") {
-    throw InputError(fmt::format("{}: not attn verify --json output (no \"schema\": \"attn-verify-1\")", path.string()));
+  if (!doc.is_object() || !doc.contains("schema")) {
+    throw InputError(fmt::format("{}: not attn verify --json output (no \"schema\")", path.string()));
+  }
+  if (doc.value("schema", "") != kVerifySchema) {
+    // Shards come from one attn: an older one wrote another schema (attn-verify-1 had no per-tensor scores).
+    throw InputError(fmt::format("{}: schema \"{}\", not \"{}\": written by another attn version; verify every shard "
+                                 "with this one", path.string(), doc["schema"].is_string() ? doc["schema"].get<std::string>() : "?",
+                                 kVerifySchema));
   }
   for (const char* key : {"tool", "host", "run", "results", "input_errors", "warnings"}) {
     if (!doc.contains(key)) throw InputError(fmt::format("{}: has no \"{}\"", path.string(), key));
@@ -46,7 +52,6 @@ CaseOutcome outcome_of(const nlohmann::json& r, const std::filesystem::path& pat
   o.backend = r.value("backend", "");
   o.file = r.value("file", "");
   o.fixture = r.value("fixture", "");
-  o.direction = r.value("direction", "forward");
   o.problem = r.value("problem", "");
   o.comparison.verdict = verdict_of(r.value("verdict", ""), path);
   o.comparison.reason = r.value("reason", "");
@@ -55,15 +60,11 @@ CaseOutcome outcome_of(const nlohmann::json& r, const std::filesystem::path& pat
   o.config.threads = r.value("threads", 0);
   const std::string layout = r.value("layout", "bhsd");
   if (layout_given || layout != "bhsd") o.config.layout = layout == "bshd" ? Layout::bshd : Layout::bhsd;
-  auto number = [&](const char* key, double fallback) {
-    const auto it = r.find(key);
-    return it != r.end() && it->is_number() ? it->get<double>() : fallback;
-  };
-  const double inf = std::numeric_limits<double>::infinity();
-  o.comparison.worst_ratio = number("error_over_bound", o.comparison.verdict == Verdict::fail ? inf : 0.0);
-  if (r.contains("error_over_baseline") && r["error_over_baseline"].is_number()) {
-    o.comparison.baseline_ratio = r["error_over_baseline"].get<double>();
+  o.direction = r.value("direction", "forward") == "backward" ? Direction::backward : Direction::forward;
+  if (const auto it = r.find("tensors"); it != r.end() && it->is_array()) {
+    for (const auto& t : *it) o.comparison.tensors.push_back(tensor_from_json(t));
   }
+  o.comparison.compared = !o.comparison.tensors.empty();
   return o;
 }
 
@@ -127,9 +128,10 @@ Merged merge_shards(const std::vector<std::filesystem::path>& files, const Merge
 
   // Results, in the order given; input errors and warnings once each.
   nlohmann::json results = nlohmann::json::array();
-  std::vector<std::string> input_errors, warnings;
-  auto add_once = [](std::vector<std::string>& to, const std::string& text) {
-    if (std::find(to.begin(), to.end(), text) == to.end()) to.push_back(text);
+  std::vector<InputErrorRecord> input_errors;
+  std::vector<std::string> warnings;
+  auto add_once = [](auto& to, const auto& item) {
+    if (std::find(to.begin(), to.end(), item) == to.end()) to.push_back(item);
   };
   nlohmann::json shards = nlohmann::json::array();
   for (const Part& p : parts) {
@@ -140,7 +142,10 @@ Merged merge_shards(const std::vector<std::filesystem::path>& files, const Merge
       if (hosts.size() > 1) r["host"] = p.doc["host"].value("hostname", "");
       results.push_back(std::move(r));
     }
-    for (const auto& e : p.doc["input_errors"]) add_once(input_errors, e.get<std::string>());
+    for (const auto& e : p.doc["input_errors"]) {
+      if (!e.is_object()) throw InputError(fmt::format("{}: an input error is not {{\"file\", \"message\"}}", p.path.string()));
+      add_once(input_errors, InputErrorRecord{e.value("file", ""), e.value("message", "")});
+    }
     for (const auto& w : p.doc["warnings"]) add_once(warnings, w.get<std::string>());
     shards.push_back({{"file", p.path.string()},
                       {"hostname", p.doc["host"].value("hostname", "")},
@@ -148,13 +153,13 @@ Merged merge_shards(const std::vector<std::filesystem::path>& files, const Merge
                       {"count", run["shard"].value("count", 0)},
                       {"units_run", run["shard"].value("units_run", 0)}});
   }
-  for (const auto& text : merged.problems) add_once(input_errors, text);
+  for (const auto& text : merged.problems) add_once(input_errors, InputErrorRecord{"", text});
   merged.summary.input_errors = input_errors;
   merged.summary.warnings = warnings;
 
   merged.doc = first;
   merged.doc["results"] = results;
-  merged.doc["input_errors"] = input_errors;
+  merged.doc["input_errors"] = input_errors_json(input_errors);
   merged.doc["warnings"] = warnings;
   merged.doc["summary"] = summary_json(merged.summary);
   merged.doc["budget"] = budget_json(merged.summary);

@@ -37,7 +37,10 @@ class RecordedOutputs final : public Backend, private BackendExtensions {
   RecordedOutputs(std::filesystem::path dir, std::string name);
   std::string_view name() const override { return name_; }
   std::string_view description() const override { return description_; }
-  Capabilities capabilities() const override { return {kAllDTypes, kAllFeatures, true}; }
+  // Files may hold gradients too (read_gradients): every direction is "declared".
+  Capabilities capabilities() const override {
+    return {.dtypes = kAllDTypes, .features = kAllFeatures, .lse = true, .backward = true};
+  }
   Status supports(const Problem&) const override { return Status::yes(); }
   // Never called: the verifier reads the files instead (verify/verifier.cpp).
   std::unique_ptr<Plan> prepare(const Problem&, const AttentionIO&, const RunOptions&) const override;

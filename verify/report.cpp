@@ -23,9 +23,9 @@ namespace attn {
 
 namespace {
 
-std::string ratio_text(const Comparison& c) {
-  if (std::isinf(c.worst_ratio)) return "inf";
-  return fmt::format("{:.3f}", c.worst_ratio);
+std::string ratio_text(double ratio) {
+  if (std::isinf(ratio)) return "inf";
+  return fmt::format("{:.3f}", ratio);
 }
 
 std::string xml_escape(std::string_view raw) {
@@ -71,7 +71,7 @@ std::string dtype_of(const std::string& problem) {
 // The fixture's name, with the run's threads and layout when not the defaults.
 std::string fixture_label(const CaseOutcome& o) {
   const std::string config = o.config.label();
-  const std::string name = o.direction == "backward" ? o.fixture + " backward" : o.fixture;
+  const std::string name = o.direction == Direction::backward ? o.fixture + " backward" : o.fixture;
   return config.empty() ? name : fmt::format("{} @{}", name, config);
 }
 
@@ -93,48 +93,46 @@ std::string reproduce_command(const CaseOutcome& o, const std::string& attn_comm
 }
 
 std::vector<BudgetUse> budget_use(const VerifySummary& summary) {
-  std::map<std::pair<std::string, std::string>, std::pair<std::vector<double>, std::vector<double>>> values;
+  std::map<std::tuple<std::string, std::string, Direction>, std::pair<std::vector<double>, std::vector<double>>> values;
   for (const auto& o : summary.outcomes) {
-    const Comparison& c = o.comparison;
-    if (c.verdict == Verdict::skip) continue;
-    auto& v = values[{o.backend, dtype_of(o.problem)}];
-    if (std::isfinite(c.worst_ratio)) v.first.push_back(c.worst_ratio);
-    if (c.baseline_ratio && std::isfinite(*c.baseline_ratio)) v.second.push_back(*c.baseline_ratio);
+    for (const TensorScore& t : o.comparison.tensors) {
+      auto& v = values[{o.backend, dtype_of(o.problem), o.direction}];
+      if (t.elements > 0 && std::isfinite(t.worst_ratio)) v.first.push_back(t.worst_ratio);
+      if (t.measured && std::isfinite(t.measured->budget)) v.second.push_back(t.measured->budget);
+    }
   }
   std::vector<BudgetUse> rows;
   for (auto& [key, v] : values) {
-    rows.push_back({key.first, key.second, distribution_of(std::move(v.first)), distribution_of(std::move(v.second))});
+    const auto& [backend, dtype, direction] = key;
+    rows.push_back({backend, dtype, direction, distribution_of(std::move(v.first)), distribution_of(std::move(v.second))});
   }
   return rows;
 }
 
 void print_outcome_header(std::FILE* out) {
-  fmt::print(out, "{:<14} {:<44} {:>10} {:>10} {:>10} {:>9} {:>8} {:<16} {}\n", "backend", "fixture", "max_abs", "max_rel",
-             "bound", "err/bound", "err/base", "worst [b,h,i,d]", "verdict");
+  fmt::print(out, "{:<14} {:<44} {:>10} {:>10} {:>10} {:>9} {:>8} {:<22} {}\n", "backend", "fixture", "max_abs", "max_rel",
+             "bound", "err/bound", "err/base", "worst tensor[b,h,i,d]", "verdict");
 }
 
 void print_outcome(std::FILE* out, const CaseOutcome& o) {
   const Comparison& c = o.comparison;
-  if (c.verdict == Verdict::skip) {
-    fmt::print(out, "{:<14} {:<44} {:>10} {:>10} {:>10} {:>9} {:>8} {:<16} SKIP ({})\n", printable(o.backend),
-               printable(fixture_label(o)), "-", "-", "-", "-", "-", "-", printable(c.reason));
-    return;
-  }
   std::string verdict(verdict_name(c.verdict));
   if (!c.reason.empty()) verdict += fmt::format(" ({})", c.reason);
-  if (!o.warning.empty()) verdict += fmt::format(" [{}]", o.warning);
-  if (!c.compared) {  // the backend threw: nothing was measured, and no column may read as a result
-    fmt::print(out, "{:<14} {:<44} {:>10} {:>10} {:>10} {:>9} {:>8} {:<16} {}\n", printable(o.backend),
+  if (!o.warning.empty() && c.verdict != Verdict::skip) verdict += fmt::format(" [{}]", o.warning);
+  const TensorScore* w = c.worst();
+  if (!w) {  // skipped, or the backend threw: nothing was measured, and no column may read as a result
+    fmt::print(out, "{:<14} {:<44} {:>10} {:>10} {:>10} {:>9} {:>8} {:<22} {}\n", printable(o.backend),
                printable(fixture_label(o)), "-", "-", "-", "-", "-", "-", printable(verdict));
     return;
   }
-  std::string worst = c.worst_index >= 0 ? fmt::format("[{}]", fmt::join(c.worst_coords, ",")) : "-";
-  const std::string base = c.baseline_ratio ? fmt::format("{:.2f}", *c.baseline_ratio) : "-";
-  // A NaN or infinite output has no error to print: say which it holds.
-  const std::string max_abs = c.nan_elements > 0 ? "NaN" : c.infinite_elements > 0 ? "inf" : fmt::format("{:.3g}", c.max_abs_error);
-  const std::string max_rel = c.nan_elements + c.infinite_elements > 0 ? "-" : fmt::format("{:.3g}", c.max_rel_error);
-  fmt::print(out, "{:<14} {:<44} {:>10} {:>10} {:>10.3g} {:>9} {:>8} {:<16} {}\n", printable(o.backend),
-             printable(fixture_label(o)), max_abs, max_rel, c.bound_at_worst, ratio_text(c), base, worst,
+  // Every figure of the row is the worst tensor's, which the worst column names.
+  const std::string worst = fmt::format("{}[{}]", w->name, fmt::join(w->worst_at, ","));
+  const std::string base = w->measured ? fmt::format("{:.2f}", w->measured->budget) : "-";
+  // A NaN or infinite value has no error to print: say which it holds.
+  const std::string max_abs = w->nan_elements > 0 ? "NaN" : w->infinite_elements > 0 ? "inf" : fmt::format("{:.3g}", w->max_abs_error);
+  const std::string max_rel = w->nan_elements + w->infinite_elements > 0 ? "-" : fmt::format("{:.3g}", w->max_rel_error);
+  fmt::print(out, "{:<14} {:<44} {:>10} {:>10} {:>10.3g} {:>9} {:>8} {:<22} {}\n", printable(o.backend),
+             printable(fixture_label(o)), max_abs, max_rel, w->bound_at_worst, ratio_text(w->worst_ratio), base, worst,
              printable(verdict));
 }
 
@@ -153,8 +151,8 @@ void print_summary(std::FILE* out, const VerifySummary& summary, const std::stri
       case Verdict::mistrusted: ++c.mistrusted; break;
       case Verdict::differs: ++c.differs; break;
     }
-    if (o.comparison.verdict != Verdict::skip && std::isfinite(o.comparison.worst_ratio)) {
-      c.worst = std::max(c.worst, o.comparison.worst_ratio);
+    if (const TensorScore* w = o.comparison.worst(); w && std::isfinite(w->worst_ratio)) {
+      c.worst = std::max(c.worst, w->worst_ratio);
     }
   }
   // The backend column fits the longest name, so that the columns stay aligned.
@@ -168,8 +166,9 @@ void print_summary(std::FILE* out, const VerifySummary& summary, const std::stri
   }
   const std::vector<BudgetUse> budget = budget_use(summary);
   if (!budget.empty()) {
-    fmt::print(out, "\nBudget use per backend and dtype (min / median / p99 / max over the cases that ran):\n");
-    fmt::print(out, "{:<{}} {:<5} {:>6}  {:<29}  {:<29}\n", "backend", w, "dtype", "cases", "err/bound (limit 1)",
+    fmt::print(out, "\nBudget use per backend, dtype and direction (min / median / p99 / max over every tensor scored):\n");
+    fmt::print(out, "{:<{}} {:<5} {:<8} {:>7}  {:<29}  {:<29}\n", "backend", w, "dtype", "dir", "tensors",
+               "err/bound (limit 1)",
                fmt::format("err/baseline (limit {}/{})", ToleranceConstants::baseline_factor_16bit,
                                                               ToleranceConstants::baseline_factor_wide));
     auto text = [](const Distribution& d) {
@@ -177,12 +176,12 @@ void print_summary(std::FILE* out, const VerifySummary& summary, const std::stri
                           : fmt::format("{:.3f} {:.3f} {:.3f} {:.3f}", d.min, d.median, d.p99, d.max);
     };
     for (const auto& b : budget) {
-      fmt::print(out, "{:<{}} {:<5} {:>6}  {:<29}  {:<29}\n", printable(b.backend), w, b.dtype, b.over_bound.count, text(b.over_bound),
-                 text(b.over_baseline));
+      fmt::print(out, "{:<{}} {:<5} {:<8} {:>7}  {:<29}  {:<29}\n", printable(b.backend), w, b.dtype,
+                 direction_name(b.direction), b.over_bound.count, text(b.over_bound), text(b.over_baseline));
     }
   }
   for (const auto& warning : summary.warnings) fmt::print(out, "warning: {}\n", printable(warning));
-  for (const auto& error : summary.input_errors) fmt::print(out, "input error: {}\n", printable(error));
+  for (const auto& error : summary.input_errors) fmt::print(out, "input error: {}\n", printable(error.message));
   bool header = false;
   for (const auto& o : summary.outcomes) {
     if (o.comparison.verdict != Verdict::fail) continue;
@@ -208,13 +207,99 @@ RunInfo this_run(std::string version, std::string commit) {
   return info;
 }
 
+namespace {
+
+// A figure that is not a finite number is written as null.
+nlohmann::json finite_or_null(double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr); }
+
+nlohmann::json bias_json(const BiasTest& b) {
+  auto side = [](const SignStatistic& s) {
+    return nlohmann::json{{"rows", s.rows}, {"mean", s.mean}, {"t", finite_or_null(s.t)}};
+  };
+  return {{"toward_zero", side(b.toward_zero)}, {"upward", side(b.upward)}, {"biased", b.biased}};
+}
+
+double number_or(const nlohmann::json& j, const char* key, double fallback) {
+  const auto it = j.find(key);
+  return it != j.end() && it->is_number() ? it->get<double>() : fallback;
+}
+
+}  // namespace
+
+nlohmann::json input_errors_json(const std::vector<InputErrorRecord>& errors) {
+  nlohmann::json list = nlohmann::json::array();
+  for (const InputErrorRecord& e : errors) list.push_back({{"file", e.file}, {"message", e.message}});
+  return list;
+}
+
+nlohmann::json tensor_json(const TensorScore& t) {
+  nlohmann::json j = {{"name", t.name},
+                      {"elements", t.elements},
+                      {"failures", t.failures},
+                      {"error_over_bound", finite_or_null(t.worst_ratio)},
+                      {"worst_index", t.worst_index >= 0 ? nlohmann::json(t.worst_at) : nlohmann::json(nullptr)},
+                      {"got_at_worst", finite_or_null(t.got_at_worst)},
+                      {"truth_at_worst", finite_or_null(t.truth_at_worst)},
+                      {"bound_at_worst", finite_or_null(t.bound_at_worst)},
+                      {"max_abs_error", finite_or_null(t.max_abs_error)},
+                      {"max_rel_error", finite_or_null(t.max_rel_error)},
+                      {"rms_error", finite_or_null(t.rms_error)},
+                      {"informative_fraction", t.informative_fraction},
+                      {"decides_trust", t.decides_trust},
+                      {"cosine", finite_or_null(t.cosine)},
+                      {"norm_ratio", finite_or_null(t.norm_ratio)},
+                      {"nan", t.nan_elements},
+                      {"inf", t.infinite_elements},
+                      {"nonfinite_rows", t.nonfinite_rows},
+                      {"nonfinite_at", t.nonfinite_at}};
+  j["error_over_baseline"] = t.measured ? finite_or_null(t.measured->budget) : nlohmann::json(nullptr);
+  j["max_error_over_baseline"] = t.measured ? finite_or_null(t.measured->over_max) : nlohmann::json(nullptr);
+  j["rms_error_over_baseline"] = t.measured ? finite_or_null(t.measured->over_rms) : nlohmann::json(nullptr);
+  j["bias"] = t.bias ? bias_json(*t.bias) : nlohmann::json(nullptr);
+  j["error_over_fixture_tolerance"] = t.fixture_ratio ? finite_or_null(*t.fixture_ratio) : nlohmann::json(nullptr);
+  return j;
+}
+
+TensorScore tensor_from_json(const nlohmann::json& j) {
+  const double inf = std::numeric_limits<double>::infinity();
+  TensorScore t;
+  t.name = j.value("name", "");
+  t.elements = j.value("elements", std::int64_t{0});
+  t.failures = j.value("failures", std::vector<std::string>{});
+  // A null figure was not finite: an infinite ratio (a NaN, a hidden row not 0).
+  t.worst_ratio = number_or(j, "error_over_bound", inf);
+  if (const auto it = j.find("worst_index"); it != j.end() && it->is_array() && it->size() == 4) {
+    t.worst_at = it->get<Dims4>();
+    t.worst_index = 0;
+  }
+  t.got_at_worst = number_or(j, "got_at_worst", 0.0);
+  t.truth_at_worst = number_or(j, "truth_at_worst", 0.0);
+  t.bound_at_worst = number_or(j, "bound_at_worst", 0.0);
+  t.max_abs_error = number_or(j, "max_abs_error", 0.0);
+  t.max_rel_error = number_or(j, "max_rel_error", 0.0);
+  t.rms_error = number_or(j, "rms_error", 0.0);
+  t.informative_fraction = number_or(j, "informative_fraction", 0.0);
+  t.decides_trust = j.value("decides_trust", true);
+  t.nan_elements = j.value("nan", std::int64_t{0});
+  t.infinite_elements = j.value("inf", std::int64_t{0});
+  if (j.contains("error_over_baseline") && !j["error_over_baseline"].is_null()) {
+    t.measured = MeasuredScore{number_or(j, "error_over_baseline", inf), number_or(j, "max_error_over_baseline", inf),
+                               number_or(j, "rms_error_over_baseline", inf)};
+  }
+  if (j.contains("error_over_fixture_tolerance") && !j["error_over_fixture_tolerance"].is_null()) {
+    t.fixture_ratio = number_or(j, "error_over_fixture_tolerance", inf);
+  }
+  return t;
+}
+
 nlohmann::json budget_json(const VerifySummary& summary) {
   nlohmann::json budget = nlohmann::json::array();
   auto distribution_json = [](const Distribution& d) {
     return nlohmann::json{{"count", d.count}, {"min", d.min}, {"median", d.median}, {"p99", d.p99}, {"max", d.max}};
   };
   for (const auto& b : budget_use(summary)) {
-    budget.push_back({{"backend", b.backend}, {"dtype", b.dtype}, {"error_over_bound", distribution_json(b.over_bound)},
+    budget.push_back({{"backend", b.backend}, {"dtype", b.dtype}, {"direction", direction_name(b.direction)},
+                      {"error_over_bound", distribution_json(b.over_bound)},
                       {"error_over_baseline", distribution_json(b.over_baseline)}});
   }
   return budget;
@@ -253,54 +338,10 @@ std::string verify_json(const VerifySummary& summary, const RunInfo& run) {
                         {"seconds", o.seconds},
                         {"threads", o.config.threads},
                         {"layout", o.config.layout ? layout_name(*o.config.layout) : "bhsd"},
-                        {"direction", o.direction}};
-    if (c.verdict != Verdict::skip) {
-      // Nothing was measured when the backend threw: every figure is null.
-      auto finite_or_null = [&c](double x) {
-        return c.compared && std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr);
-      };
-      r["max_abs_error"] = finite_or_null(c.max_abs_error);
-      r["max_rel_error"] = finite_or_null(c.max_rel_error);
-      r["bound_at_worst"] = finite_or_null(c.bound_at_worst);
-      r["error_over_bound"] = finite_or_null(c.worst_ratio);
-      r["worst_index"] = c.compared ? nlohmann::json(c.worst_coords) : nlohmann::json::array();
-      r["informative_fraction"] = c.informative_fraction;
-      if (c.lse_worst_ratio) r["lse_error_over_bound"] = finite_or_null(*c.lse_worst_ratio);
-      r["rms_error"] = finite_or_null(c.rms_error);
-      r["error_over_baseline"] = c.baseline_ratio ? finite_or_null(*c.baseline_ratio) : nlohmann::json(nullptr);
-      auto bias_json = [&](const BiasTest& b) {
-        return nlohmann::json{{"toward_zero", {{"rows", b.toward_zero.rows}, {"mean", b.toward_zero.mean}, {"t", finite_or_null(b.toward_zero.t)}}},
-                              {"upward", {{"rows", b.upward.rows}, {"mean", b.upward.mean}, {"t", finite_or_null(b.upward.t)}}},
-                              {"biased", b.biased}};
-      };
-      r["max_error_over_baseline"] = finite_or_null(c.baseline_max_ratio);
-      r["rms_error_over_baseline"] = finite_or_null(c.baseline_rms_ratio);
-      r["bias"] = bias_json(c.bias);
-      if (c.probe_ratio) {
-        r["probe_error_over_bound"] = finite_or_null(*c.probe_ratio);
-        r["probe_bias"] = bias_json(c.probe_bias);
-      }
-      if (c.fixture_ratio) r["error_over_fixture_tolerance"] = finite_or_null(*c.fixture_ratio);
-      if (!c.gradients.empty()) {
-        nlohmann::json gradients = nlohmann::json::array();
-        for (const GradientScore& g : c.gradients) {
-          gradients.push_back({{"name", g.name},
-                               {"max_abs_error", finite_or_null(g.max_abs_error)},
-                               {"rms_error", finite_or_null(g.rms_error)},
-                               {"error_over_bound", finite_or_null(g.worst_ratio)},
-                               {"error_over_baseline", g.baseline_ratio ? finite_or_null(*g.baseline_ratio) : nlohmann::json(nullptr)},
-                               {"max_error_over_baseline", g.baseline_ratio ? finite_or_null(g.baseline_max_ratio) : nlohmann::json(nullptr)},
-                               {"rms_error_over_baseline", g.baseline_ratio ? finite_or_null(g.baseline_rms_ratio) : nlohmann::json(nullptr)},
-                               {"cosine", finite_or_null(g.cosine)},
-                               {"norm_ratio", finite_or_null(g.norm_ratio)},
-                               {"nan", g.nan_elements},
-                               {"inf", g.infinite_elements},
-                               {"nonfinite_rows", g.nonfinite_rows},
-                               {"nonfinite_at", g.nonfinite_at}});
-        }
-        r["gradients"] = std::move(gradients);
-      }
-    }
+                        {"direction", direction_name(o.direction)}};
+    // Nothing was measured when it was skipped or the backend threw: no tensor.
+    r["tensors"] = nlohmann::json::array();
+    for (const TensorScore& t : c.tensors) r["tensors"].push_back(tensor_json(t));
     if (!o.warning.empty()) r["warning"] = o.warning;
     results.push_back(std::move(r));
   }
@@ -311,7 +352,7 @@ std::string verify_json(const VerifySummary& summary, const RunInfo& run) {
     shard = {{"index", summary.shard->index}, {"count", summary.shard->count}, {"source", run.shard_source},
              {"suite", summary.suite},        {"units", summary.units},        {"units_run", summary.units_run}};
   }
-  nlohmann::json doc = {{"schema", "attn-verify-1"},
+  nlohmann::json doc = {{"schema", kVerifySchema},
                         {"tool", {{"name", "attn"}, {"version", run.version}, {"commit", run.commit}}},
                         {"host", {{"hostname", run.hostname}, {"cpu", run.cpu}, {"kernels", run.kernels}}},
                         {"run", {{"started", run.started}, {"threads", run.threads}, {"layouts", run.layouts},
@@ -324,7 +365,7 @@ std::string verify_json(const VerifySummary& summary, const RunInfo& run) {
                             {"f32", ToleranceConstants::baseline_factor_wide}, {"f64", ToleranceConstants::baseline_factor_wide}}}}},
                         {"results", results},
                         {"budget", budget_json(summary)},
-                        {"input_errors", summary.input_errors},
+                        {"input_errors", input_errors_json(summary.input_errors)},
                         {"warnings", summary.warnings}};
   // Names and paths from fixtures may hold invalid UTF-8: replaced, not thrown.
   return doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
@@ -431,20 +472,13 @@ void write_junit(const VerifySummary& summary, const std::filesystem::path& path
                         id, summary.input_errors.size(), stamp, host);
     file << properties("fixtures that could not be judged");
     for (std::size_t n = 0; n < summary.input_errors.size(); ++n) {
-      // Named after its file, which the message starts with ("FILE: ..."), so
-      // a dashboard shows which fixture it was; otherwise by its number.
-      const std::string& error = summary.input_errors[n];
-      std::string name = fmt::format("input {}", n + 1);
-      for (const char* suffix : {".h5: ", ".hdf5: "}) {
-        const std::size_t at = error.find(suffix);
-        if (at != std::string::npos) {
-          name = error.substr(0, at + std::string_view(suffix).size() - 2);
-          break;
-        }
-      }
+      // Named after its file, so that a dashboard shows which fixture it was;
+      // otherwise by its number.
+      const InputErrorRecord& error = summary.input_errors[n];
+      const std::string name = error.file.empty() ? fmt::format("input {}", n + 1) : error.file;
       file << fmt::format("    <testcase classname=\"inputs\" name=\"{}\" time=\"0\"><error message=\"{}\" "
                           "type=\"input error\"/></testcase>\n",
-                          xml_escape(name), xml_escape(error));
+                          xml_escape(name), xml_escape(error.message));
     }
     file << "  </testsuite>\n";
   }

@@ -28,7 +28,8 @@ struct Distribution {
 struct BudgetUse {
   std::string backend;
   std::string dtype;
-  Distribution over_bound, over_baseline;
+  Direction direction = Direction::forward;
+  Distribution over_bound, over_baseline;  // over every tensor scored in that direction
 };
 std::vector<BudgetUse> budget_use(const VerifySummary& summary);
 
@@ -48,12 +49,20 @@ RunInfo this_run(std::string version, std::string commit);  // fills hostname an
 // (the defaults written out), and each backend with its description.
 void describe_run(RunInfo& run, const VerifyOptions& options, const std::vector<std::unique_ptr<Backend>>& backends);
 
+// One tensor's score as a result's "tensors" entry (schemas/verify.schema.json),
+// and back (attn merge reads the shards' results).
+nlohmann::json tensor_json(const TensorScore& score);
+TensorScore tensor_from_json(const nlohmann::json& entry);
+// The "input_errors" part: [{"file": ..., "message": ...}].
+nlohmann::json input_errors_json(const std::vector<InputErrorRecord>& errors);
+
 // The "summary" and "budget" parts of the verify JSON (also for attn merge).
 nlohmann::json summary_json(const VerifySummary& summary);
 nlohmann::json budget_json(const VerifySummary& summary);
 
-// Follows schemas/verify.schema.json ("schema": "attn-verify-1"): the text,
+// Follows schemas/verify.schema.json ("schema": kVerifySchema): the text,
 // and the file written whole.
+inline constexpr const char* kVerifySchema = "attn-verify-2";
 std::string verify_json(const VerifySummary& summary, const RunInfo& run = {});
 void write_json(const VerifySummary& summary, const std::filesystem::path& path, const RunInfo& run = {});
 // `attn_command` (the attn binary) goes into each failure's reproduce command.

@@ -73,11 +73,12 @@ bool wanted(const FixtureHeader& header, const std::vector<std::string>& tags) {
 
 // model_dim > 0: a layer case, which a backend with its own layer judges by
 // supports_layer.
-std::vector<Status> support_of(const BackendRefs& backends, const Problem& problem, std::int64_t model_dim = 0) {
+std::vector<Status> support_of(const BackendRefs& backends, const Problem& problem, Direction direction,
+                               std::int64_t model_dim = 0) {
   std::vector<Status> support;
   for (const auto& backend : backends) {
     Status s = backend->available();
-    if (s) s = backend_accepts(*backend, problem);
+    if (s) s = backend_accepts(*backend, problem, direction);
     // A framework's own layer (torch.nn.MultiheadAttention, Keras) has its own limits.
     if (s && model_dim > 0 && runs_own_layers(*backend)) s = backend->extensions()->supports_layer(problem, model_dim);
     support.push_back(s);
@@ -94,7 +95,7 @@ Problem laid_out_as(Problem problem, const RunConfig& config) {
 bool anyone_runs(const BackendRefs& backends, const Problem& problem,
                  const std::vector<RunConfig>& configs, std::int64_t model_dim = 0) {
   for (const RunConfig& config : configs) {
-      const std::vector<Status> support = support_of(backends, laid_out_as(problem, config), model_dim);
+      const std::vector<Status> support = support_of(backends, laid_out_as(problem, config), Direction::forward, model_dim);
       if (std::any_of(support.begin(), support.end(), [](const Status& s) { return s.ok; })) return true;
   }
   return false;
@@ -149,83 +150,80 @@ std::string loose_tolerance_warning(const FixtureHeader& header, const std::vect
                      header.atol.value_or(0.0), header.rtol.value_or(0.0), *worst, 100.0 * *worst / scale, scale);
 }
 
-CaseData ones_probe(const CaseData& data) {
-  CaseData probe = data;
-  std::fill(probe.v.begin(), probe.v.end(), 1.0);
-  return probe;
-}
-
-// Everything the checks of one SDPA fixture need, computed once for all backends.
-struct Judgement {
-  ReferenceResult truth;
-  ReferenceStats stats;
-  Bounds bounds;
-  MeasuredLimit measured;
-  std::vector<std::vector<double>> baselines;  // the plain formulations' outs (verify/baseline.hpp)
-  std::vector<double> tolerance;  // the fixture's own, or empty
-  std::vector<double> probe_bounds;
-  std::vector<double> probe_want; // per row, what V = 1 gives: 1, less the sink's share (empty: 1)
-  CaseData probe;                 // V replaced by ones
-  std::vector<std::vector<double>> probe_baselines;
-  // Version 3: the float64 gradients and their bounds, computed once per fixture.
-  std::optional<GradientTruth> gradients;
-};
-
-// Runs `work`, which fills `c`: a backend's Unsupported (values it refuses,
-// found only once it saw them) makes it SKIP with the reason, any other
-// exception a FAIL that names it.
-template <typename Work>
-void judge(Comparison& c, Work&& work) {
-  try {
-    work();
-  } catch (const Unsupported& e) {
-    c = Comparison{};
-    c.verdict = Verdict::skip;
-    c.reason = e.what();
-  } catch (const std::exception& e) {
-    c.fail(fmt::format("backend threw: {}", e.what()));
-  }
-}
-
-Comparison run_one(const Backend& backend, const Fixture& fixture, const Judgement& j, const CaseData& probe_case,
-                   const RunOptions& options) {
+// A verdict reached before anything ran.
+Comparison skipped(std::string reason) {
   Comparison c;
-  if (const RecordedOutputs* recorded = recorded_outputs_of(backend)) {
-    // Another tool's result: judged by every check that needs no second run
-    // (the normalisation probe would need the tool to run again, on V = 1).
-    const Problem& p = fixture.problem();
-    std::optional<RecordedOutput> r =
-        recorded->read(fixture.header.name, "out", {p.q_batch(), p.heads_q, p.seq_q, p.head_dim_v});  // InputError: exit 2
-    if (!r) {
-      c.verdict = Verdict::skip;
-      c.reason = fmt::format("no output file {}", printable(recorded->file_for(fixture.header.name).string()));
-      return c;
-    }
-    return compare_output({p, j.truth.out, j.truth.lse, j.bounds, j.stats.visible, r->values, r->lse ? &*r->lse : nullptr,
-                           &j.measured, &j.baselines, j.tolerance.empty() ? nullptr : &fixture.out,
-                           j.tolerance.empty() ? nullptr : &j.tolerance});
-  }
-  judge(c, [&] {
-    BackendRun run = run_backend(backend, fixture.data, options);
-    const std::vector<Convention> conventions = conventions_of(backend, fixture.problem());
-    ConventionOutcome followed;
-    if (!conventions.empty()) followed = apply_conventions(conventions, fixture.data, run.out, run.lse ? &*run.lse : nullptr);
-    const std::vector<double>* lse = run.lse ? &*run.lse : nullptr;
-    c = compare_output({fixture.problem(), j.truth.out, j.truth.lse, j.bounds, j.stats.visible, run.out, lse,
-                        &j.measured, &j.baselines, j.tolerance.empty() ? nullptr : &fixture.out,
-                        j.tolerance.empty() ? nullptr : &j.tolerance});
-    if (!run.guard_damage.empty()) c.fail(run.guard_damage);
-    BackendRun probe = run_backend(backend, probe_case, options);
-    if (!conventions.empty()) {
-      ConventionOutcome probed = apply_conventions(conventions, probe_case, probe.out, nullptr);
-      if (!probed.failure.empty()) c.fail("normalisation probe: " + probed.failure);
-    }
-    check_probe(c, fixture.problem(), j.stats.visible, j.probe_bounds, probe.out, j.probe_baselines, j.truth.out,
-                j.probe_want);
-    if (!probe.guard_damage.empty()) c.fail("normalisation probe: " + probe.guard_damage);
-    c.conclude(followed);
-  });
+  c.verdict = Verdict::skip;
+  c.reason = std::move(reason);
   return c;
+}
+
+// Runs `work`, which returns the comparison: a backend's Unsupported (values
+// it refuses, found only once it saw them) makes it SKIP with the reason, any
+// other exception a FAIL that names it.
+template <typename Work>
+Comparison judged(Work&& work) {
+  try {
+    return work();
+  } catch (const Unsupported& e) {
+    return skipped(e.what());
+  } catch (const std::exception& e) {
+    Comparison c;
+    c.fail(fmt::format("backend threw: {}", e.what()));
+    return c;
+  }
+}
+
+// A backend's forward on the case and on its normalisation probe, with the
+// conventions it declares applied to rows with no visible key.
+ForwardResult run_forward(const Backend& backend, const CaseData& data, const CaseData& probe, const RunOptions& options) {
+  ForwardResult r;
+  BackendRun run = run_backend(backend, data, options);
+  const std::vector<Convention> conventions = conventions_of(backend, data.problem);
+  if (!conventions.empty()) r.conventions = apply_conventions(conventions, data, run.out, run.lse ? &*run.lse : nullptr);
+  r.out = std::move(run.out);
+  r.lse = std::move(run.lse);
+  r.guard_damage = std::move(run.guard_damage);
+  BackendRun probed = run_backend(backend, probe, options);
+  if (!conventions.empty()) r.probe_conventions_failure = apply_conventions(conventions, probe, probed.out, nullptr).failure;
+  r.probe = std::move(probed.out);
+  r.probe_guard_damage = std::move(probed.guard_damage);
+  return r;
+}
+
+// Another tool's forward results: judged by every check that needs no second
+// run (the normalisation probe would need the tool to run again, on V = 1).
+Comparison recorded_forward(const RecordedOutputs& recorded, const Fixture& fixture, const ForwardTruth& truth) {
+  const Problem& p = fixture.problem();
+  std::optional<RecordedOutput> r =
+      recorded.read(fixture.header.name, "out", {p.q_batch(), p.heads_q, p.seq_q, p.head_dim_v});  // InputError: exit 2
+  if (!r) return skipped(fmt::format("no output file {}", printable(recorded.file_for(fixture.header.name).string())));
+  ForwardResult result;
+  result.out = std::move(r->values);
+  result.lse = std::move(r->lse);
+  return judge_forward(truth, result);
+}
+
+// Another tool's gradients: judged by every check but determinism (one run),
+// measured from the plain forward's out.
+Comparison recorded_backward(const RecordedOutputs& recorded, const Fixture& fixture, BackwardTruth& truth,
+                             const ForwardTruth& forward) {
+  const Problem& p = fixture.problem();
+  if (!truth.beyond().empty()) return skipped(truth.beyond());
+  std::vector<GradientPart> parts = gradient_parts(p);
+  std::erase_if(parts, [&](const GradientPart& part) { return ((*fixture.gradients).*part.stored).empty(); });
+  std::vector<RecordedGradient> wanted;
+  for (const GradientPart& part : parts) {
+    std::vector<std::int64_t> dims(part.shape.begin(), part.shape.end());
+    if (part.values == &ReferenceGradients::dsinks) dims = {p.heads_q};  // stored as [heads_q]
+    wanted.push_back({part.name, dims, {}});
+  }
+  if (!recorded.read_gradients(fixture.header.name, wanted)) {  // InputError: exit 2
+    return skipped(fmt::format("no gradients (dq, dk, dv) in {}", printable(recorded.file_for(fixture.header.name).string())));
+  }
+  ReferenceGradients got;
+  for (std::size_t g = 0; g < parts.size(); ++g) got.*parts[g].values = std::move(wanted[g].values);
+  return judge_backward(p, truth.measured_from(forward.baselines.front()), got);
 }
 
 void record(CaseOutcome outcome, const OutcomeCallback& on_outcome, VerifySummary& summary) {
@@ -233,99 +231,100 @@ void record(CaseOutcome outcome, const OutcomeCallback& on_outcome, VerifySummar
   summary.outcomes.push_back(std::move(outcome));
 }
 
+CaseOutcome outcome_of(const Backend& backend, const FixtureHeader& header, std::string problem, const RunConfig& config,
+                       std::string warning, Direction direction) {
+  CaseOutcome o{std::string(backend.name()), header.path, header.name, std::move(problem), {}, 0, std::move(warning), config};
+  if (const RecordedOutputs* recorded = recorded_outputs_of(backend)) o.arguments = recorded->arguments();
+  o.direction = direction;
+  return o;
+}
+
 // A layer case: y is compared as a one-head [batch, 1, seq_q, model_dim] tensor.
 void verify_layer(const std::filesystem::path& file, const BackendRefs& backends,
                   const VerifyOptions& options, const OutcomeCallback& on_outcome, VerifySummary& summary) {
   LayerFixture fixture = read_layer_fixture(file);
   const Problem& problem = fixture.data.problem;
+  const std::int64_t model_dim = fixture.header.model_dim;
   const std::vector<RunConfig> configs = run_configs(options);
-  Problem shape = Problem::parse(fmt::format("dtype={},b={},hq=1,hkv=1,sq={},sk=1,d=1,dv={}", dtype_short_name(problem.dtype),
-                                             problem.batch, problem.seq_q, fixture.header.model_dim));
-  Bounds bounds;
-  std::vector<std::int64_t> every_row(static_cast<std::size_t>(problem.batch * problem.seq_q), 1);
-  std::vector<double> no_lse;
-  LayerReference reference;
+  const LayerReference reference = reference_layer(fixture.data);
+  const std::vector<double> bound = derive_layer_bounds(fixture.data, reference);
+  TensorTruth y;
+  y.name = "y";
+  y.dtype = problem.dtype;
+  y.shape = {problem.batch, 1, problem.seq_q, model_dim};
+  y.value = &reference.y;
+  y.bound = &bound;
+  check_golden(fixture.header, "y", y.shape, fixture.y, reference.y, bound);
+  if (!options.forward) return;  // a layer case has no backward here
   MeasuredLimit measured;
   std::vector<std::vector<double>> baseline;
   std::vector<double> tolerance;
   std::string warning;
-  reference = reference_layer(fixture.data);
-  bounds.out = derive_layer_bounds(fixture.data, reference);
-  check_golden(fixture.header, "y", {problem.batch, 1, problem.seq_q, fixture.header.model_dim}, fixture.y, reference.y,
-               bounds.out);
-  if (!options.forward) return;  // a layer case has no backward here
-  if (anyone_runs(backends, problem, configs, fixture.header.model_dim)) {
-    const std::vector<char> counts(every_row.size(), 1);
+  if (anyone_runs(backends, problem, configs, model_dim)) {
+    const std::vector<char> counts(static_cast<std::size_t>(problem.batch * problem.seq_q), 1);
     baseline = {baseline_layer(fixture.data, options.run.threads)};
-    const std::int64_t longest = std::max(problem.seq_k, fixture.header.model_dim);
-    measured = measured_limit(problem.dtype, reference.y, baseline, reference.y, fixture.header.model_dim, counts,
-                              longest);
+    measured = measured_limit(problem.dtype, reference.y, baseline, reference.y, model_dim, counts,
+                              std::max(problem.seq_k, model_dim));
     tolerance = fixture_tolerance(fixture.header, fixture.y);
     warning = loose_tolerance_warning(fixture.header, reference.y, tolerance);
     if (!warning.empty()) summary.warnings.push_back(fmt::format("{}: {}", file.string(), warning));
+    y.measured = &measured;
+    y.baselines = &baseline;
+    y.exact_within = subnormal_allowance(problem.dtype, 1.0);
+    if (!tolerance.empty()) y.fixture_values = &fixture.y, y.fixture_tolerance = &tolerance;
   }
   for (const RunConfig& config : configs) {
     LayerData data = fixture.data;
     data.problem = laid_out_as(data.problem, config);
-    const std::vector<Status> support = support_of(backends, data.problem, fixture.header.model_dim);
+    const std::vector<Status> support = support_of(backends, data.problem, Direction::forward, model_dim);
     RunOptions run_options = options.run;
     run_options.threads = config.threads;
     for (std::size_t b = 0; b < backends.size(); ++b) {
-      CaseOutcome outcome{std::string(backends[b]->name()), file, fixture.header.name,
-                          fmt::format("{},model={}", data.problem.to_string(), fixture.header.model_dim), {}, 0, warning,
-                          config};
-      const RecordedOutputs* recorded = recorded_outputs_of(*backends[b]);
-      if (recorded) outcome.arguments = recorded->arguments();
-      if (!support[b].ok) {
-        outcome.comparison.verdict = Verdict::skip;
-        outcome.comparison.reason = support[b].reason;
-      } else {
-        auto start = std::chrono::steady_clock::now();
+      const Backend& backend = *backends[b];
+      CaseOutcome outcome = outcome_of(backend, fixture.header, fmt::format("{},model={}", data.problem.to_string(), model_dim),
+                                       config, warning, Direction::forward);
+      const auto start = std::chrono::steady_clock::now();
+      const RecordedOutputs* recorded = recorded_outputs_of(backend);
+      outcome.comparison = !support[b].ok ? skipped(support[b].reason) : judged([&] {
+        LayerRun run;
         if (recorded) {
-          std::optional<RecordedOutput> r =
-              recorded->read(fixture.header.name, "y", {problem.batch, problem.seq_q, fixture.header.model_dim});
-          if (!r) {
-            outcome.comparison.verdict = Verdict::skip;
-            outcome.comparison.reason =
-                fmt::format("no output file {}", printable(recorded->file_for(fixture.header.name).string()));
-          } else {
-            outcome.comparison = compare_output({shape, reference.y, no_lse, bounds, every_row, r->values, nullptr,
-                                                 &measured, &baseline, tolerance.empty() ? nullptr : &fixture.y,
-                                                 tolerance.empty() ? nullptr : &tolerance});
+          std::optional<RecordedOutput> r = recorded->read(fixture.header.name, "y", {problem.batch, problem.seq_q, model_dim});
+          if (!r) return skipped(fmt::format("no output file {}", printable(recorded->file_for(fixture.header.name).string())));
+          run.y = std::move(r->values);
+        } else if (runs_own_layers(backend)) {
+          // The framework's own layer: y alone, no guard bands (it returns a new array).
+          run.y = backend.extensions()->run_layer(data, run_options);
+          if (run.y.size() != reference.y.size()) {
+            throw Error(fmt::format("its layer returned {} values of y, not {}", run.y.size(), reference.y.size()));
           }
-          record(std::move(outcome), on_outcome, summary);
-          continue;
+          const std::vector<Convention> conventions = conventions_of(backend, data.problem);
+          if (!conventions.empty()) run.conventions = apply_layer_conventions(conventions, data, reference, bound, run.y);
+        } else {
+          run = run_layer(backend, data, run_options);
         }
-        judge(outcome.comparison, [&] {
-          LayerRun run;
-          if (runs_own_layers(*backends[b])) {
-            // The framework's own layer: y alone, no guard bands (it returns a new array).
-            run.y = backends[b]->extensions()->run_layer(data, run_options);
-            if (run.y.size() != reference.y.size()) {
-              throw Error(fmt::format("its layer returned {} values of y, not {}", run.y.size(), reference.y.size()));
-            }
-            const std::vector<Convention> conventions = conventions_of(*backends[b], data.problem);
-            if (!conventions.empty()) {
-              run.conventions = apply_layer_conventions(conventions, data, reference, bounds.out, run.y);
-            }
-          } else {
-            run = run_layer(*backends[b], data, run_options);
-          }
-          outcome.comparison = compare_output({shape, reference.y, no_lse, bounds, every_row, run.y, nullptr, &measured,
-                                               &baseline, tolerance.empty() ? nullptr : &fixture.y,
-                                               tolerance.empty() ? nullptr : &tolerance});
-          if (!run.guard_damage.empty()) outcome.comparison.fail(run.guard_damage);
-          outcome.comparison.conclude(run.conventions);
-        });
-        outcome.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      }
+        Comparison c;
+        c.add(score_tensor(y, run.y));
+        if (!run.guard_damage.empty()) c.fail(run.guard_damage);
+        c.conclude(run.conventions);
+        return c;
+      });
+      outcome.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       record(std::move(outcome), on_outcome, summary);
     }
   }
 }
 
-// Version 3: the golden gradients are checked like `out`, each element within
-// the a-priori bound of a backward in the case's dtype.
+// The golden is checked, not trusted: out and lse, and version 3's gradients,
+// each element within the a-priori bound of a backend of the case's dtype.
+void check_golden_forward(const Fixture& fixture, const ForwardTruth& truth) {
+  const Problem& p = fixture.problem();
+  check_golden(fixture.header, "out", {p.q_batch(), p.heads_q, p.seq_q, p.head_dim_v}, fixture.out, truth.truth.out,
+               truth.bounds.out, &truth.bounds);
+  if (fixture.lse) {
+    check_golden(fixture.header, "lse", {p.q_batch(), p.heads_q, p.seq_q, 1}, *fixture.lse, truth.truth.lse, truth.bounds.lse);
+  }
+}
+
 void check_golden_gradients(const Fixture& fixture, const GradientTruth& truth) {
   for (const GradientPart& part : gradient_parts(fixture.problem())) {
     check_golden(fixture.header, part.name, part.shape, fixture.gradients.value().*part.stored, truth.value.*part.values,
@@ -333,214 +332,54 @@ void check_golden_gradients(const Fixture& fixture, const GradientTruth& truth) 
   }
 }
 
-void verify_sdpa(const Fixture& fixture, const BackendRefs& backends,
-                 const VerifyOptions& options, const OutcomeCallback& on_outcome, VerifySummary& summary,
-                 bool trusted_golden = false) {
+// One fixture: its truth once, then every (run configuration, direction,
+// backend) unit, each judged by the direction's judge.
+void verify_sdpa(const Fixture& fixture, const BackendRefs& backends, const VerifyOptions& options,
+                 const OutcomeCallback& on_outcome, VerifySummary& summary, bool trusted_golden = false) {
   const Problem& problem = fixture.problem();
   const std::vector<RunConfig> configs = run_configs(options);
-  Judgement j;
-  std::string warning;
-  // Every selected fixture's golden is checked, whoever runs it.
-  j.truth = reference_attention(fixture.data, &j.stats, options.run.threads);
-  j.bounds = derive_bounds(problem, j.truth.out, j.truth.lse, j.stats);
-  if (!trusted_golden) {
-    check_golden(fixture.header, "out", {problem.q_batch(), problem.heads_q, problem.seq_q, problem.head_dim_v},
-                 fixture.out, j.truth.out, j.bounds.out, &j.bounds);
+  ForwardTruth forward = forward_truth(fixture.data, options.run.threads);
+  if (!trusted_golden) check_golden_forward(fixture, forward);
+  const bool runs = anyone_runs(backends, problem, configs);
+  std::optional<BackwardTruth> backward;
+  if (fixture.gradients && (!trusted_golden || (runs && options.backward))) {
+    backward.emplace(fixture.data, *fixture.gradients, forward);
+    if (!trusted_golden) check_golden_gradients(fixture, backward->a_priori());
   }
-  if (fixture.lse && !trusted_golden) {
-    check_golden(fixture.header, "lse", {problem.q_batch(), problem.heads_q, problem.seq_q, 1}, *fixture.lse, j.truth.lse,
-                 j.bounds.lse);
-  }
-  // The float64 gradients, once: for the golden check, and for every backend that runs the backward.
-  auto gradient_truth_of = [&]() -> const GradientTruth& {
-    if (!j.gradients) {
-      j.gradients = gradient_truth(fixture.data, fixture.gradients->dout, fixture.gradients->bias_requires_grad, j.truth,
-                                   j.stats);
-    }
-    return *j.gradients;
-  };
-  if (fixture.gradients && !trusted_golden) check_golden_gradients(fixture, gradient_truth_of());
-  // And, for the backends that run the backward, the plain backwards' errors
-  // (the measured bound): from the plain forward's out for recorded gradients,
-  // and for a backend's own run from the out its backward was given (D =
-  // rowsum(dO o O) starts there, so its forward's error, judged on its own,
-  // is not charged twice), once per distinct out.
-  auto measured_gradient_truth = [&]() -> const GradientTruth& {
-    gradient_truth_of();
-    if (j.gradients->measured.empty()) {
-      measure_gradients(*j.gradients, fixture.data, fixture.gradients->dout, j.baselines.front(),
-                        fixture.gradients->bias_requires_grad);
-    }
-    return *j.gradients;
-  };
-  std::vector<std::pair<std::vector<double>, GradientTruth>> measured_by_out;
-  auto measured_from = [&](const std::vector<double>& out) -> const GradientTruth& {
-    for (const auto& [seen, truth] : measured_by_out) {
-      if (seen == out) return truth;
-    }
-    GradientTruth truth = gradient_truth_of();
-    measure_gradients(truth, fixture.data, fixture.gradients->dout, out, fixture.gradients->bias_requires_grad);
-    return measured_by_out.emplace_back(out, std::move(truth)).second;
-  };
-  // The rest is only computed when someone runs.
-  if (anyone_runs(backends, problem, configs)) {
-    std::vector<char> counts(j.stats.visible.size());
-    for (std::size_t r = 0; r < counts.size(); ++r) counts[r] = j.stats.visible[r] > 0;
-    BaselineFamily family = baseline_family(fixture.data, options.run.threads);
-    j.baselines = std::move(family.out);
-    j.probe_baselines = std::move(family.probe);
-    const std::int64_t longest = *std::max_element(j.stats.visible.begin(), j.stats.visible.end());
-    j.measured = measured_limit(problem.dtype, j.truth.out, j.baselines, forward_floor_magnitude(problem, j.stats),
-                                problem.head_dim_v, counts, longest);
-    j.tolerance = fixture_tolerance(fixture.header, fixture.out);
-    warning = loose_tolerance_warning(fixture.header, j.truth.out, j.tolerance);
-    if (!warning.empty()) summary.warnings.push_back(fmt::format("{}: {}", fixture.header.path.string(), warning));
-    if (problem.sinks) {
-      // The visible keys share 1 - exp(sink - lse) of the weight; the sink the rest.
-      j.probe_want.resize(j.truth.lse.size());
-      for (std::size_t r = 0; r < j.probe_want.size(); ++r) {
-        const double sink = fixture.data.sinks[(r / static_cast<std::size_t>(problem.seq_q)) % static_cast<std::size_t>(problem.heads_q)];
-        j.probe_want[r] = -std::expm1(sink - j.truth.lse[r]);
-      }
-    }
-    j.probe_bounds = probe_bounds(problem, j.stats, j.probe_want);
-    j.probe = ones_probe(fixture.data);
-  }
-  // Version 3: each backend's first backward per layout, which every later
-  // run (another thread count) must match bit for bit.
-  std::map<std::pair<std::size_t, int>, BackwardRun> first_backward;
+  if (runs) measure_forward(forward, fixture.data, &fixture, options.run.threads);
+  std::string warning = loose_tolerance_warning(fixture.header, forward.truth.out, forward.tolerance);
+  if (!warning.empty()) summary.warnings.push_back(fmt::format("{}: {}", fixture.header.path.string(), warning));
+  std::vector<Direction> directions;
+  if (options.forward) directions.push_back(Direction::forward);
+  if (options.backward && backward) directions.push_back(Direction::backward);
+  FirstBackwards first;
   for (const RunConfig& config : configs) {
-    Fixture laid_out = fixture;
-    laid_out.data.problem = laid_out_as(problem, config);
-    CaseData probe = j.probe;  // V = 1, in this run's layout
-    probe.problem = laid_out_as(probe.problem, config);
-    const std::vector<Status> support = support_of(backends, laid_out.problem());
+    CaseData data = fixture.data, probe = forward.probe;
+    data.problem = probe.problem = laid_out_as(problem, config);
     RunOptions run_options = options.run;
     run_options.threads = config.threads;
-    for (std::size_t b = 0; b < backends.size() && options.forward; ++b) {
-      CaseOutcome outcome{std::string(backends[b]->name()), fixture.header.path, fixture.header.name,
-                          laid_out.problem().to_string(), {}, 0, warning, config};
-      if (const RecordedOutputs* recorded = recorded_outputs_of(*backends[b])) outcome.arguments = recorded->arguments();
-      if (!support[b].ok) {
-        outcome.comparison.verdict = Verdict::skip;
-        outcome.comparison.reason = support[b].reason;
-      } else {
-        auto start = std::chrono::steady_clock::now();
-        outcome.comparison = run_one(*backends[b], laid_out, j, probe, run_options);
-        outcome.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      }
-      record(std::move(outcome), on_outcome, summary);
-    }
-    if (!fixture.gradients || !options.backward) continue;
-    // Version 3: each backend's gradients, after its forward results, in the same run configuration.
-    for (std::size_t b = 0; b < backends.size(); ++b) {
-      CaseOutcome outcome{std::string(backends[b]->name()), fixture.header.path, fixture.header.name,
-                          laid_out.problem().to_string(), {}, 0, warning, config};
-      outcome.direction = "backward";
-      const RecordedOutputs* recorded = recorded_outputs_of(*backends[b]);
-      if (recorded) outcome.arguments = recorded->arguments();
-      if (!support[b].ok) {
-        outcome.comparison.verdict = Verdict::skip;
-        outcome.comparison.reason = support[b].reason;
-      } else if (recorded) {
-        // Another tool's gradients: judged by every check but determinism (one run).
-        std::vector<GradientPart> parts = gradient_parts(problem);
-        std::erase_if(parts, [&](const GradientPart& part) { return ((*fixture.gradients).*part.stored).empty(); });
-        std::vector<RecordedGradient> wanted;
-        for (const GradientPart& part : parts) {
-          std::vector<std::int64_t> dims(part.shape.begin(), part.shape.end());
-          if (part.values == &ReferenceGradients::dsinks) dims = {problem.heads_q};  // stored as [heads_q]
-          wanted.push_back({part.name, dims, {}});
-        }
-        if (const std::string beyond = gradients_beyond(problem, measured_gradient_truth().value); !beyond.empty()) {
-          outcome.comparison.verdict = Verdict::skip;
-          outcome.comparison.reason = beyond;
-        } else if (!recorded->read_gradients(fixture.header.name, wanted)) {  // InputError: exit 2
-          outcome.comparison.verdict = Verdict::skip;
-          outcome.comparison.reason = fmt::format("no gradients (dq, dk, dv) in {}",
-                                                  printable(recorded->file_for(fixture.header.name).string()));
-        } else {
-          BackwardRun run;
-          for (std::size_t g = 0; g < parts.size(); ++g) run.got.*parts[g].values = std::move(wanted[g].values);
-          outcome.comparison = compare_gradients(problem, measured_gradient_truth(), run);
-        }
-      } else if (!backends[b]->capabilities().backward) {
-        outcome.comparison.verdict = Verdict::skip;
-        outcome.comparison.reason = "does not implement the backward pass (format version 3)";
-      } else {
+    for (const Direction direction : directions) {
+      const std::vector<Status> support = support_of(backends, data.problem, direction);
+      for (std::size_t b = 0; b < backends.size(); ++b) {
+        const Backend& backend = *backends[b];
+        CaseOutcome outcome = outcome_of(backend, fixture.header, data.problem.to_string(), config, warning, direction);
+        const RecordedOutputs* recorded = recorded_outputs_of(backend);
         const auto start = std::chrono::steady_clock::now();
-        judge(outcome.comparison, [&] {
-          if (const std::string beyond = gradients_beyond(problem, gradient_truth_of().value); !beyond.empty()) {
-            throw Unsupported(beyond);
-          }
-          const BackwardRun run = run_backward(*backends[b], laid_out.data, fixture.gradients->dout,
-                                               fixture.gradients->bias_requires_grad, run_options);
-          const GradientTruth& truth = measured_from(run.out);
-          outcome.comparison = compare_gradients(problem, truth, run);
-          if (outcome.comparison.verdict == Verdict::fail) {
-            // A declared convention on rows with no visible key: DIFFERS when the gradients are its.
-            const std::vector<Convention> conventions = conventions_of(*backends[b], problem);
-            for (bool additive : {false, true}) {  // the second only when the first does not explain the gradients
-              const ConventionalGradients conventional =
-                  conventional_gradients(conventions, laid_out.data, fixture.gradients->dout, truth, additive);
-              if (conventional.rows == 0) break;
-              Comparison as_declared = compare_gradients(problem, conventional.truth, run);
-              if (as_declared.verdict != Verdict::pass) continue;
-              as_declared.verdict = Verdict::differs;
-              as_declared.reason = fmt::format(
-                  "{} rows with no visible key weigh every key 1/seq_k, so their dO / seq_k reaches dV of every key{} "
-                  "(declared: {}); the format passes them nothing",
-                  conventional.rows, conventional.additive ? " and (dP - mean dP) / seq_k reaches dQ and dK" : "",
-                  conventional.why);
-              outcome.comparison = std::move(as_declared);
-              break;
-            }
-          }
-          // Determinism, a verdict of its own: the same run again, and the
-          // first run of this layout at another thread count, bit for bit.
-          const BackwardRun again = run_backward(*backends[b], laid_out.data, fixture.gradients->dout,
-                                                 fixture.gradients->bias_requires_grad, run_options);
-          const bool dq_may_vary = backends[b]->capabilities().nondeterministic_dq;
-          // Gradients are compared bit for bit only between runs whose
-          // forward gave the same out (a forward may differ between thread
-          // counts; its backward then starts elsewhere).
-          if (again.out != run.out) {
-            outcome.comparison.reason += fmt::format("{}its forward's out differs between two runs at {} threads, so its "
-                                                     "gradients were not compared between them",
-                                                     outcome.comparison.reason.empty() ? "" : "; ", config.threads);
-          } else if (std::string why = backward_differences(problem, run, again, dq_may_vary); !why.empty()) {
-            outcome.comparison.fail(fmt::format("not deterministic: {} between two runs at {} threads", why, config.threads));
-          } else if (dq_may_vary) {
-            // Declared: reported, not failed.
-            if (std::string dq = backward_differences(problem, run, again, false); !dq.empty()) {
-              outcome.comparison.reason += fmt::format("{}{} between two runs (declared non-deterministic dQ accumulation)",
-                                                       outcome.comparison.reason.empty() ? "" : "; ", dq);
-            }
-          }
-          const auto key = std::make_pair(b, static_cast<int>(laid_out.problem().layout));
-          if (const auto first = first_backward.find(key); first == first_backward.end()) {
-            first_backward.emplace(key, run);
-          } else if (first->second.out != run.out) {
-            outcome.comparison.reason += fmt::format("{}its forward's out at {} threads differs from the first thread "
-                                                     "count's, so its gradients were not compared with those",
-                                                     outcome.comparison.reason.empty() ? "" : "; ", config.threads);
-          } else if (std::string why = backward_differences(problem, first->second, run, dq_may_vary); !why.empty()) {
-            const std::string declared = thread_dependent_gradients_of(*backends[b]);
-            if (declared.empty() || outcome.comparison.verdict == Verdict::fail) {
-              outcome.comparison.fail(fmt::format("not deterministic: {} at {} threads against the first thread count",
-                                                  why, config.threads));
-            } else {
-              // Declared by the framework's adapter: shown, not failed.
-              outcome.comparison.verdict = Verdict::differs;
-              outcome.comparison.reason += fmt::format("{}{} at {} threads against the first thread count (declared: {})",
-                                                       outcome.comparison.reason.empty() ? "" : "; ", why, config.threads,
-                                                       declared);
-            }
-          }
-        });
+        if (!support[b].ok) {
+          outcome.comparison = skipped(support[b].reason);
+        } else if (direction == Direction::forward) {
+          outcome.comparison = recorded ? recorded_forward(*recorded, fixture, forward) : judged([&] {
+            return judge_forward(forward, run_forward(backend, data, probe, run_options));
+          });
+        } else {
+          outcome.comparison = recorded ? recorded_backward(*recorded, fixture, *backward, forward) : judged([&] {
+            if (!backward->beyond().empty()) throw Unsupported(backward->beyond());
+            return judge_backend_backward(backend, data, *backward, run_options, first);
+          });
+        }
         outcome.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        record(std::move(outcome), on_outcome, summary);
       }
-      record(std::move(outcome), on_outcome, summary);
     }
   }
 }
@@ -561,9 +400,9 @@ namespace {
 void note_unmatched_tags(const VerifyOptions& options, const std::set<std::string>& seen, bool matched,
                          VerifySummary& summary) {
   if (options.tags.empty() || matched) return;
-  summary.input_errors.push_back(fmt::format("no fixture has any of the tags {}; the tags there are: {}",
+  summary.input_errors.push_back({"", fmt::format("no fixture has any of the tags {}; the tags there are: {}",
                                              fmt::join(options.tags, ","),
-                                             seen.empty() ? std::string("none") : fmt::format("{}", fmt::join(seen, ","))));
+                                                 seen.empty() ? std::string("none") : fmt::format("{}", fmt::join(seen, ",")))});
 }
 
 // A damaged file can crash or hang libhdf5 itself: it is read first in a
@@ -625,7 +464,7 @@ VerifySummary verify_shard(const std::vector<std::filesystem::path>& files, cons
     try {
       const std::string trouble = sandboxed_read(file, options, limits);
       if (!trouble.empty()) {
-        if (shard.index == 1) summary.input_errors.push_back(trouble);
+        if (shard.index == 1) summary.input_errors.push_back({file.string(), trouble});
         continue;
       }
       FixtureHeader header = read_fixture_header(file);
@@ -638,7 +477,7 @@ VerifySummary verify_shard(const std::vector<std::filesystem::path>& files, cons
       }
       readable.push_back({file, std::move(header)});
     } catch (const Error& e) {
-      if (shard.index == 1) summary.input_errors.push_back(e.what());
+      if (shard.index == 1) summary.input_errors.push_back({file.string(), e.what()});
     }
   }
   if (shard.index == 1) note_unmatched_tags(options, seen_tags, matched, summary);
@@ -657,7 +496,7 @@ VerifySummary verify_shard(const std::vector<std::filesystem::path>& files, cons
     try {
       verify_file(readable[f].file, readable[f].header, mine, options, on_outcome, summary);
     } catch (const Error& e) {
-      summary.input_errors.push_back(e.what());
+      summary.input_errors.push_back({readable[f].file.string(), e.what()});
     }
   }
   return summary;
@@ -678,7 +517,7 @@ VerifySummary verify(const std::vector<std::filesystem::path>& files,
     try {
       const std::string trouble = sandboxed_read(file, options, limits);
       if (!trouble.empty()) {
-        summary.input_errors.push_back(trouble);
+        summary.input_errors.push_back({file.string(), trouble});
         continue;
       }
       FixtureHeader header = read_fixture_header(file);
@@ -687,7 +526,7 @@ VerifySummary verify(const std::vector<std::filesystem::path>& files,
       matched = true;
       verify_file(file, header, all, options, on_outcome, summary);
     } catch (const Error& e) {  // InputError included
-      summary.input_errors.push_back(e.what());
+      summary.input_errors.push_back({file.string(), e.what()});
     }
   }
   note_unmatched_tags(options, seen_tags, matched, summary);

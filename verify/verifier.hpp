@@ -55,12 +55,21 @@ struct CaseOutcome {
   std::string warning;  // about the fixture (e.g. a loose tolerance of its own); empty when none
   RunConfig config;     // the threads and layout it ran with
   std::string arguments;  // more attn verify options that select the backend again (recorded outputs: --outputs DIR)
-  std::string direction = "forward";  // or "backward": the gradients of a version 3 case
+  Direction direction = Direction::forward;  // backward: the gradients of a version 3 case
+};
+
+// A fixture that could not be judged (unreadable, hostile, or a golden that is
+// not the attention of its own inputs): its file ("" when the error concerns
+// no single file, such as tags that select nothing) and the message.
+struct InputErrorRecord {
+  std::string file;
+  std::string message;
+  bool operator==(const InputErrorRecord&) const = default;
 };
 
 struct VerifySummary {
   std::vector<CaseOutcome> outcomes;
-  std::vector<std::string> input_errors;  // fixtures that could not be read or whose golden is wrong
+  std::vector<InputErrorRecord> input_errors;
   std::vector<std::string> warnings;      // fixtures that were run but deserve a look
   // Sharded runs: which shard, the fingerprint of every unit of the suite
   // (the same in every shard), and how many units the suite and this shard have.

@@ -180,7 +180,6 @@ class NaiveBackend final : public Backend {
   }
   std::unique_ptr<BackwardPlan> prepare_backward(const Problem& problem, const BackwardIO& io,
                                                  const RunOptions&) const override {
-    if (problem.paged()) throw Unsupported("a paged case has no backward pass");
     if (problem.dtype != DType::f64) require_float32_scores(problem, io.forward);
     return make_naive_backward_plan(problem, io);
   }

@@ -394,7 +394,9 @@ class PythonBackend final : public Backend, private BackendExtensions {
   std::string_view name() const override { return name_; }
   std::string_view description() const override { return description_; }
   // No format version 2 addition: the bridge passes none of their fields.
-  Capabilities capabilities() const override { return {dtypes_, 0, has_lse_, has_backward_, nondeterministic_dq_}; }
+  Capabilities capabilities() const override {
+    return {.dtypes = dtypes_, .lse = has_lse_, .backward = has_backward_, .nondeterministic_dq = nondeterministic_dq_};
+  }
   const BackendExtensions* extensions() const override { return this; }
   std::string thread_dependent_gradients() const override { return thread_dependent_; }
   const std::string& load_error() const { return unavailable_; }
@@ -411,17 +413,15 @@ class PythonBackend final : public Backend, private BackendExtensions {
       return Status::no(fmt::format("available() raised {}", python_error(e)));
     }
   }
-  Status supports(const Problem& p) const override {
+  Status supports(const Problem& p) const override { return ask("supports", p); }
+  // supports_backward(problem) -> None | str, optional: what its backward skips.
+  Status supports_backward(const Problem& p) const override {
     if (!unavailable_.empty()) return Status::no(unavailable_);
-    FloatStateGuard floats;
-    py::gil_scoped_acquire gil;
-    try {
-      py::object why = module_->attr("supports")(problem_object(p));
-      if (why.is_none()) return Status::yes();
-      return Status::no(printable(std::string(py::str(why))));
-    } catch (py::error_already_set& e) {
-      return Status::no(fmt::format("supports() raised {}", python_error(e)));
+    {
+      py::gil_scoped_acquire gil;
+      if (!py::hasattr(*module_, "supports_backward")) return Status::yes();
     }
+    return ask("supports_backward", p);
   }
   std::vector<Convention> conventions(const Problem& p) const override {
     std::vector<Convention> result;
@@ -518,8 +518,7 @@ class PythonBackend final : public Backend, private BackendExtensions {
       throw Error(fmt::format("{}: prepare failed: {}", name_, python_error(e)));
     }
   }
-  // Format version 3: prepare_backward(problem, io, threads) -> run, with
-  // supports_backward(problem) -> None | str (optional) saying what it skips.
+  // Format version 3: prepare_backward(problem, io, threads) -> run.
   std::unique_ptr<BackwardPlan> prepare_backward(const Problem& p, const BackwardIO& io,
                                                  const RunOptions& options) const override {
     if (!unavailable_.empty()) throw Error(unavailable_);
@@ -527,10 +526,6 @@ class PythonBackend final : public Backend, private BackendExtensions {
     FloatStateGuard floats;
     py::gil_scoped_acquire gil;
     try {
-      if (py::hasattr(*module_, "supports_backward")) {
-        py::object why = module_->attr("supports_backward")(problem_object(p));
-        if (!why.is_none()) throw Unsupported(std::string(py::str(why)));
-      }
       const std::size_t elem = dtype_size(p.dtype);
       py::object dt = numpy_dtype(p.dtype);
       py::dict views = input_views(p, io.forward, false, io.forward.lse != nullptr);
@@ -550,6 +545,20 @@ class PythonBackend final : public Backend, private BackendExtensions {
   }
 
  private:
+  // A question of the module's (supports, supports_backward): None is yes, a string the reason.
+  Status ask(const char* question, const Problem& p) const {
+    if (!unavailable_.empty()) return Status::no(unavailable_);
+    FloatStateGuard floats;
+    py::gil_scoped_acquire gil;
+    try {
+      py::object why = module_->attr(question)(problem_object(p));
+      if (why.is_none()) return Status::yes();
+      return Status::no(printable(std::string(py::str(why))));
+    } catch (py::error_already_set& e) {
+      return Status::no(fmt::format("{}() raised {}", question, python_error(e)));
+    }
+  }
+
   fs::path file_;
   std::string name_, description_;
   unsigned dtypes_ = kAllDTypes;

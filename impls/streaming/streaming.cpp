@@ -353,7 +353,6 @@ class StreamingBackend final : public Backend {
   }
   // FlashAttention-2's backward (impls/cpu_kernels/flash_backward.hpp), with this backend's tile height.
   std::unique_ptr<BackwardPlan> prepare_backward(const Problem& p, const BackwardIO& io, const RunOptions& options) const override {
-    if (p.paged()) throw Unsupported("a paged case has no backward pass");
     require_float32_scores(p, io.forward);
     if (p.ragged) return plan_backward_per_entry(p, io, options, *this);
     return cpu::make_flash_backward_plan(p, io, options, kMaxTileRows);

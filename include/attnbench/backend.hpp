@@ -133,8 +133,13 @@ class Backend {
   virtual Status supports(const Problem& problem) const = 0;
   virtual std::unique_ptr<Plan> prepare(const Problem& problem, const AttentionIO& io,
                                         const RunOptions& options) const = 0;
-  // The backward pass, for a backend whose capabilities() declare it; the
-  // default throws attn::Unsupported. A paged problem never reaches it.
+  // Whether it runs the backward pass of this problem, which supports()
+  // accepts and whose backward the format defines (backward_defined); asked
+  // before anything runs, no side effects. Only asked of a backend whose
+  // capabilities() declare `backward`; the default: every such problem.
+  virtual Status supports_backward(const Problem& problem) const;
+  // The backward pass, for a problem supports_backward accepts; the default
+  // throws attn::Unsupported.
   virtual std::unique_ptr<BackwardPlan> prepare_backward(const Problem& problem, const BackwardIO& io,
                                                          const RunOptions& options) const;
   // (optional, in-tree only) What framework adapters and recorded results add:
@@ -143,8 +148,21 @@ class Backend {
   virtual const BackendExtensions* extensions() const { return nullptr; }
 };
 
-// capabilities() first, then supports(): what every tool asks before it runs
-// a backend on a problem.
-Status backend_accepts(const Backend& backend, const Problem& problem);
+// Which pass of a problem a tool asks for: the forward (out, lse) or the
+// backward (format version 3's gradients of sum(dout * out)).
+enum class Direction { forward, backward };
+inline std::string_view direction_name(Direction direction) {
+  return direction == Direction::forward ? "forward" : "backward";
+}
+
+// Whether the format defines a backward pass for the problem at all: it
+// defines none through a page table (docs/format/v3.md). The one place that
+// says so.
+Status backward_defined(const Problem& problem);
+
+// What every tool asks before it runs a backend on a problem: capabilities()
+// first, then supports(); for the backward, then backward_defined(), the
+// declared `backward` and supports_backward(). The first "no" is the reason.
+Status backend_accepts(const Backend& backend, const Problem& problem, Direction direction = Direction::forward);
 
 }  // namespace attn

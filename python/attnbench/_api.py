@@ -127,18 +127,43 @@ class Result:
     reproduce: str
     data: dict = field(repr=False)
 
-    def __getattr__(self, name):  # max_abs_error, rms_error, error_over_bound, ... from the JSON
+    def __getattr__(self, name):  # fields of the JSON result not named above
         data = self.__dict__.get("data", {})
         if name in data:
             return data[name]
         raise AttributeError(name)
 
+    @property
+    def tensors(self):
+        """Each tensor scored (out, lse, probe, y, dq, dk, dv, dbias, dsinks): its own figures, as
+        the JSON's "tensors" entries (error_over_bound, worst_index, max_abs_error, ...)."""
+        return self.data.get("tensors", [])
 
-_ORDER = ("FAIL", "ERROR", "MISTRUSTED", "DIFFERS", "PASS", "SKIP")
+    def tensor(self, name):
+        """The score of one tensor by name, or None when it was not scored."""
+        return next((t for t in self.tensors if t["name"] == name), None)
+
+    @property
+    def worst(self):
+        """The tensor with the largest error/bound (a null one is not finite: the largest)."""
+        return max(self.tensors, key=_bound_use, default=None)
+
+
+def _bound_use(tensor):
+    ratio = tensor.get("error_over_bound")
+    return float("inf") if ratio is None else ratio
+
+
+def _order():
+    """The verifier's verdicts from the one that outranks every other (FAIL first), with ERROR (a
+    case that could not be read) right after FAIL."""
+    order = list(_c().VERDICT_SEVERITY)
+    order.insert(order.index("FAIL") + 1, "ERROR")
+    return order
 
 
 def _worst(verdicts):
-    for v in _ORDER:
+    for v in _order():
         if v in verdicts:
             return v
     return "SKIP"
@@ -146,6 +171,13 @@ def _worst(verdicts):
 
 def _figure(x):
     return "n/a" if x is None else f"{x:.3g}"
+
+
+def _tensor_line(t):
+    where = f", worst at {t['name']}{t['worst_index']}" if t.get("worst_index") is not None else ""
+    return (f"{t['name']}: max |error| {_figure(t.get('max_abs_error'))}, rms {_figure(t.get('rms_error'))}, "
+            f"error/bound {_figure(t.get('error_over_bound'))}, "
+            f"error/baseline {_figure(t.get('error_over_baseline'))}{where}")
 
 
 @dataclass
@@ -183,7 +215,8 @@ class Verdict:
         return r.reason if r is not None else ""
 
     def _max(self, name):
-        values = [r.data.get(name) for r in self._judged() if r.data.get(name) is not None]
+        """The largest of a figure over every tensor of every run that was judged."""
+        values = [t.get(name) for r in self._judged() for t in r.tensors if t.get(name) is not None]
         return max(values) if values else None
 
     @property
@@ -206,8 +239,10 @@ class Verdict:
 
     @property
     def worst_index(self):
+        """Where the deciding run's worst tensor is worst: (tensor name, [b, h, i, d]), or None."""
         r = self._worst_result()
-        return None if r is None else r.data.get("worst_index")
+        w = None if r is None else r.worst
+        return None if w is None or w.get("worst_index") is None else (w["name"], w["worst_index"])
 
     @property
     def reproduce(self):
@@ -221,11 +256,7 @@ class Verdict:
         for r in self.results:
             where = f"{r.direction}, threads {r.threads or 'default'}, {r.layout}"
             lines.append(f"  {r.verdict:<10} {where}")
-            if r.verdict != "SKIP":
-                lines.append(f"    max |error| {_figure(r.data.get('max_abs_error'))}, rms {_figure(r.data.get('rms_error'))}, "
-                             f"error/bound {_figure(r.data.get('error_over_bound'))}, "
-                             f"error/baseline {_figure(r.data.get('error_over_baseline'))}"
-                             + (f", worst at {r.data['worst_index']}" if r.data.get("worst_index") else ""))
+            lines += [f"    {_tensor_line(t)}" for t in r.tensors]
             if r.reason:
                 lines.append(f"    {r.reason}")
             if r.verdict in ("FAIL", "MISTRUSTED", "DIFFERS"):
@@ -332,7 +363,8 @@ def _run(kernels, case_list, *, threads, layouts, directions, json=None, junit=N
             notes.append(backend.framework.note())
         for f in files:
             results = grouped.get((_name_of(backend), os.path.abspath(f)), [])
-            errors = [e for e in data["input_errors"] if f in e or os.path.abspath(f) in e]
+            errors = [e["message"] for e in data["input_errors"]
+                      if e["file"] and os.path.abspath(e["file"]) == os.path.abspath(f)]
             verdict = "ERROR" if errors else _worst({r.verdict for r in results})
             name = results[0].fixture if results else os.path.basename(f)
             verdicts.append(Verdict(case=name, backend=_name_of(backend), verdict=verdict, results=results,

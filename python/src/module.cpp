@@ -192,6 +192,10 @@ PYBIND11_MODULE(_attnbench, m) {
     for (const auto& b : make_backends()) names.emplace_back(b->name());
     return names;
   });
+  // The verdicts from the one that outranks every other (verify/compare.hpp).
+  std::vector<std::string> severity;
+  for (Verdict v : kVerdictSeverity) severity.emplace_back(verdict_name(v));
+  m.attr("VERDICT_SEVERITY") = severity;
   m.def("verify", &run_verify, py::arg("paths"), py::arg("backends"), py::arg("threads"),
         py::arg("layouts"), py::arg("directions"), py::arg("junit"), py::arg("attn_command"));
   // attnbench's own errors reach Python as ValueError (bad input) or RuntimeError.

@@ -111,7 +111,7 @@ def _verify_rows(results):
     for (backend, dtype), row in sorted(verify_summary(results).items()):
         worst = row["worst"]
         worst_text = "-" if worst is None else ("inf" if math.isinf(worst) else f"{worst:.3f}")
-        rows.append((backend, dtype, row["PASS"], row["FAIL"], row["SKIP"], row["MISTRUSTED"], worst_text))
+        rows.append((backend, dtype, row["PASS"], row["FAIL"], row["SKIP"], row["MISTRUSTED"], row["DIFFERS"], worst_text))
     return rows
 
 
@@ -194,7 +194,7 @@ def write_report(files, measurements, verify_results, weights_png, out_dir):
         body += ["<h2>Skipped</h2>", _table(["backend", "reason"], skipped)]
     if verify_results is not None:
         rows = _verify_rows(verify_results.results)
-        headers = ["backend", "dtype", "PASS", "FAIL", "SKIP", "MISTRUSTED", "worst error/bound"]
+        headers = ["backend", "dtype", "PASS", "FAIL", "SKIP", "MISTRUSTED", "DIFFERS", "worst error/bound"]
         classes = ["fail" if r[3] else ("pass" if r[2] else "") for r in rows]
         body += ["<h2>Verification</h2>", '<p class="note">From <code>attn verify --json</code>.</p>',
                  _table(headers, rows, classes)]
@@ -205,8 +205,9 @@ def write_report(files, measurements, verify_results, weights_png, out_dir):
             drawn.append("budget")
             with open(os.path.join(out_dir, "plots", "budget.png"), "wb") as f:
                 f.write(budget)
-            note = ("How close each backend runs to its limits: per case, its worst error over the a-priori bound, and "
-                    "its error over the plain same-precision implementation's (dashed: the limit).")
+            note = ("How close each backend runs to its limits: per tensor scored (out, lse, the probe, each "
+                    "gradient), its worst error over the a-priori bound, and its error over the plain same-precision "
+                    "implementation's (dashed: the limit).")
             body += ["<h3>Budget use</h3>", f'<p class="note">{html.escape(note)}</p>', _img(budget, "budget use")]
             md += ["### Budget use", "", note, "", "![budget](plots/budget.png)", ""]
     if weights_png:

@@ -344,18 +344,17 @@ def roofline(measurements, peaks, bandwidths):
 
 def verify_budget(results, limits=None):
     """How much of each limit every backend uses: one row of panels per limit
-    (err/bound, err/baseline), a histogram per backend on a log axis, with the
-    limit as a line. None when no result carries the ratios."""
+    (err/bound, err/baseline), a histogram per backend over every tensor scored
+    on a log axis, with the limit as a line. None when no result carries the ratios."""
     limits = limits or {"error_over_bound": 1.0, "error_over_baseline": {"f16": 3.0, "bf16": 3.0, "f32": 4.0, "f64": 4.0}}
     keys = [("error_over_bound", "error / a-priori bound"), ("error_over_baseline", "error / plain implementation's")]
     per_backend = defaultdict(lambda: defaultdict(list))
     for r in results:
-        if r.get("verdict") == "SKIP":
-            continue
-        for key, _ in keys:
-            v = r.get(key)
-            if v is not None and v > 0 and math.isfinite(v):
-                per_backend[r["backend"]][key].append(v)
+        for t in r.get("tensors", []):  # every tensor scored: out, lse, the probe, y, each gradient
+            for key, _ in keys:
+                v = t.get(key)
+                if v is not None and v > 0 and math.isfinite(v):
+                    per_backend[r["backend"]][key].append(v)
     backends = sorted(b for b in per_backend if any(per_backend[b].values()))
     if not backends:
         return None
@@ -388,7 +387,7 @@ def verify_budget(results, limits=None):
             ax.annotate(text, (value, ax.get_ylim()[1] * 0.9), textcoords="offset points", xytext=(4, 0), fontsize=8)
         ax.set_xscale("log")
         ax.set_xlabel(title)
-        ax.set_ylabel("cases")
+        ax.set_ylabel("tensors")
         ax.legend(fontsize=7, loc="upper left", ncol=2, frameon=False)
     fig.tight_layout()
     return _png(fig)

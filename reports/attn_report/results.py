@@ -298,29 +298,47 @@ class VerifyResults(list):
         return self
 
 
+VERIFY_SCHEMAS = ("attn-verify-2", "attn-verify-1")
+
+
+def _tensors_of_v1(r):
+    """An attn-verify-1 result's scores as attn-verify-2 tensors: a forward result's figures were
+    out's; a backward result's are read from its "gradients" (its own were the worst of them)."""
+    if r.get("verdict") == "SKIP":
+        return []
+    if r.get("direction") == "backward":
+        return [dict(g) for g in r.get("gradients", [])]
+    return [{"name": "out", "error_over_bound": r.get("error_over_bound"),
+             "error_over_baseline": r.get("error_over_baseline")}]
+
+
 def load_verify(path, data=None):
-    """Reads `attn verify --json` output: the result dicts and the limits."""
+    """Reads `attn verify --json` output: the result dicts (each with its "tensors") and the limits."""
     if data is None:
         with open(path) as f:
             data = json.load(f)
-    if data.get("schema") != "attn-verify-1":
-        raise ValueError(f"{path}: not `attn verify --json` output (schema {data.get('schema')!r})")
-    return VerifyResults(data["results"], data.get("limits"))
+    if data.get("schema") not in VERIFY_SCHEMAS:
+        raise ValueError(f"{path}: not `attn verify --json` output (schema {data.get('schema')!r}, "
+                         f"not one of {', '.join(VERIFY_SCHEMAS)})")
+    results = data["results"]
+    if data["schema"] == "attn-verify-1":
+        results = [dict(r, tensors=_tensors_of_v1(r)) for r in results]
+    return VerifyResults(results, data.get("limits"))
 
 
 def verify_summary(results):
-    """Per (backend, dtype): counts of each verdict and the worst error/bound."""
+    """Per (backend, dtype): counts of each verdict and the worst error/bound over every tensor."""
     table = {}
     for r in results:
         problem = r["problem"].split(",model=")[0]
         dtype = parse_problem(problem).dtype
-        row = table.setdefault((r["backend"], dtype), {"PASS": 0, "FAIL": 0, "SKIP": 0, "MISTRUSTED": 0, "worst": None})
+        row = table.setdefault((r["backend"], dtype), {"PASS": 0, "FAIL": 0, "SKIP": 0, "MISTRUSTED": 0,
+                                                          "DIFFERS": 0, "worst": None})
         row[r["verdict"]] += 1
-        ratio = r.get("error_over_bound")
-        if r["verdict"] != "SKIP" and ratio is not None:
+        for t in r.get("tensors", []):
+            ratio = t.get("error_over_bound")
+            ratio = float("inf") if ratio is None else ratio  # null: not finite
             row["worst"] = ratio if row["worst"] is None else max(row["worst"], ratio)
-        elif r["verdict"] == "FAIL" and ratio is None:
-            row["worst"] = float("inf")
     return table
 
 
@@ -362,7 +380,7 @@ def detect(path):
     data = read_json(path)
     if not isinstance(data, dict):
         raise ValueError(f"{path}: neither `attn bench` nor `attn verify --json` output (not a JSON object)")
-    if data.get("schema") == "attn-verify-1":
+    if data.get("schema") in VERIFY_SCHEMAS:
         validate(path, data, "verify")
         return "verify", data
     if "benchmarks" in data:

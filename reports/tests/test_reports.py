@@ -331,12 +331,14 @@ class Report(unittest.TestCase):
                          list(range(1, len(measured) + 1)))
 
     def test_budget_histogram_draws_both_limits(self):
-        rows = [{"backend": "naive", "verdict": "PASS", "error_over_bound": 0.05, "error_over_baseline": 1.1},
-                {"backend": "mine", "verdict": "FAIL", "error_over_bound": 0.2, "error_over_baseline": 7.0},
-                {"backend": "mine", "verdict": "SKIP"}]
+        rows = [{"backend": "naive", "verdict": "PASS",
+                 "tensors": [{"name": "out", "error_over_bound": 0.05, "error_over_baseline": 1.1}]},
+                {"backend": "mine", "verdict": "FAIL",
+                 "tensors": [{"name": "dq", "error_over_bound": 0.2, "error_over_baseline": 7.0}]},
+                {"backend": "mine", "verdict": "SKIP", "tensors": []}]
         png = plots.verify_budget(results.VerifyResults(rows, {"error_over_bound": 1, "error_over_baseline": {"f16": 3, "f32": 4}}))
         self.assertEqual(png[:8], b"\x89PNG\r\n\x1a\n")
-        self.assertIsNone(plots.verify_budget([{"backend": "naive", "verdict": "SKIP"}]))
+        self.assertIsNone(plots.verify_budget([{"backend": "naive", "verdict": "SKIP", "tensors": []}]))
 
     def test_thread_scaling_appears_with_several_thread_counts(self):
         one = results.load_bench(data("bench_cpu.json"))
