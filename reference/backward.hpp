@@ -1,8 +1,10 @@
 // The truth of the backward pass: every gradient of attention in float64
-// (docs/format/v3.md), from the forward truth of reference/reference.hpp, with
-// the first-order error magnitudes the tolerance policy turns into bounds.
+// (docs/format/v3.md), from the forward truth of reference/reference.hpp.
+// It computes truth only; what an error model needs (verify/tolerance.hpp,
+// "Gradients") it reports as facts, row by row, to an observer.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -19,33 +21,42 @@ struct ReferenceGradients {
   std::vector<double> dsinks;  // [heads_q]; empty without sinks
 };
 
-// The precision of a plain implementation the error magnitudes describe: u
-// rounds inputs, P, dS and results to the case's dtype; u_acc is that of its
-// dot products and sums (float32 for the 16-bit types).
-struct GradientPrecision {
-  double u = 0, u_acc = 0;
-  double f_min = 0;  // the dtype's subnormal spacing: O rounded to the dtype may be off by that, absolutely
+// One visible key of a row, as the truth computes it.
+struct BackwardKey {
+  std::int64_t j = 0;           // its position within the row's entry
+  const double* k = nullptr;    // its row of K (head_dim values)
+  std::size_t k_at = 0, v_at = 0;  // where that row starts in CaseData::k and ::v (dK and dV index alike)
+  std::size_t bias_at = 0;      // its element of dbias, when the bias needs a gradient
+  double p = 0;                 // its weight exp(s - lse)
+  double abs_dp = 0;            // sum_d |dO_d V_jd|: what dP_j = dO . V_j is summed from
+  double gap = 0;               // dP_j - D
+  double ds = 0;                // dS_j = p (dP_j - D), the score's gradient
+  double tanh = 0;              // tanh of the scaled product over the softcap (0 without one)
 };
 
-// Per gradient element, the first-order error of a plain same-precision
-// backward (P recomputed from the scores, dP = dO V^T, D = rowsum(dO o O),
-// dS = P (dP - D), then the three products): roundings of every sum with
-// root-n growth, the score error moving P, the forward's error of O inside D,
-// and the cancellation in dP - D measured on |dP| + |D| rather than on the
-// difference. Same shapes as ReferenceGradients.
-struct GradientErrors {
-  std::vector<double> dq, dk, dv, dbias, dsinks;
-  // Per element, the sum of the |terms| summed into it, each dS term taken
-  // at P (|dP| + |D|), the size dP and D are rounded at before they cancel:
-  // what a plain implementation rounds at (the measured bound's floor).
-  ReferenceGradients magnitude;
+// One row (b, h, i) that sees at least one key. Valid during the call only.
+struct BackwardRow {
+  std::int64_t b = 0, h = 0, i = 0, row = 0;  // row: the flat index (b * heads_q + h) * seq_q + i
+  const double* q = nullptr;     // its query (head_dim)
+  const double* o = nullptr;     // its forward output (head_dim_v)
+  const double* dout = nullptr;  // its upstream gradient (head_dim_v)
+  double lse = 0;
+  double D = 0;                  // dO . O: the weighted mean of dP over the row's keys
+  double abs_delta = 0;          // sum_d |dO_d O_d|
+  double p_sink = 0;             // the sink's weight exp(sink - lse); 0 without sinks
+  const std::vector<BackwardKey>* keys = nullptr;  // its visible keys
 };
 
-// dout has the shape of out. `forward` and `stats` are reference_attention's
-// for the same data (with stats). Throws InputError for a paged case: the
-// format defines no backward through a page table.
+class BackwardObserver {
+ public:
+  virtual ~BackwardObserver() = default;
+  virtual void row(const BackwardRow& row) = 0;
+};
+
+// dout has the shape of out; `forward` is reference_attention's for the same
+// data. Each row with a visible key is reported to `observer` when given.
+// Throws InputError for a case whose backward the format does not define (backward_defined).
 ReferenceGradients reference_backward(const CaseData& data, const std::vector<double>& dout, const ReferenceResult& forward,
-                                      const ReferenceStats& stats, bool bias_gradient,
-                                      const GradientPrecision* precision = nullptr, GradientErrors* errors = nullptr);
+                                      bool bias_gradient, BackwardObserver* observer = nullptr);
 
 }  // namespace attn

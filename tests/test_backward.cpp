@@ -14,6 +14,7 @@
 #include "fixtures/suite.hpp"
 #include "reference/backward.hpp"
 #include "reference/reference.hpp"
+#include "verify/tolerance.hpp"
 
 using namespace attn;
 
@@ -81,7 +82,7 @@ void check_all(CaseData data, bool bias_gradient) {
   const std::vector<double> dout = upstream(data, data.q.size());
   ReferenceStats stats;
   const ReferenceResult fwd = reference_attention(data, &stats, 1);
-  const ReferenceGradients g = reference_backward(data, dout, fwd, stats, bias_gradient);
+  const ReferenceGradients g = reference_backward(data, dout, fwd, bias_gradient);
   int checked = 0;
   checked += finite_differences(data, data.q, g.dq, dout, "dq").elements;
   checked += finite_differences(data, data.k, g.dk, dout, "dk").elements;
@@ -137,7 +138,7 @@ TEST(Backward, HiddenKeysAndEmptyRowsReceiveExactlyNothing) {
   const std::vector<double> dout = upstream(data, 7);
   ReferenceStats stats;
   const ReferenceResult fwd = reference_attention(data, &stats, 1);
-  const ReferenceGradients g = reference_backward(data, dout, fwd, stats, false);
+  const ReferenceGradients g = reference_backward(data, dout, fwd, false);
   const Problem& p = data.problem;
   for (std::int64_t j = 3; j < p.seq_k; ++j) {  // beyond kv_len
     for (std::int64_t d = 0; d < p.head_dim; ++d) EXPECT_EQ(g.dk[static_cast<std::size_t>(j * p.head_dim + d)], 0.0) << j;
@@ -147,12 +148,12 @@ TEST(Backward, HiddenKeysAndEmptyRowsReceiveExactlyNothing) {
   CaseData empty = inputs("b/empty", "dtype=f64,b=1,hq=1,hkv=1,sq=4,sk=2,d=2,causal=bottom_right");
   const std::vector<double> dout2 = upstream(empty, 9);
   const ReferenceResult fwd2 = reference_attention(empty, &stats, 1);
-  const ReferenceGradients g2 = reference_backward(empty, dout2, fwd2, stats, false);
+  const ReferenceGradients g2 = reference_backward(empty, dout2, fwd2, false);
   for (std::size_t e = 0; e < 4; ++e) EXPECT_EQ(g2.dq[e], 0.0) << e;
   for (double x : g2.dq) EXPECT_TRUE(std::isfinite(x));
   CaseData none = inputs("b/none", "dtype=f64,b=1,hq=1,hkv=1,sq=2,sk=0,d=2");
   const ReferenceResult fwd3 = reference_attention(none, &stats, 1);
-  const ReferenceGradients g3 = reference_backward(none, upstream(none, 3), fwd3, stats, false);
+  const ReferenceGradients g3 = reference_backward(none, upstream(none, 3), fwd3, false);
   for (double x : g3.dq) EXPECT_EQ(x, 0.0);
 }
 
@@ -162,26 +163,35 @@ TEST(Backward, APagedCaseHasNone) {
   CaseData data = inputs("b/paged", "dtype=f64,b=1,hq=1,hkv=1,sq=1,sk=8,d=2,paged=4x3", r);
   ReferenceStats stats;
   const ReferenceResult fwd = reference_attention(data, &stats, 1);
-  EXPECT_THROW(reference_backward(data, upstream(data, 1), fwd, stats, false), InputError);
+  EXPECT_THROW(reference_backward(data, upstream(data, 1), fwd, false), InputError);
 }
 
-// The error magnitudes are finite, non-negative and grow with the precision's roundoff.
-TEST(Backward, ErrorMagnitudesScaleWithTheRoundoff) {
+// The gradients' bounds are finite, non-negative, grow with the dtype's
+// roundoff, and come with the truth unchanged.
+TEST(Backward, BoundsScaleWithTheRoundoff) {
   CaseData data = inputs("b/errors", "dtype=f64,b=1,hq=2,hkv=1,sq=5,sk=7,d=4,causal=bottom_right,sinks,softcap=3");
   const std::vector<double> dout = upstream(data, 5);
   ReferenceStats stats;
   const ReferenceResult fwd = reference_attention(data, &stats, 1);
-  GradientErrors f32, f16;
-  const GradientPrecision single{0x1p-24, 0x1p-24}, half{0x1p-11, 0x1p-24};
-  reference_backward(data, dout, fwd, stats, false, &single, &f32);
-  reference_backward(data, dout, fwd, stats, false, &half, &f16);
-  for (auto [a, b] : {std::pair{&f32.dq, &f16.dq}, std::pair{&f32.dk, &f16.dk}, std::pair{&f32.dv, &f16.dv},
-                      std::pair{&f32.dsinks, &f16.dsinks}}) {
-    ASSERT_EQ(a->size(), b->size());
-    ASSERT_FALSE(a->empty());
-    for (std::size_t e = 0; e < a->size(); ++e) {
-      EXPECT_TRUE(std::isfinite((*a)[e]) && (*a)[e] >= 0);
-      EXPECT_LE((*a)[e], (*b)[e]);
+  const ReferenceGradients truth = reference_backward(data, dout, fwd, false);
+  std::vector<GradientBounds> by_dtype;
+  for (DType dtype : {DType::f64, DType::f32, DType::f16}) {
+    data.problem.dtype = dtype;  // the same values, judged in a coarser precision
+    by_dtype.push_back(derive_gradient_bounds(data, dout, fwd, stats, false));
+    EXPECT_EQ(by_dtype.back().value.dq, truth.dq);
+    EXPECT_EQ(by_dtype.back().value.dsinks, truth.dsinks);
+  }
+  for (std::size_t n = 1; n < by_dtype.size(); ++n) {
+    const ReferenceGradients& finer = by_dtype[n - 1].bound;
+    const ReferenceGradients& coarser = by_dtype[n].bound;
+    for (auto [a, b] : {std::pair{&finer.dq, &coarser.dq}, std::pair{&finer.dk, &coarser.dk},
+                        std::pair{&finer.dv, &coarser.dv}, std::pair{&finer.dsinks, &coarser.dsinks}}) {
+      ASSERT_EQ(a->size(), b->size());
+      ASSERT_FALSE(a->empty());
+      for (std::size_t e = 0; e < a->size(); ++e) {
+        EXPECT_TRUE(std::isfinite((*a)[e]) && (*a)[e] > 0);
+        EXPECT_LT((*a)[e], (*b)[e]);
+      }
     }
   }
 }

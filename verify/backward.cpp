@@ -119,11 +119,6 @@ std::vector<TensorTruth> GradientTruth::tensors(const Problem& p) const {
 
 namespace {
 
-// The terms count the subnormal allowance is taken over.
-double summed_terms(const Problem& p) {
-  return static_cast<double>(std::max(p.seq_k, p.q_batch() * p.heads_q * p.seq_q));
-}
-
 std::string gradients_beyond(const Problem& p, const ReferenceGradients& truth) {
   const double largest = largest_finite(p.dtype);
   for (const GradientPart& part : gradient_parts(p)) {
@@ -141,19 +136,11 @@ std::string gradients_beyond(const Problem& p, const ReferenceGradients& truth) 
 
 BackwardTruth::BackwardTruth(const CaseData& data, const FixtureGradients& gradients, const ForwardTruth& forward)
     : data_(data), gradients_(gradients) {
-  const Problem& p = data.problem;
-  const GradientPrecision precision = gradient_precision(p.dtype);
-  GradientErrors errors;
-  truth_.value = reference_backward(data, gradients.dout, forward.truth, forward.stats, gradients.bias_requires_grad,
-                                    &precision, &errors);
-  const double terms = summed_terms(p);
-  truth_.bound.dq = gradient_bounds(p.dtype, errors.dq, terms);
-  truth_.bound.dk = gradient_bounds(p.dtype, errors.dk, terms);
-  truth_.bound.dv = gradient_bounds(p.dtype, errors.dv, terms);
-  truth_.bound.dbias = gradient_bounds(p.dtype, errors.dbias, terms);
-  truth_.bound.dsinks = gradient_bounds(p.dtype, errors.dsinks, terms);
-  truth_.magnitude = std::move(errors.magnitude);
-  beyond_ = gradients_beyond(p, truth_.value);
+  GradientBounds b = derive_gradient_bounds(data, gradients.dout, forward.truth, forward.stats, gradients.bias_requires_grad);
+  truth_.value = std::move(b.value);
+  truth_.bound = std::move(b.bound);
+  truth_.magnitude = std::move(b.magnitude);
+  beyond_ = gradients_beyond(data.problem, truth_.value);
 }
 
 const GradientTruth& BackwardTruth::measured_from(const std::vector<double>& out) {
@@ -182,7 +169,7 @@ const GradientTruth& BackwardTruth::measured_from(const std::vector<double>& out
       if (x.size() == want.size()) plain.push_back(x);
     }
     const std::vector<char> every(want.size(), 1);
-    MeasuredLimit m = measured_limit(p.dtype, want, plain, magnitude, 1, every, static_cast<std::int64_t>(summed_terms(p)));
+    MeasuredLimit m = measured_limit(p.dtype, want, plain, magnitude, 1, every, static_cast<std::int64_t>(gradient_terms(p)));
     if (!finite) m.baseline_max = m.baseline_rms = std::numeric_limits<double>::infinity();
     truth.measured.push_back(m);
   }

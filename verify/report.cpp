@@ -410,8 +410,8 @@ void write_junit(const VerifySummary& summary, const std::filesystem::path& path
   const std::string stamp = run.started.empty() ? "1970-01-01T00:00:00" : run.started;
   const std::string host = xml_escape(run.hostname.empty() ? "localhost" : run.hostname);
   std::string threads, layouts;
-  for (int t : run.threads) threads += (threads.empty() ? "" : ",") + (t == 0 ? std::string("default") : std::to_string(t));
-  for (const auto& l : run.layouts) layouts += (layouts.empty() ? "" : ",") + l;
+  for (int t : run.threads) threads += fmt::format("{}{}", threads.empty() ? "" : ",", t == 0 ? std::string("default") : std::to_string(t));
+  for (const auto& l : run.layouts) layouts += fmt::format("{}{}", layouts.empty() ? "" : ",", l);
   auto properties = [&](const std::string& description) {
     std::string text = "    <properties>\n";
     auto add = [&](const char* name, const std::string& value) {

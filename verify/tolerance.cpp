@@ -11,10 +11,6 @@ double accumulation_roundoff(DType dtype) {
   return dtype == DType::f64 ? unit_roundoff(DType::f64) : unit_roundoff(DType::f32);
 }
 
-namespace {
-// The spacing of the dtype's subnormals: rounding a tiny result to the output
-// type costs up to half of it, absolutely, which a relative term cannot cover;
-// the other half is for the accumulated error of a result that lands there.
 double underflow_floor(DType dtype) {
   switch (dtype) {
     case DType::f64: return std::ldexp(1.0, -1074);
@@ -24,6 +20,8 @@ double underflow_floor(DType dtype) {
   }
   return 0;
 }
+
+namespace {
 
 // The absolute error of one attention weight that underflows: computed in the
 // accumulation type and rounded to the dtype before P V, a weight below the
@@ -41,18 +39,6 @@ double weight_underflow(DType dtype) {
   return 0;
 }
 }  // namespace
-
-GradientPrecision gradient_precision(DType dtype) {
-  return {unit_roundoff(dtype), accumulation_roundoff(dtype), underflow_floor(dtype)};
-}
-
-std::vector<double> gradient_bounds(DType dtype, const std::vector<double>& errors, double terms) {
-  const double c = ToleranceConstants::safety_factor;
-  const double floor = underflow_floor(dtype) + subnormal_allowance(dtype, terms);
-  std::vector<double> bounds(errors.size());
-  for (std::size_t e = 0; e < errors.size(); ++e) bounds[e] = c * errors[e] + floor;
-  return bounds;
-}
 
 double subnormal_allowance(DType dtype, double n) {
   // Each of the row's products and sums may round a subnormal intermediate to

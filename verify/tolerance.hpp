@@ -152,13 +152,32 @@ std::vector<double> fixture_tolerance(const FixtureHeader& header, const std::ve
 // float64 for float64 cases, float32 for all the others.
 double accumulation_roundoff(DType dtype);
 
-// The a-priori bound of each gradient element (docs/verification/tolerance.md,
-// "Gradients"): C times the first-order error of a plain same-precision
-// backward that reference_backward measured (GradientErrors), plus the
-// absolute floors of subnormal results and intermediates over `terms` summed
-// terms. gradient_precision() is the precision those errors assume.
-GradientPrecision gradient_precision(DType dtype);
-std::vector<double> gradient_bounds(DType dtype, const std::vector<double>& errors, double terms);
+// The spacing of the dtype's subnormals: rounding a tiny result to the output
+// type costs up to half of it, absolutely, which a relative term cannot cover;
+// the other half is for the accumulated error of a result that lands there.
+double underflow_floor(DType dtype);
+
+// The gradients' a-priori bounds (docs/verification/tolerance.md,
+// "Gradients"; verify/tolerance_gradients.cpp), computed beside the truth
+// from the facts reference_backward reports row by row: per element, C times
+// the first-order error of a plain backward in the case's precision (P
+// recomputed from the scores, dP = dO V^T, D = rowsum(dO o O), dS = P (dP -
+// D), then the three products: roundings of every sum with root-n growth,
+// the score error moving P, the forward's error of O inside D, and the
+// cancellation in dP - D measured on |dP| + |D| rather than on the
+// difference), plus the absolute floors of subnormal results and
+// intermediates; and per element the magnitude a plain backward rounds at,
+// each dS term taken at P (|dP| + |D|) before dP and D cancel (what the
+// measured bound's floor is a unit roundoff of).
+struct GradientBounds {
+  ReferenceGradients value;      // the truth (reference_backward)
+  ReferenceGradients bound;      // the same shapes
+  ReferenceGradients magnitude;  // the same shapes
+};
+GradientBounds derive_gradient_bounds(const CaseData& data, const std::vector<double>& dout,
+                                      const ReferenceResult& forward, const ReferenceStats& stats, bool bias_gradient);
+// The number of terms the gradients' subnormal allowance is taken over.
+double gradient_terms(const Problem& problem);
 
 // The a-priori bounds, from the truth's out and lse and its statistics.
 Bounds derive_bounds(const Problem& problem, const std::vector<double>& truth_out,
