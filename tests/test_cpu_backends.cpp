@@ -16,6 +16,7 @@
 #include "fixtures/fixture.hpp"
 #include "impls/cpu_kernels/kernels.hpp"
 #include "impls/cpu_kernels/tiling.hpp"
+#include "verify/backward.hpp"
 #include "verify/run_case.hpp"
 #include "verify/verifier.hpp"
 
@@ -39,6 +40,44 @@ TEST(CpuBackends, StreamingIsBitwiseReproducibleAtAFixedThreadCount) {
         ASSERT_EQ(std::memcmp(first.out.data(), next.out.data(), first.out.size() * sizeof(double)), 0) << name;
         ASSERT_EQ(*first.lse, *next.lse) << name;
       }
+    }
+  }
+}
+
+// openblas's results are the same bits at every thread count, forward and
+// backward, in float32 (nothing rounds them to 16 bits afterwards): OpenBLAS
+// splits a GEMM by its thread count and gives other bits for other splits,
+// so the backend calls it on one thread over blocks fixed by the problem.
+// Cases with several row blocks and (query head, row block) items per kv
+// head, so that the backward's dK and dV are summed over several chunks.
+TEST(CpuBackends, OpenblasGivesTheSameBitsAtEveryThreadCount) {
+  auto backends = make_backends(std::vector<std::string>{"openblas"});
+  for (const char* shape : {"dtype=f32,b=1,hq=4,hkv=2,sq=600,sk=700,d=64",
+                            "dtype=f32,b=2,hq=2,hkv=1,sq=300,sk=300,d=32,dv=48,causal=bottom_right,wl=100,sinks",
+                            "dtype=f32,b=1,hq=8,hkv=1,sq=520,sk=1030,d=40,softcap=20"}) {
+    SCOPED_TRACE(shape);
+    CaseData data;
+    data.problem = Problem::parse(shape);
+    const Problem& p = data.problem;
+    std::mt19937 gen(7);
+    std::normal_distribution<double> normal;
+    for (auto [v, n] : {std::pair{&data.q, p.q_elements()}, {&data.k, p.k_elements()}, {&data.v, p.v_elements()}}) {
+      for (std::int64_t e = 0; e < n; ++e) v->push_back(round_to_dtype(normal(gen), p.dtype));
+    }
+    if (p.sinks) data.sinks.assign(static_cast<std::size_t>(p.heads_q), 0.5);
+    std::vector<double> dout(static_cast<std::size_t>(p.out_elements()));
+    for (double& x : dout) x = round_to_dtype(normal(gen), p.dtype);
+    const BackendRun forward = run_backend(*backends[0], data, {1});
+    const BackwardRun backward = run_backward(*backends[0], data, dout, false, {1});
+    for (int threads : {2, 8}) {
+      const BackendRun f = run_backend(*backends[0], data, {threads});
+      EXPECT_EQ(std::memcmp(f.out.data(), forward.out.data(), f.out.size() * sizeof(double)), 0) << threads;
+      EXPECT_EQ(*f.lse, *forward.lse) << threads;
+      const BackwardRun b = run_backward(*backends[0], data, dout, false, {threads});
+      EXPECT_EQ(b.got.dq, backward.got.dq) << threads;
+      EXPECT_EQ(b.got.dk, backward.got.dk) << threads;
+      EXPECT_EQ(b.got.dv, backward.got.dv) << threads;
+      EXPECT_EQ(b.got.dsinks, backward.got.dsinks) << threads;
     }
   }
 }
