@@ -191,8 +191,11 @@ class PluginBackend final : public Backend {
   std::string_view description() const override { return description_; }
   // Read from the declaration (version 1: every dtype, no version 2 addition).
   Capabilities capabilities() const override {
-    return {dtypes_of(b_->dtypes), features_of(b_->features), b_->has_lse != 0, b_->prepare_backward != nullptr,
-            b_->nondeterministic_dq != 0};
+    return {.dtypes = dtypes_of(b_->dtypes),
+            .features = features_of(b_->features),
+            .lse = b_->has_lse != 0,
+            .backward = b_->prepare_backward != nullptr,
+            .nondeterministic_dq = b_->nondeterministic_dq != 0};
   }
   Status available() const override {
     if (b_->available == nullptr) return Status::yes();

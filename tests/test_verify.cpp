@@ -68,7 +68,7 @@ class Saboteur final : public Backend {
   explicit Saboteur(Mode mode) : mode_(mode) {}
   std::string_view name() const override { return "saboteur"; }
   std::string_view description() const override { return "test double"; }
-  Capabilities capabilities() const override { return {kAllDTypes, kAllFeatures, true}; }
+  Capabilities capabilities() const override { return {.dtypes = kAllDTypes, .features = kAllFeatures, .lse = true}; }
   Status available() const override { return mode_ == Mode::unavailable ? Status::no("no such device here") : Status::yes(); }
   Status supports(const Problem&) const override {
     return mode_ == Mode::unsupported ? Status::no("only handles sunny days") : Status::yes();

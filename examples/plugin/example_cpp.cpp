@@ -187,8 +187,10 @@ class ExampleBackend final : public attn::Backend {
   // Not float64: its results pass through float. Two format version 2
   // additions (sliding windows, softcap), and lse.
   attn::Capabilities capabilities() const override {
-    return {attn::dtype_bit(attn::DType::f32) | attn::dtype_bit(attn::DType::f16) | attn::dtype_bit(attn::DType::bf16),
-            attn::kFeatureWindow | attn::kFeatureSoftcap, true, /*backward=*/true};
+    return {.dtypes = attn::dtype_bit(attn::DType::f32) | attn::dtype_bit(attn::DType::f16) | attn::dtype_bit(attn::DType::bf16),
+            .features = attn::kFeatureWindow | attn::kFeatureSoftcap,
+            .lse = true,
+            .backward = true};
   }
   attn::Status supports(const attn::Problem&) const override { return attn::Status::yes(); }
   std::unique_ptr<attn::Plan> prepare(const attn::Problem& p, const attn::AttentionIO& io,

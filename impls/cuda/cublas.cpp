@@ -93,7 +93,7 @@ class CublasBackend final : public Backend {
   }
   // Not float64: the GEMMs run in float32 or 16-bit types. No version 2
   // addition: not extended without a device to test it on.
-  Capabilities capabilities() const override { return {dtype_bit(DType::f32) | dtype_bit(DType::f16) | dtype_bit(DType::bf16), 0, true}; }
+  Capabilities capabilities() const override { return {.dtypes = dtype_bit(DType::f32) | dtype_bit(DType::f16) | dtype_bit(DType::bf16), .lse = true}; }
   Status available() const override { return cuda::device_status(); }
   Status supports(const Problem&) const override { return Status::yes(); }
   std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions&) const override {

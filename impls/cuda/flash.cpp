@@ -60,7 +60,7 @@ class FlashBackend final : public Backend {
   }
   // Not float64: the kernel accumulates in float32. No version 2 addition:
   // the kernels were not extended without a device to test them on.
-  Capabilities capabilities() const override { return {dtype_bit(DType::f32) | dtype_bit(DType::f16) | dtype_bit(DType::bf16), 0, true}; }
+  Capabilities capabilities() const override { return {.dtypes = dtype_bit(DType::f32) | dtype_bit(DType::f16) | dtype_bit(DType::bf16), .lse = true}; }
   Status available() const override { return cuda::device_status(); }
   Status supports(const Problem& p) const override {
     if (p.head_dim > cuda::kFlashMaxDim || p.head_dim_v > cuda::kFlashMaxDim) {

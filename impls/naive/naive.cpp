@@ -172,7 +172,9 @@ class NaiveBackend final : public Backend {
   std::string_view description() const override {
     return "textbook attention: materialised scores, max-subtracted softmax, P V; float32 scores, float64 sums";
   }
-  Capabilities capabilities() const override { return {kAllDTypes, kAllFeatures, true, true}; }
+  Capabilities capabilities() const override {
+    return {.dtypes = kAllDTypes, .features = kAllFeatures, .lse = true, .backward = true};
+  }
   Status supports(const Problem&) const override { return Status::yes(); }
   std::unique_ptr<Plan> prepare(const Problem& problem, const AttentionIO& io, const RunOptions&) const override {
     if (problem.dtype != DType::f64) require_float32_scores(problem, io);  // its scores are float32 then

@@ -470,7 +470,7 @@ class OneDnnBackend final : public Backend {
   Capabilities capabilities() const override {
     unsigned dtypes = dtype_bit(DType::f32) | dtype_bit(DType::f16);
     if (bf16_refusal_.empty()) dtypes |= dtype_bit(DType::bf16);
-    return {dtypes, kFeatureWindow | kFeatureSoftcap | kFeatureAlibi | kFeatureRagged, false, true};
+    return {.dtypes = dtypes, .features = kFeatureWindow | kFeatureSoftcap | kFeatureAlibi | kFeatureRagged, .backward = true};
   }
   Status supports(const Problem&) const override { return Status::yes(); }
   std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& options) const override {

@@ -414,7 +414,10 @@ class OpenBlasBackend final : public Backend {
   // float32). Not paged KV: sgemm needs each head's K and V contiguous, and
   // gathering the pages on every call is not what a paged kernel does.
   Capabilities capabilities() const override {
-    return {dtype_bit(DType::f32) | dtype_bit(DType::f16) | dtype_bit(DType::bf16), kFeatureWindow | kFeatureSoftcap | kFeatureAlibi | kFeatureSinks | kFeatureRagged, true, true};
+    return {.dtypes = dtype_bit(DType::f32) | dtype_bit(DType::f16) | dtype_bit(DType::bf16),
+            .features = kFeatureWindow | kFeatureSoftcap | kFeatureAlibi | kFeatureSinks | kFeatureRagged,
+            .lse = true,
+            .backward = true};
   }
   Status supports(const Problem&) const override { return Status::yes(); }
   std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& options) const override {

@@ -53,7 +53,7 @@ import warnings
 import numpy as np
 
 # The Python backend contract's own file (impls/python/backends/attn_common.py, linked here).
-from ._contract import bf16_to_f32 as _bf16_to_f32, f32_to_bf16 as _f32_to_bf16
+from ._contract import bf16_to_f32 as _bf16_to_f32, f32_to_bf16 as _f32_to_bf16, torch_gradients as _torch_gradients
 
 __all__ = ["Kernel", "kernel"]
 
@@ -496,18 +496,17 @@ class Kernel:
                 bias_leaf.requires_grad_(True)
         inputs = leaves + ([bias_leaf] if wants_dbias else [])
 
+        def forward(*xs):
+            args = dict(kw)
+            if bias_leaf is not None:
+                args["bias"] = (xs[3] if wants_dbias else bias_leaf).expand(shape)
+            out, _ = self._split(fn(*xs[:3], **args))
+            return out
+
         def run():
-            with torch.enable_grad():
-                args = dict(kw)
-                if bias_leaf is not None:
-                    args["bias"] = bias_leaf.expand(shape)  # autograd sums over the broadcast axes
-                out, _ = self._split(fn(*leaves, **args))
-                if not isinstance(out, torch.Tensor) or not out.requires_grad:
-                    raise TypeError(f"{name}'s output does not depend on q, k, v through autograd "
-                                    "(pass backward=a function, or backward=None)")
-                grads = torch.autograd.grad(out, inputs, grad_outputs=dout, allow_unused=True)
-            # An input the output does not use has a gradient of 0.
-            self._store_gradients(dtype, io, [torch.zeros_like(x) if g is None else g for g, x in zip(grads, inputs)])
+            grads = _torch_gradients(torch, forward, inputs, dout, name,
+                                     " (pass backward=a function, or backward=None)")
+            self._store_gradients(dtype, io, grads)
 
         return run
 

@@ -170,7 +170,7 @@ class FlashMutant final : public Backend {
   std::string_view name() const override { return name_; }
   std::string_view description() const override { return "test-only flash-style backend with a planted flaw"; }
   Capabilities capabilities() const override {
-    return {dtype_bit(DType::f32) | dtype_bit(DType::f16) | dtype_bit(DType::bf16), 0, false};
+    return {.dtypes = dtype_bit(DType::f32) | dtype_bit(DType::f16) | dtype_bit(DType::bf16)};
   }
   Status supports(const Problem&) const override { return Status::yes(); }
   std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions&) const override {

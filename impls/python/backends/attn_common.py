@@ -185,3 +185,16 @@ def layer_shape_reason(problem, model_dim, framework):
 
 def zeros_if_none(x, width):
     return np.zeros(width) if x is None else x
+
+
+def torch_gradients(torch, forward, leaves, dout, name, hint=""):
+    """The one torch autograd path (py-torch's backward and attnbench.Kernel's): the gradient of
+    sum(dout * forward(*leaves)) with respect to each leaf, a zero tensor for a leaf the output
+    does not use. `forward` runs under enable_grad; a bias leaf it expands to the full shape has
+    its gradient summed over the broadcast axes by autograd, as frameworks do."""
+    with torch.enable_grad():
+        out = forward(*leaves)
+        if not isinstance(out, torch.Tensor) or not out.requires_grad:
+            raise TypeError(f"{name}'s output does not depend on q, k, v through autograd{hint}")
+        grads = torch.autograd.grad(out, leaves, grad_outputs=dout, allow_unused=True)
+    return [torch.zeros_like(x) if g is None else g for g, x in zip(grads, leaves)]

@@ -163,14 +163,16 @@ def prepare_backward(problem, io, threads):
     sdpa = torch.nn.functional.scaled_dot_product_attention
     shape = (problem.batch, problem.heads_q, problem.seq_q, problem.seq_k)
 
+    def forward(*leaves):
+        args = dict(kwargs)
+        if attend is not None:  # in the graph: autograd sums dbias over the expanded axes
+            args["attn_mask"] = _attn_mask(torch, attend, None if bias is None else bias.expand(shape))
+        return sdpa(q, k, v, **args)
+
     def run():
-        with torch.enable_grad(), warnings.catch_warnings():
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            args = dict(kwargs)
-            if attend is not None:  # in the graph: autograd sums dbias over the expanded axes
-                args["attn_mask"] = _attn_mask(torch, attend, None if bias is None else bias.expand(shape))
-            out = sdpa(q, k, v, **args)
-            grads = torch.autograd.grad(out, inputs, grad_outputs=dout)
+            grads = ac.torch_gradients(torch, forward, inputs, dout, NAME)
         for view, g in zip((io.dq, io.dk, io.dv, io.dbias), grads):
             ac.store(problem, view, g.detach().to(torch.float32 if problem.dtype == "bfloat16" else g.dtype).numpy())
 
