@@ -1,6 +1,7 @@
 # Thin wrapper: dependencies, configure, build, then the real work in CMake/ctest.
 #   make verify    every backend against fixtures/golden (exit non-zero on any failure)
-#   make test      the full test suite through ctest, then the ten slowest tests
+#   make test      every test through ctest but the `full` tier, then the ten slowest tests
+#   make test-full every test, the `full` tier too (the whole of what `make test` samples)
 #   make test-fast the tests labelled fast (ctest -L fast): the quick loop
 #   make docs      the documentation site (MkDocs, --strict) into build/site
 #   make asan      the tests again under AddressSanitizer + UndefinedBehaviorSanitizer
@@ -15,7 +16,7 @@ export OPENBLAS_CORETYPE ?= Haswell
 # mutant tests (tests/mutants) read this line.
 VERIFY_ARGS ?= --threads 1,8 --layout bhsd,bshd
 
-.PHONY: all deps configure build verify test test-fast docs asan coverage fuzz-targets fuzz-short fixtures clean
+.PHONY: all deps configure build verify test test-full test-fast docs asan coverage fuzz-targets fuzz-short fixtures clean
 
 all: build
 
@@ -31,9 +32,13 @@ build: configure
 verify: build
 	$(BUILD)/bin/attn verify $(VERIFY_ARGS) --quiet --json $(BUILD)/verify.json --junit $(BUILD)/verify.xml
 
-# Every test carries a cost label (fast or slow); scripts/test-report prints
-# the ten slowest and fails when a test has none.
+# Every test carries a cost label (fast, slow or full); scripts/test-report
+# prints the ten slowest and fails when a test has none.
 test: build
+	@ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) -LE full --output-junit ctest.xml; status=$$?; \
+	  scripts/test-report $(BUILD) || status=1; exit $$status
+
+test-full: build
 	@ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) --output-junit ctest.xml; status=$$?; \
 	  scripts/test-report $(BUILD) || status=1; exit $$status
 

@@ -19,6 +19,7 @@ std::string describe_capabilities(const Capabilities& c) {
   text += c.features ? fmt::format("; {}", feature_names(c.features)) : std::string("; no version 2 addition");
   text += c.lse ? "; lse" : "; no lse";
   if (c.backward) text += "; backward";
+  if (!c.uses_threads) text += "; single-threaded";
   return text;
 }
 

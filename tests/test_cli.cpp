@@ -105,9 +105,9 @@ TEST_F(Cli, AFailureExitsOneWithAReproduceCommand) {
   EXPECT_NE(xml.find("reproduce: "), std::string::npos) << xml;
   EXPECT_NE(xml.find(" verify " + fs::absolute(wrong).string() + " --backend naive"), std::string::npos) << xml;
   // Several thread counts and layouts: each failure's command reproduces its own run.
-  CliRun matrix = run_attn("verify " + wrong.string() + " --backend naive --threads 1,8 --layout bhsd,bshd");
+  CliRun matrix = run_attn("verify " + wrong.string() + " --backend blocked --threads 1,8 --layout bhsd,bshd");
   EXPECT_EQ(matrix.code, 1) << matrix.output;
-  EXPECT_NE(matrix.output.find(fs::absolute(wrong).string() + " --backend naive --threads 8 --layout bshd"),
+  EXPECT_NE(matrix.output.find(fs::absolute(wrong).string() + " --backend blocked --threads 8 --layout bshd"),
             std::string::npos) << matrix.output;
   EXPECT_NE(matrix.output.find("--threads 1 --layout bhsd"), std::string::npos) << matrix.output;
   EXPECT_NE(r.output.find("FAIL"), std::string::npos);

@@ -150,6 +150,14 @@ std::string loose_tolerance_warning(const FixtureHeader& header, const std::vect
                      header.atol.value_or(0.0), header.rtol.value_or(0.0), *worst, 100.0 * *worst / scale, scale);
 }
 
+// A backend whose computation the thread count does not reach runs the same at
+// every count: judged at the first one asked for, and said so at the others.
+std::string judged_elsewhere(const Backend& backend, const RunConfig& config, const std::vector<RunConfig>& configs) {
+  if (backend.capabilities().uses_threads || config.threads == configs.front().threads) return {};
+  return fmt::format("the thread count does not reach it (it declares no use of threads): judged at {} threads",
+                     configs.front().threads);
+}
+
 // A verdict reached before anything ran.
 Comparison skipped(std::string reason) {
   Comparison c;
@@ -285,7 +293,8 @@ void verify_layer(const std::filesystem::path& file, const BackendRefs& backends
                                        config, warning, Direction::forward);
       const auto start = std::chrono::steady_clock::now();
       const RecordedOutputs* recorded = recorded_outputs_of(backend);
-      outcome.comparison = !support[b].ok ? skipped(support[b].reason) : judged([&] {
+      const std::string elsewhere = judged_elsewhere(backend, config, configs);
+      outcome.comparison = !support[b].ok ? skipped(support[b].reason) : !elsewhere.empty() ? skipped(elsewhere) : judged([&] {
         LayerRun run;
         if (recorded) {
           std::optional<RecordedOutput> r = recorded->read(fixture.header.name, "y", {problem.batch, problem.seq_q, model_dim});
@@ -367,6 +376,8 @@ void verify_sdpa(const Fixture& fixture, const BackendRefs& backends, const Veri
         const auto start = std::chrono::steady_clock::now();
         if (!support[b].ok) {
           outcome.comparison = skipped(support[b].reason);
+        } else if (const std::string elsewhere = judged_elsewhere(backend, config, configs); !elsewhere.empty()) {
+          outcome.comparison = skipped(elsewhere);
         } else if (direction == Direction::forward) {
           outcome.comparison = recorded ? recorded_forward(*recorded, fixture, forward) : judged([&] {
             return judge_forward(forward, run_forward(backend, data, probe, run_options));

@@ -173,7 +173,7 @@ class NaiveBackend final : public Backend {
     return "textbook attention: materialised scores, max-subtracted softmax, P V; float32 scores, float64 sums";
   }
   Capabilities capabilities() const override {
-    return {.dtypes = kAllDTypes, .features = kAllFeatures, .lse = true, .backward = true};
+    return {.dtypes = kAllDTypes, .features = kAllFeatures, .lse = true, .backward = true, .uses_threads = false};
   }
   Status supports(const Problem&) const override { return Status::yes(); }
   std::unique_ptr<Plan> prepare(const Problem& problem, const AttentionIO& io, const RunOptions&) const override {

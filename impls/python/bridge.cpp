@@ -384,6 +384,7 @@ class PythonBackend final : public Backend, private BackendExtensions {
     has_lse_ = py::hasattr(module, "HAS_LSE") && py::bool_(module.attr("HAS_LSE"));
     has_backward_ = py::hasattr(module, "prepare_backward");
     nondeterministic_dq_ = py::hasattr(module, "NONDETERMINISTIC_DQ") && py::bool_(module.attr("NONDETERMINISTIC_DQ"));
+    uses_threads_ = !py::hasattr(module, "USES_THREADS") || py::bool_(module.attr("USES_THREADS"));
     if (py::hasattr(module, "THREAD_DEPENDENT_GRADIENTS")) {
       thread_dependent_ = py::str(module.attr("THREAD_DEPENDENT_GRADIENTS"));
     }
@@ -395,7 +396,11 @@ class PythonBackend final : public Backend, private BackendExtensions {
   std::string_view description() const override { return description_; }
   // No format version 2 addition: the bridge passes none of their fields.
   Capabilities capabilities() const override {
-    return {.dtypes = dtypes_, .lse = has_lse_, .backward = has_backward_, .nondeterministic_dq = nondeterministic_dq_};
+    return {.dtypes = dtypes_,
+            .lse = has_lse_,
+            .backward = has_backward_,
+            .nondeterministic_dq = nondeterministic_dq_,
+            .uses_threads = uses_threads_};
   }
   const BackendExtensions* extensions() const override { return this; }
   std::string thread_dependent_gradients() const override { return thread_dependent_; }
@@ -566,6 +571,7 @@ class PythonBackend final : public Backend, private BackendExtensions {
   bool has_lse_ = false;
   bool has_backward_ = false;
   bool nondeterministic_dq_ = false;
+  bool uses_threads_ = true;
   std::string thread_dependent_;
   bool runs_layers_ = false;
   std::unique_ptr<py::object> module_;

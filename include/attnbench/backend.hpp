@@ -96,6 +96,10 @@ struct Capabilities {
   // failed. dK, dV, dbias and dsinks must be bitwise identical between runs
   // and thread counts whatever it declares.
   bool nondeterministic_dq = false;
+  // RunOptions::threads changes how it computes. A backend that ignores it
+  // (single-threaded code) runs the same at every count: the verifier judges
+  // it at the first thread count asked for and says so at the others.
+  bool uses_threads = true;
 };
 // "float32, float16, bfloat16; window, softcap; lse; backward"
 std::string describe_capabilities(const Capabilities& capabilities);

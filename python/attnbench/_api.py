@@ -148,10 +148,37 @@ class Result:
         """The tensor with the largest error/bound (a null one is not finite: the largest)."""
         return max(self.tensors, key=_bound_use, default=None)
 
+    def _max(self, name):
+        values = [v for v in (_figure_of(t, name) for t in self.tensors) if v is not None]
+        return max(values) if values else None
+
+    # The largest of each figure over the run's tensors (each tensor's own are in `tensors`).
+    max_abs_error = property(lambda self: self._max("max_abs_error"))
+    rms_error = property(lambda self: self._max("rms_error"))
+    error_over_bound = property(lambda self: self._max("error_over_bound"))
+    error_over_baseline = property(lambda self: self._max("error_over_baseline"))
+
+    @property
+    def worst_tensor(self):
+        """The name of the tensor with the largest error/bound, or None."""
+        return None if self.worst is None else self.worst["name"]
+
+    @property
+    def worst_index(self):
+        """[b, h, i, d] of that tensor's worst element, in its own shape, or None."""
+        return None if self.worst is None else self.worst.get("worst_index")
+
+
+def _figure_of(tensor, name):
+    """A tensor's figure; null is not finite (inf), except error_over_baseline (not measured: None)."""
+    value = tensor.get(name)
+    if value is None and name != "error_over_baseline":
+        return float("inf")
+    return value
+
 
 def _bound_use(tensor):
-    ratio = tensor.get("error_over_bound")
-    return float("inf") if ratio is None else ratio
+    return _figure_of(tensor, "error_over_bound")
 
 
 def _order():
@@ -216,7 +243,7 @@ class Verdict:
 
     def _max(self, name):
         """The largest of a figure over every tensor of every run that was judged."""
-        values = [t.get(name) for r in self._judged() for t in r.tensors if t.get(name) is not None]
+        values = [v for v in (r._max(name) for r in self._judged()) if v is not None]
         return max(values) if values else None
 
     @property
@@ -238,11 +265,16 @@ class Verdict:
         return self._max("error_over_baseline")
 
     @property
-    def worst_index(self):
-        """Where the deciding run's worst tensor is worst: (tensor name, [b, h, i, d]), or None."""
+    def worst_tensor(self):
+        """The deciding run's tensor with the largest error/bound (out, lse, probe, y, dq, ...)."""
         r = self._worst_result()
-        w = None if r is None else r.worst
-        return None if w is None or w.get("worst_index") is None else (w["name"], w["worst_index"])
+        return None if r is None else r.worst_tensor
+
+    @property
+    def worst_index(self):
+        """[b, h, i, d] of that tensor's worst element, in its own shape, or None."""
+        r = self._worst_result()
+        return None if r is None else r.worst_index
 
     @property
     def reproduce(self):

@@ -288,6 +288,8 @@ class Kernel:
             declared.discard("gqa")
         self.features = frozenset(declared)
         self.HAS_LSE = bool(lse)
+        # A function without `threads` is never told the count: the same run at every one.
+        self.USES_THREADS = "threads" in self.keywords
         if backward == "default":
             backward = "autograd" if framework in ("torch", "jax") else None
         if backward == "autograd" and framework == "numpy":

@@ -133,8 +133,19 @@ def test_a_correct_kernel_passes_the_smoke_tier_in_both_layouts():
     assert report.ok, report.report()
     counts = report.counts()
     assert counts.get("PASS", 0) >= 12 and "FAIL" not in counts
+    # `plain` takes no `threads`: the count never reaches it, so it is judged at the first one only.
     assert {(r.layout, r.threads) for v in report.verdicts for r in v.results if r.verdict == "PASS"} == \
-        {("bhsd", 1), ("bhsd", 2), ("bshd", 1), ("bshd", 2)}
+        {("bhsd", 1), ("bshd", 1)}
+    at_two = [r for v in report.verdicts for r in v.results if r.threads == 2]
+    assert at_two and all(r.verdict == "SKIP" for r in at_two)
+    assert sum("judged at 1 threads" in r.reason for r in at_two) >= 12
+    # A kernel that takes `threads` is judged at every count.
+    def threaded(q, k, v, *, scale, causal, threads):
+        return plain(q, k, v, scale=scale, causal=causal, mask=None, bias=None, kv_len=None)
+
+    threaded = attnbench.kernel(threaded, causal="both", dtypes=("float32",))
+    both = attnbench.verify(threaded, tier="smoke", threads=[1, 2])
+    assert {r.threads for v in both.verdicts for r in v.results if r.verdict == "PASS"} == {1, 2}
 
 
 def test_bshd_kernels_get_and_return_seq_major_arrays():
@@ -182,8 +193,9 @@ def test_a_wrong_kernel_fails_with_figures_and_a_reproduce_line():
     v = attnbench.check(dropped_tail, c)
     assert v.verdict == "FAIL" and not v.ok
     assert v.max_abs_error > 1e-3 and v.error_over_bound > 1
-    tensor, where = v.worst_index
-    assert tensor == "out" and len(where) == 4
+    assert v.worst_tensor == "out" and len(v.worst_index) == 4
+    worst = v.results[0].worst
+    assert worst["name"] == "out" and worst["worst_index"] == v.worst_index and worst["error_over_bound"] > 1
     assert "attnbench.check(dropped_tail" in v.reproduce and c.path in v.reproduce
     text = v.report()
     assert "FAIL" in text and "reproduce:" in text and c.problem.text in text

@@ -22,6 +22,8 @@ BACKEND, one object that has them as attributes (an attnbench.kernel from the Py
                                          thread counts (reported, not failed; dK and dV may not)
     THREAD_DEPENDENT_GRADIENTS = "why"   optional: its gradients differ between thread counts
                                          (never between two runs at one count): DIFFERS, not FAIL
+    USES_THREADS = True                  optional; False when `threads` changes nothing it computes
+                                         (judged at the first thread count only)
 
 `problem` has batch, heads_q, heads_kv, seq_q, seq_k, head_dim, head_dim_v, scale,
 causal ("none", "top_left", "bottom_right"), dtype ("float64", "float32", "float16",

@@ -27,6 +27,9 @@ NAME = "py-numpy"
 DESCRIPTION = "NumPy, the design document's textbook scaled_dot_product_attention (masked_fill -1e9, max-subtracted softmax)"
 # Every dtype, computed in float64 as the document runs it; masks, causal, kv_len and GQA as a
 # mask and repeated heads; the scale is always 1/sqrt(d) and there is no bias (supports() says so).
+# `threads` reaches nothing here (NumPy's own BLAS threads do not change a float64 result rounded
+# to the dtype's): the same run at every thread count.
+USES_THREADS = False
 
 
 def available():
