@@ -12,16 +12,6 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-Dims4 coords_of(const Dims4& shape, std::size_t e) {
-  Dims4 c{};
-  for (int axis = 3; axis >= 0; --axis) {
-    const auto extent = static_cast<std::size_t>(std::max<std::int64_t>(shape[static_cast<std::size_t>(axis)], 1));
-    c[static_cast<std::size_t>(axis)] = static_cast<std::int64_t>(e % extent);
-    e /= extent;
-  }
-  return c;
-}
-
 std::string at_text(const Dims4& c) { return fmt::format("[{}]", fmt::join(c, ",")); }
 
 bool is_16bit(DType dtype) { return dtype == DType::f16 || dtype == DType::bf16; }
@@ -64,7 +54,7 @@ void score_fixture_rule(const TensorTruth& t, const std::vector<double>& got, co
   s.fixture_ratio = worst;
   if (worst > 1.0) {
     s.failures.push_back(fmt::format("{}{} is outside the fixture's own atol/rtol: got {:.6g}, its stored value {:.6g}",
-                                     what, at_text(coords_of(t.shape, at)), got[at], (*t.fixture_values)[at]));
+                                     what, at_text(element_coordinates(t.shape, at)), got[at], (*t.fixture_values)[at]));
   }
 }
 
@@ -110,7 +100,7 @@ TensorScore score_tensor(const TensorTruth& t, const std::vector<double>& got) {
       ++(std::isnan(x) ? s.nan_elements : s.infinite_elements);
       if (row != last_nonfinite_row) ++s.nonfinite_rows;
       last_nonfinite_row = row;
-      if (s.nonfinite_at.size() < 8) s.nonfinite_at.push_back(coords_of(t.shape, e));
+      if (s.nonfinite_at.size() < 8) s.nonfinite_at.push_back(element_coordinates(t.shape, e));
       if (first_nonfinite.empty()) first_nonfinite = fmt::format(", where the truth is {:.6g}", truth);
     } else if (std::isfinite(x) && std::isfinite(truth)) {
       const double error = std::fabs(x - truth);
@@ -118,14 +108,14 @@ TensorScore score_tensor(const TensorTruth& t, const std::vector<double>& got) {
       if (truth != 0.0) s.max_rel_error = std::max(s.max_rel_error, error / std::fabs(truth));
       dot += x * truth, got_squares += x * x, truth_squares += truth * truth;
     }
-    if (!why.empty() && first_failure.empty()) first_failure = fmt::format("{}{} {}", what, at_text(coords_of(t.shape, e)), why);
+    if (!why.empty() && first_failure.empty()) first_failure = fmt::format("{}{} {}", what, at_text(element_coordinates(t.shape, e)), why);
     if (ratio > s.worst_ratio || s.worst_index < 0) {
       s.worst_ratio = ratio;
       s.worst_index = static_cast<std::int64_t>(e);
       s.got_at_worst = x, s.truth_at_worst = truth, s.bound_at_worst = bound;
     }
   }
-  if (s.worst_index >= 0) s.worst_at = coords_of(t.shape, static_cast<std::size_t>(s.worst_index));
+  if (s.worst_index >= 0) s.worst_at = element_coordinates(t.shape, static_cast<std::size_t>(s.worst_index));
   s.informative_fraction = value.empty() ? 0.0 : static_cast<double>(informative) / static_cast<double>(value.size());
   const std::int64_t nonfinite = s.nan_elements + s.infinite_elements;
   if (nonfinite > 0) {
@@ -161,6 +151,16 @@ TensorScore score_tensor(const TensorTruth& t, const std::vector<double>& got) {
   }
   score_fixture_rule(t, got, what, s);
   return s;
+}
+
+Dims4 element_coordinates(const Dims4& shape, std::size_t e) {
+  Dims4 c{};
+  for (int axis = 3; axis >= 0; --axis) {
+    const auto extent = static_cast<std::size_t>(std::max<std::int64_t>(shape[static_cast<std::size_t>(axis)], 1));
+    c[static_cast<std::size_t>(axis)] = static_cast<std::int64_t>(e % extent);
+    e /= extent;
+  }
+  return c;
 }
 
 BiasTest least_biased(const std::vector<double>& truth, const std::vector<double>& got,

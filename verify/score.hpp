@@ -94,6 +94,9 @@ struct TensorScore {
 
 TensorScore score_tensor(const TensorTruth& truth, const std::vector<double>& got);
 
+// The coordinates of a flat row-major index in `shape` (extents of 0 count as 1).
+Dims4 element_coordinates(const Dims4& shape, std::size_t flat);
+
 // The bias test against each baseline; the least biased result (biased only
 // when biased against all).
 BiasTest least_biased(const std::vector<double>& truth, const std::vector<double>& got,

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <map>
 #include <set>
 
 #include "attnbench/error.hpp"
@@ -102,13 +101,7 @@ bool anyone_runs(const BackendRefs& backends, const Problem& problem,
 }
 
 std::string index_text(const Dims4& shape, std::size_t e) {
-  Dims4 c{};
-  for (int axis = 3; axis >= 0; --axis) {
-    const auto extent = static_cast<std::size_t>(std::max<std::int64_t>(shape[static_cast<std::size_t>(axis)], 1));
-    c[static_cast<std::size_t>(axis)] = static_cast<std::int64_t>(e % extent);
-    e /= extent;
-  }
-  return fmt::format("[{}]", fmt::join(c, ","));
+  return fmt::format("[{}]", fmt::join(element_coordinates(shape, e), ","));
 }
 
 // The golden is checked, not trusted: what the fixture stores must be the
