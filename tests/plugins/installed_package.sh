@@ -206,7 +206,9 @@ expect_refusal "is taken by plugin" "$attn" list --plugin "$c_plugin" --plugin "
 sed 's/d \* ks\[3\]/d * ks[2]/; s/j \* ks\[2\]/j * ks[3]/' "$source_dir/examples/plugin/example_c.c" > "$work/broken.c"
 cmp -s "$work/broken.c" "$source_dir/examples/plugin/example_c.c" && fail "the broken patch did not apply"
 "$cc" -shared -fPIC -O1 -I"$prefix/include" -o "$work/libbroken.so" "$work/broken.c" -lm
-expect_exit 1 "$work/broken.txt" "$attn" verify --plugin "$work/libbroken.so" -b example-c -t smoke -q
+# One witness each: a FAIL on it is a FAIL of every run that holds it.
+witness="$prefix/share/attnbench/fixtures/golden/mha/b2_h4_q17_k33_d64_f32.h5"
+expect_exit 1 "$work/broken.txt" "$attn" verify --plugin "$work/libbroken.so" -b example-c "$witness" -q
 grep -q "FAIL" "$work/broken.txt" || fail "the transposed-K plugin has no FAIL"
 # A wrong lse and a wrong backward must FAIL through the C ABI: the C++ plugin
 # patched to write lse + 1, and dV from P before its division by the sum.
@@ -220,7 +222,7 @@ cp "$work/wrong_lse.cpp" "$work/wrong_lse/example_cpp.cpp"
 cmake -S "$work/wrong_lse" -B "$work/wrong_lse/build" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release \
   > "$work/wrong_lse.log" && cmake --build "$work/wrong_lse/build" --target attn_example_cpp >> "$work/wrong_lse.log" \
   || { cat "$work/wrong_lse.log"; fail "build of the wrong-lse plugin"; }
-expect_exit 1 "$work/wrong_lse.txt" "$attn" verify --plugin "$work/wrong_lse/build/libattn_example_cpp.so" -b example-cpp -t smoke -q
+expect_exit 1 "$work/wrong_lse.txt" "$attn" verify --plugin "$work/wrong_lse/build/libattn_example_cpp.so" -b example-cpp "$witness" -q
 grep -q "lse" "$work/wrong_lse.txt" || { cat "$work/wrong_lse.txt"; fail "the wrong-lse FAIL does not name lse"; }
 expect_exit 1 "$work/wrong_dv.txt" "$attn" verify --plugin "$work/wrong_lse/build/libattn_example_cpp.so" -b example-cpp \
   "$prefix/share/attnbench/fixtures/golden/backward/basic_q17_k33_f32.h5" --direction backward -q
