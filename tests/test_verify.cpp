@@ -143,6 +143,15 @@ TEST(Compare, NonFiniteOutputsAlwaysFail) {
   EXPECT_EQ(c.run({kNaN, -0.25, 1.0, 2.0}).verdict, Verdict::fail);
 }
 
+TEST(Compare, ABoundThatIsNotANumberAcceptsNothing) {
+  CompareCase c;
+  c.bounds.out[1] = kNaN;
+  const Comparison r = c.run(c.golden);  // exactly the truth, yet nothing can be within a NaN
+  EXPECT_EQ(r.verdict, Verdict::fail);
+  EXPECT_NE(r.reason.find("out[0,0,0,1]"), std::string::npos) << r.reason;
+  EXPECT_NE(r.reason.find("not a number"), std::string::npos) << r.reason;
+}
+
 TEST(Compare, FullyMaskedRowsMustBeExactlyZero) {
   CompareCase c;
   c.golden = {0, 0, 1.0, 2.0};

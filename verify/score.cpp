@@ -37,6 +37,10 @@ double element_ratio(const TensorTruth& t, std::size_t e, double got, bool hidde
     return kInf;
   }
   const double error = std::fabs(got - truth);
+  if (std::isnan(bound)) {  // a bound that is not a number accepts nothing
+    why = fmt::format("is {:.6g}, expected {:.6g}, and its bound is not a number", got, truth);
+    return kInf;
+  }
   const double ratio = bound > 0 ? error / bound : (error > 0 ? kInf : 0.0);
   if (ratio > 1.0) why = fmt::format("is {:.6g}, expected {:.6g} (bound {:.3g})", got, truth, bound);
   return ratio;
