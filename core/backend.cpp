@@ -19,6 +19,7 @@ std::string describe_capabilities(const Capabilities& c) {
   text += c.features ? fmt::format("; {}", feature_names(c.features)) : std::string("; no version 2 addition");
   text += c.lse ? "; lse" : "; no lse";
   if (c.backward) text += "; backward";
+  if (c.encodings) text += fmt::format("; quantised {}", encoding_names(c.encodings));
   if (!c.uses_threads) text += "; single-threaded";
   return text;
 }
@@ -30,6 +31,9 @@ std::unique_ptr<BackwardPlan> Backend::prepare_backward(const Problem&, const Ba
 Status Backend::supports_backward(const Problem&) const { return Status::yes(); }
 
 Status backward_defined(const Problem& problem) {
+  if (problem.quantised()) {
+    return Status::no("a quantised case has no backward pass: the format defines no gradient of codes (version 4)");
+  }
   if (problem.paged()) {
     return Status::no("a paged case has no backward pass: the format defines gradients for contiguous and packed K "
                       "and V only");
@@ -46,6 +50,9 @@ Status forward_accepts(const Backend& backend, const Problem& problem) {
   if (!(declared.dtypes & dtype_bit(problem.dtype))) {
     return Status::no(fmt::format("does not implement {} (it declares {})", dtype_name(problem.dtype),
                                   declared.dtypes ? dtype_names(declared.dtypes) : std::string("no dtype")));
+  }
+  if (const unsigned missing_encodings = problem.encodings() & ~declared.encodings) {
+    return Status::no(fmt::format("does not implement {} inputs (format version 4)", encoding_names(missing_encodings)));
   }
   return backend.supports(problem);
 }

@@ -1,5 +1,7 @@
 #include "attnbench/dtype.hpp"
 
+#include "core/float_format.hpp"
+
 #include <bit>
 #include <cmath>
 #include <limits>
@@ -75,7 +77,7 @@ double dtype_max(DType dtype) {
   return 0;
 }
 
-namespace {
+namespace detail {
 
 // Rounds a finite double to a binary format with `mantissa_bits` explicit
 // significand bits, minimum normal exponent `min_exp` and largest finite value
@@ -97,6 +99,12 @@ double round_to_format(double x, int mantissa_bits, int min_exp, double max_fini
   if (std::fabs(r) > max_finite) return std::copysign(std::numeric_limits<double>::infinity(), x);
   return r;
 }
+
+}  // namespace detail
+
+namespace {
+
+using detail::round_to_format;
 
 constexpr int kF16Mantissa = 10, kF16MinExp = -14;
 constexpr int kBF16Mantissa = 7, kBF16MinExp = -126;

@@ -47,6 +47,19 @@ unsigned Problem::features() const {
   return f;
 }
 
+unsigned Problem::encodings() const {
+  unsigned bits = 0;
+  for (const QuantSpec* spec : {&q_quant, &k_quant, &v_quant}) {
+    if (spec->quantised()) bits |= encoding_bit(spec->encoding);
+  }
+  return bits;
+}
+
+std::array<std::int64_t, 4> Problem::stored_shape(char tensor) const {
+  if (tensor == 'q') return {q_batch(), heads_q, seq_q, head_dim};
+  return {kv_batch(), heads_kv, kv_seq(), tensor == 'k' ? head_dim : head_dim_v};
+}
+
 std::string_view layout_name(Layout layout) { return layout == Layout::bhsd ? "bhsd" : "bshd"; }
 
 double default_scale(std::int64_t head_dim) { return 1.0 / std::sqrt(static_cast<double>(head_dim)); }
@@ -86,6 +99,48 @@ void check_broadcast(const BroadcastShape& shape, const Problem& p, std::string_
   }
   if (shape.rows != 1 && shape.rows != p.seq_q) {
     throw InputError(fmt::format("problem: {} query dimension is {}, expected 1 or seq_q={}", what, shape.rows, p.seq_q));
+  }
+}
+
+void check_quant(const Problem& p, char tensor) {
+  const QuantSpec& spec = p.quant(tensor);
+  const Encoding e = spec.encoding;
+  if (!spec.quantised()) {
+    if (spec.descale != Descale::none || spec.has_scale() || spec.zero_point) {
+      throw InputError(fmt::format("problem: {} has a descale, scale or zero point but no encoding", tensor));
+    }
+    return;
+  }
+  const auto shape = p.stored_shape(tensor);
+  const std::int64_t width = shape[3];
+  if (is_ggml(e) && width % 32 != 0) {
+    throw InputError(fmt::format("problem: {} blocks hold 32 elements, and {}'s rows have {} (head_dim{} = {} is not a "
+                                 "multiple of 32)", encoding_name(e), tensor, width, tensor == 'v' ? "_v" : "", width));
+  }
+  if (spec.descale != Descale::none && !is_fp8(e) && !is_ggml(e)) {
+    throw InputError(fmt::format("problem: {}'s descale is for fp8 and ggml encodings, not {} (integer encodings take a "
+                                 "scale)", tensor, encoding_name(e)));
+  }
+  if (spec.has_scale() && is_ggml(e)) {
+    throw InputError(fmt::format("problem: {}'s scale: {} blocks carry their own scale (d)", tensor, encoding_name(e)));
+  }
+  if (spec.zero_point && !is_integer(e)) {
+    throw InputError(fmt::format("problem: {}'s zero point is for integer encodings, not {}", tensor, encoding_name(e)));
+  }
+  if (spec.zero_point && !spec.has_scale()) {
+    throw InputError(fmt::format("problem: {}'s zero point needs a scale (the zero point has the scale's shape)", tensor));
+  }
+  if (!spec.has_scale()) return;
+  static const char* axes[] = {"batch", "heads", "seq"};
+  for (int a = 0; a < 3; ++a) {
+    if (spec.scale[a] != 1 && spec.scale[a] != shape[a]) {
+      throw InputError(fmt::format("problem: {}'s scale has {} along {}, expected 1 or {}", tensor, spec.scale[a],
+                                   axes[a], shape[a]));
+    }
+  }
+  if (spec.scale[3] < 1 || width % spec.scale[3] != 0) {
+    throw InputError(fmt::format("problem: {}'s scale has {} groups per row, which must divide the row's {} elements",
+                                 tensor, spec.scale[3], width));
   }
 }
 
@@ -134,6 +189,7 @@ void Problem::validate() const {
   if (paged()) checked_product({batch, pages_per_entry()}, "page_table");
   check_broadcast(mask, *this, "mask");
   check_broadcast(bias, *this, "bias");
+  for (char t : {'q', 'k', 'v'}) check_quant(*this, t);
 }
 
 std::string Problem::to_string() const {
@@ -151,6 +207,14 @@ std::string Problem::to_string() const {
   if (sinks) s += ",sinks";
   if (ragged) s += ",ragged";
   if (paged()) s += fmt::format(",paged={}x{}", page_size, num_pages);
+  for (char t : {'q', 'k', 'v'}) {
+    const QuantSpec& spec = quant(t);
+    if (!spec.quantised()) continue;
+    s += fmt::format(",{}enc={}", t, encoding_short_name(spec.encoding));
+    if (spec.descale != Descale::none) s += fmt::format(",{}descale={}", t, spec.descale == Descale::tensor ? "tensor" : "head");
+    if (spec.has_scale()) s += fmt::format(",{}scale={}x{}x{}x{}", t, spec.scale[0], spec.scale[1], spec.scale[2], spec.scale[3]);
+    if (spec.zero_point) s += fmt::format(",{}zp", t);
+  }
   if (layout != Layout::bhsd) s += fmt::format(",layout={}", layout_name(layout));
   return s;
 }
@@ -271,6 +335,39 @@ Problem Problem::parse(std::string_view text) {
     p.page_size = parse_int("paged", v->substr(0, x));
     p.num_pages = parse_int("paged", v->substr(x + 1));
     if (p.page_size < 1) throw InputError(fmt::format("problem string: paged='{}': the page size must be at least 1", *v));
+  }
+  for (char t : {'q', 'k', 'v'}) {
+    QuantSpec& spec = t == 'q' ? p.q_quant : t == 'k' ? p.k_quant : p.v_quant;
+    const std::string key(1, t);
+    if (auto v = take(key + "enc")) {
+      const auto encoding = parse_encoding(*v);
+      if (!encoding || *encoding == Encoding::none) {
+        throw InputError(fmt::format("problem string: {}enc='{}' is not an encoding (e4m3, e5m2, s8, u8, s4, u4, q8_0, "
+                                     "q4_0)", t, *v));
+      }
+      spec.encoding = *encoding;
+    }
+    if (auto v = take(key + "descale")) {
+      if (*v == "tensor") spec.descale = Descale::tensor;
+      else if (*v == "head") spec.descale = Descale::entry_head;
+      else throw InputError(fmt::format("problem string: {}descale='{}' is not tensor or head", t, *v));
+    }
+    if (auto v = take(key + "scale")) {
+      std::size_t begin = 0;
+      for (int a = 0; a < 4; ++a) {
+        const std::size_t end = v->find('x', begin);
+        if ((a < 3) != (end != std::string::npos)) {
+          throw InputError(fmt::format("problem string: {}scale='{}' must be BATCHxHEADSxSEQxGROUPS", t, *v));
+        }
+        spec.scale[static_cast<std::size_t>(a)] =
+            parse_int(key + "scale", std::string_view(*v).substr(begin, end == std::string::npos ? std::string::npos : end - begin));
+        if (spec.scale[static_cast<std::size_t>(a)] < 1) {
+          throw InputError(fmt::format("problem string: {}scale='{}': every size must be at least 1", t, *v));
+        }
+        begin = end + 1;
+      }
+    }
+    spec.zero_point = flag(key + "zp");
   }
   if (auto v = take("layout")) {
     if (*v == "bhsd") p.layout = Layout::bhsd;

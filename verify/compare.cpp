@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "verify/baseline.hpp"
+#include "verify/quantised.hpp"
 
 namespace attn {
 
@@ -139,7 +140,7 @@ ForwardTruth forward_truth(const CaseData& data, int threads) {
 void measure_forward(ForwardTruth& f, const CaseData& data, const Fixture* fixture, int threads) {
   const Problem& p = f.problem;
   const std::vector<char> counts = rows_with_keys(f.stats.visible);
-  BaselineFamily family = baseline_family(data, threads);
+  BaselineFamily family = baseline_family(p.quantised() ? in_compute_dtype(data) : data, threads);
   f.baselines = std::move(family.out);
   f.probe_baselines = std::move(family.probe);
   const std::int64_t longest = *std::max_element(f.stats.visible.begin(), f.stats.visible.end());
@@ -150,7 +151,7 @@ void measure_forward(ForwardTruth& f, const CaseData& data, const Fixture* fixtu
     if (!f.tolerance.empty()) f.golden = fixture->out;
   }
   f.probe = data;
-  std::fill(f.probe.v.begin(), f.probe.v.end(), 1.0);
+  f.probe.fill_ones('v');
   // Per visible row: 1, or the share of the weight the visible keys keep
   // beside a sink (1 - exp(sink - lse)); 0 on a row with no visible key.
   std::vector<double> kept;

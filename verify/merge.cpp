@@ -57,6 +57,9 @@ CaseOutcome outcome_of(const nlohmann::json& r, const std::filesystem::path& pat
   o.comparison.reason = r.value("reason", "");
   o.seconds = r.value("seconds", 0.0);
   o.warning = r.value("warning", "");
+  if (const auto q = r.find("quantisation_error"); q != r.end() && q->is_object()) {
+    o.quantisation = QuantisationError{q->value("max", 0.0), q->value("relative", 0.0)};
+  }
   o.config.threads = r.value("threads", 0);
   const std::string layout = r.value("layout", "bhsd");
   if (layout_given || layout != "bhsd") o.config.layout = layout == "bshd" ? Layout::bshd : Layout::bhsd;

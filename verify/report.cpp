@@ -119,6 +119,7 @@ void print_outcome(std::FILE* out, const CaseOutcome& o) {
   std::string verdict(verdict_name(c.verdict));
   if (!c.reason.empty()) verdict += fmt::format(" ({})", c.reason);
   if (!o.warning.empty() && c.verdict != Verdict::skip) verdict += fmt::format(" [{}]", o.warning);
+  if (o.quantisation && c.verdict != Verdict::skip) verdict += fmt::format(" [{}]", o.quantisation->text());
   const TensorScore* w = c.worst();
   if (!w) {  // skipped, or the backend threw: nothing was measured, and no column may read as a result
     fmt::print(out, "{:<14} {:<44} {:>10} {:>10} {:>10} {:>9} {:>8} {:<22} {}\n", printable(o.backend),
@@ -343,6 +344,7 @@ std::string verify_json(const VerifySummary& summary, const RunInfo& run) {
     r["tensors"] = nlohmann::json::array();
     for (const TensorScore& t : c.tensors) r["tensors"].push_back(tensor_json(t));
     if (!o.warning.empty()) r["warning"] = o.warning;
+    if (o.quantisation) r["quantisation_error"] = {{"max", o.quantisation->max}, {"relative", o.quantisation->relative}};
     results.push_back(std::move(r));
   }
   nlohmann::json backends = nlohmann::json::object();

@@ -65,11 +65,17 @@ Bounds derive_bounds(const Problem& p, const std::vector<double>& golden_out,
     bounds.hull_hi = stats.hull_hi;
     bounds.hull_slack.resize(golden_out.size());
   }
+  // Format version 4: a kernel may dequantise q, k and v into the dtype (one
+  // rounding of each element, relative u) before computing as for the other
+  // dtypes; a product of q and k so rounded moves by up to u_q + u_k of
+  // its magnitude, and a weighted sum of values by u_v of sum p |v|.
+  const double u_qk = (p.q_quant.quantised() ? u : 0.0) + (p.k_quant.quantised() ? u : 0.0);
+  const double u_v = p.v_quant.quantised() ? u : 0.0;
   for (std::int64_t row = 0; row < p.rows(); ++row) {
     const auto r = static_cast<std::size_t>(row);
     const double n = static_cast<double>(stats.visible[r]);
     // Error of one score: a dot of length head_dim, the scale and the bias add.
-    const double score_error = (sqrt_d + 2.0) * u_acc * stats.score_magnitude[r];
+    const double score_error = ((sqrt_d + 2.0) * u_acc + u_qk) * stats.score_magnitude[r];
     // Accumulation error of the softmax denominator and of P V (root-n growth).
     const double sum_error = std::sqrt(std::max(n, 1.0)) * u_acc;
     bounds.lse[r] = c * (score_error + sum_error + u_acc * std::fabs(golden_lse[r]));
@@ -86,7 +92,7 @@ Bounds derive_bounds(const Problem& p, const std::vector<double>& golden_out,
         underflowed = std::min(stats.tiny_weighted_v[e], n * weight_underflow(p.dtype) * v_max);
       }
       const double rounding = c * (u * out                  // rounding out to dtype
-                                   + u * weighted_v         // P rounded to dtype before P V
+                                   + (u + u_v) * weighted_v  // P (and dequantised V) rounded to dtype before P V
                                    + sum_error * weighted_v)  // accumulating P V and the denominator
                               + underflow_floor(p.dtype) + subnormal_allowance(p.dtype, n)
                               + underflowed;

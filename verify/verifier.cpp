@@ -349,6 +349,11 @@ void verify_sdpa(const Fixture& fixture, const BackendRefs& backends, const Veri
     if (!trusted_golden) check_golden_gradients(fixture, backward->a_priori());
   }
   if (runs) measure_forward(forward, fixture.data, &fixture, options.run.threads);
+  // Format version 4: the scale-plumbing probe's cases, and the quantisation's own error.
+  const std::vector<ScaleProbe> scale_probed =
+      runs && options.forward ? scale_probes(fixture.data, options.run.threads) : std::vector<ScaleProbe>{};
+  const std::optional<QuantisationError> quantisation =
+      problem.quantised() ? quantisation_error(fixture.data, forward.truth, options.run.threads) : std::nullopt;
   std::string warning = loose_tolerance_warning(fixture.header, forward.truth.out, forward.tolerance);
   if (!warning.empty()) summary.warnings.push_back(fmt::format("{}: {}", fixture.header.path.string(), warning));
   std::vector<Direction> directions;
@@ -373,7 +378,15 @@ void verify_sdpa(const Fixture& fixture, const BackendRefs& backends, const Veri
           outcome.comparison = skipped(elsewhere);
         } else if (direction == Direction::forward) {
           outcome.comparison = recorded ? recorded_forward(*recorded, fixture, forward) : judged([&] {
-            return judge_forward(forward, run_forward(backend, data, probe, run_options));
+            Comparison c = judge_forward(forward, run_forward(backend, data, probe, run_options));
+            for (const ScaleProbe& scaled : scale_probed) {
+              CaseData scaled_data = scaled.data;
+              scaled_data.problem = data.problem;
+              BackendRun run = run_backend(backend, scaled_data, run_options);
+              judge_scale_probe(c, scaled, run.out);
+              if (!run.guard_damage.empty()) c.fail(fmt::format("scale probe ({}): {}", scaled.what, run.guard_damage));
+            }
+            return c;
           });
         } else {
           outcome.comparison = recorded ? recorded_backward(*recorded, fixture, *backward, forward) : judged([&] {
@@ -381,6 +394,7 @@ void verify_sdpa(const Fixture& fixture, const BackendRefs& backends, const Veri
             return judge_backend_backward(backend, data, *backward, run_options, first);
           });
         }
+        if (direction == Direction::forward) outcome.quantisation = quantisation;
         outcome.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         record(std::move(outcome), on_outcome, summary);
       }

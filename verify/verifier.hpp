@@ -15,6 +15,7 @@
 #include "attnbench/backend.hpp"
 #include "fixtures/fixture.hpp"
 #include "verify/compare.hpp"
+#include "verify/quantised.hpp"
 
 namespace attn {
 
@@ -56,6 +57,9 @@ struct CaseOutcome {
   RunConfig config;     // the threads and layout it ran with
   std::string arguments;  // more attn verify options that select the backend again (recorded outputs: --outputs DIR)
   Direction direction = Direction::forward;  // backward: the gradients of a version 3 case
+  // Format version 4 with original values: the quantisation's own error
+  // (reported beside the verdict, never in it).
+  std::optional<QuantisationError> quantisation;
 };
 
 // A fixture that could not be judged (unreadable, hostile, or a golden that is

@@ -67,6 +67,12 @@ void naive_attention(const Problem& p, const AttentionIO& io) {
     return p.ragged ? io.cu_seqlens_k[e] + j : j;
   };
 
+  // Format version 4: q, k and v hold the dequantised values without their
+  // descales (prepare), which multiply here: per batch entry and kv head.
+  auto descale = [](const QuantView& codes, std::int64_t e, std::int64_t h) {
+    return codes.empty() || e < 0 ? A{1} : static_cast<A>(codes.descale_of(e, h));
+  };
+
   for (std::int64_t b = 0; b < p.q_batch(); ++b) {
     for (std::int64_t h = 0; h < p.heads_q; ++h) {
       const std::int64_t g = h / p.group_size();
@@ -91,6 +97,8 @@ void naive_attention(const Problem& p, const AttentionIO& io) {
         const std::int64_t kv_len = io.kv_len ? io.kv_len[b] : k_len;
         const std::int64_t diag = diagonal(p, qi, q_len, k_len);
         const std::int64_t keys = k_len;
+        const A qk_descale = descale(io.q_codes, e, h) * descale(io.k_codes, e, g);
+        const A v_descale = descale(io.v_codes, e, g);
         A max_score = -std::numeric_limits<A>::infinity();
         bool any = false;
         for (std::int64_t j = 0; j < keys; ++j) {
@@ -108,6 +116,7 @@ void naive_attention(const Problem& p, const AttentionIO& io) {
           for (std::int64_t d = 0; d < p.head_dim; ++d) {
             dot += widen(q[io.q.offset(b, h, i, d)]) * widen(k[io.k.offset(kb, g, kj, d)]);
           }
+          dot *= qk_descale;  // 1 unless quantised: exact
           A scaled = scale * dot;
           if (p.softcap != 0) scaled = cap * std::tanh(scaled / cap);
           if (io.alibi_slopes) scaled -= static_cast<A>(io.alibi_slopes[h]) * static_cast<A>(std::abs(diag - j));
@@ -137,7 +146,7 @@ void naive_attention(const Problem& p, const AttentionIO& io) {
         std::fill(acc.begin(), acc.end(), 0.0);
         for (std::int64_t j = 0; j < keys; ++j) {
           if (!visible[static_cast<std::size_t>(j)]) continue;
-          const A w = static_cast<A>(static_cast<double>(weights[static_cast<std::size_t>(j)]) / sum);
+          const A w = static_cast<A>(static_cast<double>(weights[static_cast<std::size_t>(j)]) / sum) * v_descale;
           const std::int64_t kb = key_batch(e, j), kj = key_seq(e, j);
           for (std::int64_t d = 0; d < p.head_dim_v; ++d) {
             double& a = acc[static_cast<std::size_t>(d)];
@@ -153,9 +162,32 @@ void naive_attention(const Problem& p, const AttentionIO& io) {
   }
 }
 
+// Format version 4: a quantised tensor's codes dequantised into the dtype,
+// (code - zero point) * scale rounded once, at the strides its view
+// declares; the descale is applied in the loops.
+Buffer dequantised(const QuantView& codes, TensorView& view) {
+  Buffer buffer(static_cast<std::size_t>(view.extent()) * dtype_size(view.dtype));
+  std::vector<float> row(static_cast<std::size_t>(codes.dim));
+  for (std::int64_t b = 0; b < view.shape[0]; ++b)
+    for (std::int64_t h = 0; h < view.shape[1]; ++h)
+      for (std::int64_t s = 0; s < view.shape[2]; ++s) {
+        codes.dequantise_row(b, h, s, row.data());
+        for (std::int64_t d = 0; d < codes.dim; ++d) {
+          store_float(MutableTensorView{buffer.data(), view.dtype, view.shape, view.strides}, view.offset(b, h, s, d),
+                      row[static_cast<std::size_t>(d)]);
+        }
+      }
+  view.data = buffer.data();
+  return buffer;
+}
+
 class NaivePlan final : public Plan {
  public:
-  NaivePlan(const Problem& p, const AttentionIO& io) : problem_(p), io_(io) {}
+  NaivePlan(const Problem& p, const AttentionIO& io) : problem_(p), io_(io) {
+    if (!io.q_codes.empty()) q_ = dequantised(io.q_codes, io_.q);
+    if (!io.k_codes.empty()) k_ = dequantised(io.k_codes, io_.k);
+    if (!io.v_codes.empty()) v_ = dequantised(io.v_codes, io_.v);
+  }
   void run() override {
     dispatch_dtype(problem_.dtype, [&](auto tag) { naive_attention<decltype(tag)>(problem_, io_); });
   }
@@ -164,6 +196,7 @@ class NaivePlan final : public Plan {
  private:
   Problem problem_;
   AttentionIO io_;
+  Buffer q_, k_, v_;  // version 4: dequantised copies of quantised inputs
 };
 
 class NaiveBackend final : public Backend {
@@ -173,7 +206,8 @@ class NaiveBackend final : public Backend {
     return "textbook attention: materialised scores, max-subtracted softmax, P V; float32 scores, float64 sums";
   }
   Capabilities capabilities() const override {
-    return {.dtypes = kAllDTypes, .features = kAllFeatures, .lse = true, .backward = true, .uses_threads = false};
+    return {.dtypes = kAllDTypes, .features = kAllFeatures, .lse = true, .backward = true, .uses_threads = false,
+            .encodings = kAllEncodings};
   }
   Status supports(const Problem&) const override { return Status::yes(); }
   std::unique_ptr<Plan> prepare(const Problem& problem, const AttentionIO& io, const RunOptions&) const override {

@@ -63,6 +63,12 @@ struct AttentionIO {
   // for rows with no visible key (the sink when there is one). nullptr when the caller does
   // not want it; only written by backends whose Plan::has_lse() is true.
   double* lse = nullptr;
+  // Format version 4 (docs/format/v4.md): for each of q, k and v that the
+  // problem quantises (Problem::q_quant ...), its codes and what dequantises
+  // them; then the TensorView q, k or v keeps its shape and strides but its
+  // data is nullptr. Empty for a tensor in dtype.
+  QuantView q_codes, k_codes, v_codes;
+  const QuantView& codes(char tensor) const { return tensor == 'q' ? q_codes : tensor == 'k' ? k_codes : v_codes; }
 };
 
 struct RunOptions {
@@ -100,6 +106,9 @@ struct Capabilities {
   // (single-threaded code) runs the same at every count: the verifier judges
   // it at the first thread count asked for and says so at the others.
   bool uses_threads = true;
+  // Format version 4: encoding_bit() of each quantised encoding it reads
+  // (AttentionIO::q_codes, k_codes, v_codes); a case with any other is SKIP.
+  unsigned encodings = 0;
 };
 // "float32, float16, bfloat16; window, softcap; lse; backward"
 std::string describe_capabilities(const Capabilities& capabilities);

@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "attnbench/dtype.hpp"
+#include "attnbench/quant.hpp"
 
 namespace attn {
 
@@ -92,6 +93,10 @@ struct Problem {
   // entry's keys in order; seq_lens int64 [batch] the keys each entry holds.
   std::int64_t page_size = 0;
   std::int64_t num_pages = 0;
+  // Format version 4 (docs/format/v4.md): q, k and v each stored as codes of
+  // an encoding with what dequantises them; absent (Encoding::none): in dtype.
+  // dtype stays the precision of the output and of the computation.
+  QuantSpec q_quant, k_quant, v_quant;
 
   bool operator==(const Problem&) const = default;
 
@@ -121,6 +126,13 @@ struct Problem {
   std::int64_t rows() const { return q_batch() * heads_q * seq_q; }
   // The version 2 additions this problem uses (Feature bits).
   unsigned features() const;
+  // Format version 4: whether any of q, k, v is quantised, and their encodings (encoding_bit).
+  bool quantised() const { return q_quant.quantised() || k_quant.quantised() || v_quant.quantised(); }
+  unsigned encodings() const;
+  // The stored shape of q, k or v ('q', 'k', 'v'): [batch, heads, seq, width]
+  // of the tensor as held (pages for batch when paged).
+  std::array<std::int64_t, 4> stored_shape(char tensor) const;
+  const QuantSpec& quant(char tensor) const { return tensor == 'q' ? q_quant : tensor == 'k' ? k_quant : v_quant; }
   bool has_window() const { return window_left >= 0 || window_right >= 0; }
   // The alignment of the causal rule, or of the window and ALiBi without one.
   Align alignment() const {

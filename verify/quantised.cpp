@@ -1,0 +1,85 @@
+#include "verify/quantised.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace attn {
+
+CaseData in_compute_dtype(const CaseData& data) {
+  CaseData plain = data;
+  for (char t : {'q', 'k', 'v'}) {
+    if (!data.problem.quant(t).quantised()) continue;
+    for (double& x : plain.values(t)) x = round_to_dtype(x, data.problem.dtype);
+  }
+  return plain;
+}
+
+std::string QuantisationError::text() const {
+  return fmt::format("quantisation error {:.3g} ({:.2g}% of max |out|)", max, 100.0 * relative);
+}
+
+std::optional<QuantisationError> quantisation_error(const CaseData& data, const ReferenceResult& truth, int threads) {
+  CaseData original = data;
+  bool any = false;
+  for (char t : {'q', 'k', 'v'}) {
+    const QuantData& quant = data.quant(t);
+    if (!data.problem.quant(t).quantised() || quant.original.empty()) continue;
+    original.values(t) = quant.original;
+    any = true;
+  }
+  if (!any) return std::nullopt;
+  const ReferenceResult reference = reference_attention(original, nullptr, threads);
+  QuantisationError e;
+  double largest = 0;
+  for (std::size_t i = 0; i < truth.out.size(); ++i) {
+    e.max = std::max(e.max, std::fabs(truth.out[i] - reference.out[i]));
+    largest = std::max(largest, std::fabs(reference.out[i]));
+  }
+  e.relative = largest > 0 ? e.max / largest : 0.0;
+  return e;
+}
+
+namespace {
+
+// Multiplies each value by 2^(1 + i % 3): exact (no float32 scale of a
+// fixture comes near the range's ends), different for neighbouring heads and
+// batch entries, so a descale read for the wrong head or entry is caught too.
+void powers_of_two(std::vector<float>& values) {
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = std::ldexp(values[i], 1 + static_cast<int>(i % 3));
+}
+
+}  // namespace
+
+std::vector<ScaleProbe> scale_probes(const CaseData& data, int threads) {
+  std::vector<ScaleProbe> probes;
+  for (char t : {'q', 'k', 'v'}) {
+    const QuantSpec& spec = data.problem.quant(t);
+    if (!spec.quantised()) continue;
+    for (const bool descale : {true, false}) {
+      if (descale ? spec.descale == Descale::none : !spec.has_scale()) continue;
+      ScaleProbe probe;
+      probe.what = fmt::format("{}_{} x2^(1 + i % 3)", t, descale ? "descale" : "scale");
+      probe.data = data;
+      QuantData& quant = probe.data.quant(t);
+      powers_of_two(descale ? quant.descale : quant.scale);
+      quant.original.clear();
+      probe.data.dequantise();
+      probe.truth = forward_truth(probe.data, threads);
+      measure_forward(probe.truth, probe.data, nullptr, threads);
+      probes.push_back(std::move(probe));
+    }
+  }
+  return probes;
+}
+
+void judge_scale_probe(Comparison& comparison, const ScaleProbe& probe, const std::vector<double>& out) {
+  TensorTruth truth = probe.truth.out();
+  truth.name = fmt::format("out ({})", probe.what);
+  truth.what = fmt::format("scale probe, the same codes with {}: out", probe.what);
+  truth.decides_trust = false;
+  comparison.add(score_tensor(truth, out));
+}
+
+}  // namespace attn
