@@ -21,8 +21,21 @@ namespace {
 template <typename Ptr> BasicTensorView<Ptr> rows_of(const BasicTensorView<Ptr>& view, std::int64_t first, std::int64_t count) {
   BasicTensorView<Ptr> sub = view;
   using Byte = std::conditional_t<std::is_const_v<std::remove_pointer_t<Ptr>>, const char, char>;
-  sub.data = static_cast<Byte*>(view.data) + first * view.strides[2] * static_cast<std::int64_t>(dtype_size(view.dtype));
+  // A quantised tensor's view has no data (its codes are in a QuantView).
+  if (view.data) sub.data = static_cast<Byte*>(view.data) + first * view.strides[2] * static_cast<std::int64_t>(dtype_size(view.dtype));
   sub.shape[2] = count;
+  return sub;
+}
+
+// Format version 4: the rows of one entry's codes, their scales, and the
+// entry's descales (at index 0 of the entry's problem).
+QuantView codes_of(const QuantView& codes, std::int64_t first, std::int64_t entry) {
+  if (codes.empty()) return codes;
+  QuantView sub = codes;
+  sub.codes += first * codes.strides[2];
+  if (sub.scale) sub.scale += first * codes.scale_strides[2];
+  if (sub.zero_point) sub.zero_point += first * codes.scale_strides[2];
+  if (sub.descale) sub.descale += entry * codes.descale_batch_stride;
   return sub;
 }
 
@@ -90,6 +103,9 @@ class PerEntryPlan final : public Plan {
     sub.k = rows_of(io_.k, k0, k_len);
     sub.v = rows_of(io_.v, k0, k_len);
     sub.out = rows_of(io_.out, q0, q_len);
+    sub.q_codes = codes_of(io_.q_codes, q0, e);
+    sub.k_codes = codes_of(io_.k_codes, k0, e);
+    sub.v_codes = codes_of(io_.v_codes, k0, e);
     sub.cu_seqlens_q = sub.cu_seqlens_k = nullptr;
     sub.lse = io_.lse ? entry.lse.data() : nullptr;
     entry.plan = dense_.prepare(entry.problem, sub, options_);

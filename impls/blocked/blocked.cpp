@@ -133,7 +133,8 @@ class BlockedBackend final : public Backend {
   std::string_view description() const override { return description_; }
   // Not float64: the kernels accumulate in float32.
   Capabilities capabilities() const override {
-    return {.dtypes = dtype_bit(DType::f32) | dtype_bit(DType::f16) | dtype_bit(DType::bf16), .features = kAllFeatures, .lse = true, .backward = true};
+    return {.dtypes = dtype_bit(DType::f32) | dtype_bit(DType::f16) | dtype_bit(DType::bf16), .features = kAllFeatures, .lse = true, .backward = true,
+            .encodings = kAllEncodings};
   }
   Status supports(const Problem&) const override { return Status::yes(); }
   std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& options) const override {

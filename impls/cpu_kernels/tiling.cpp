@@ -63,6 +63,14 @@ void read_row(const TensorView& v, std::int64_t base, std::int64_t n, float* out
   }
 }
 
+void dequantised_row(const QuantView& codes, std::int64_t b, std::int64_t head, std::int64_t s, std::int64_t entry, float* out) {
+  codes.dequantise_row(b, head, s, out);
+  const float descale = codes.descale_of(entry, head);
+  if (descale != 1.0f) {
+    for (std::int64_t d = 0; d < codes.dim; ++d) out[d] *= descale;
+  }
+}
+
 Geometry Geometry::of(const Problem& p, std::int64_t max_tile_rows, const Kernels& kernels) {
   Geometry g;
   g.group = p.group_size();
@@ -104,8 +112,12 @@ void HeadPack::reserve(const Problem& p, const Geometry& g, const AttentionIO& i
     row_.assign(static_cast<std::size_t>(kKeyBlock * p.head_dim), 0.0f);  // K rows widened before the transpose
     // float32 V rows read in place when they are contiguous, unpaged and as
     // wide as the kernels' rows; else packed.
-    v_in_place_ = io.v.dtype == DType::f32 && p.head_dim_v == g.dv_pad && io.v.strides[3] == 1 && !p.paged();
+    v_in_place_ = io.v.dtype == DType::f32 && p.head_dim_v == g.dv_pad && io.v.strides[3] == 1 && !p.paged() && io.v_codes.empty();
     if (!v_in_place_) v_f32_.assign(static_cast<std::size_t>(keys * g.dv_pad), 0.0f);
+  }
+  if (g.bf16_kernels && (!io.k_codes.empty() || !io.v_codes.empty())) {
+    row_.assign(static_cast<std::size_t>(std::max(p.head_dim, p.head_dim_v)), 0.0f);
+    row_bf16_.assign(static_cast<std::size_t>((kKeyBlock + 2) * std::max(p.head_dim, p.head_dim_v)), bf16{});
   }
   packed_.assign(static_cast<std::size_t>(g.key_blocks), 0);
   forget();
@@ -142,11 +154,28 @@ void HeadPack::pack_block(const Problem& p, const Geometry& g, const AttentionIO
   const std::int64_t real = std::clamp<std::int64_t>((p.paged() ? io.seq_lens[b] : p.seq_k) - j0, 0, kKeyBlock);
   const Kernels& kernels = best_kernels();
   std::array<const void*, kKeyBlock> rows{};
+  // Format version 4: key j's row of a quantised K or V, dequantised with
+  // the entry's descale into `to` (float), from where the key is stored.
+  const SequenceMap sequences = io.sequences(p);
+  auto dequantised = [&](const QuantView& codes, std::int64_t j, float* to) {
+    const SequenceMap::Key key = sequences.key(b, j);
+    dequantised_row(codes, key.b, kv_head, key.s, b, to);
+  };
+  // The same into bfloat16 (row_bf16_ at `slot`).
+  auto dequantised_bf16 = [&](const QuantView& codes, std::int64_t j, std::int64_t slot) {
+    dequantised(codes, j, row_.data());
+    bf16* to = row_bf16_.data() + slot * std::max(p.head_dim, p.head_dim_v);
+    for (std::int64_t d = 0; d < codes.dim; ++d) to[d] = float_to_bf16(row_[static_cast<std::size_t>(d)]);
+    return static_cast<const bf16*>(to);
+  };
   if (g.bf16_kernels) {
     bf16* kblock = k_bf16_.data() + block * kKeyBlock * k_stride_ * 2;
     auto at = [&](std::int64_t d, std::int64_t j) -> bf16& { return kblock[(d / 2) * kKeyBlock * 2 + j * 2 + d % 2]; };
-    const std::int64_t ks = io.k.strides[3], vs = io.v.strides[3];
-    for (std::int64_t j = 0; j < real; ++j) rows[static_cast<std::size_t>(j)] = typed<bf16>(io.k) + key_offset(p, io, io.k, b, kv_head, j0 + j);
+    const std::int64_t ks = io.k_codes.empty() ? io.k.strides[3] : 1, vs = io.v_codes.empty() ? io.v.strides[3] : 1;
+    for (std::int64_t j = 0; j < real; ++j) {
+      rows[static_cast<std::size_t>(j)] = io.k_codes.empty() ? typed<bf16>(io.k) + key_offset(p, io, io.k, b, kv_head, j0 + j)
+                                                             : dequantised_bf16(io.k_codes, j0 + j, j);
+    }
     if (ks == 1) {  // whole pairs transposed; an odd head_dim's last dim alone
       kernels.transpose32(rows.data(), real, p.head_dim / 2, kblock, kKeyBlock);
       for (std::int64_t j = 0; j < real && p.head_dim % 2; ++j) at(p.head_dim - 1, j) = static_cast<const bf16*>(rows[static_cast<std::size_t>(j)])[p.head_dim - 1];
@@ -157,9 +186,14 @@ void HeadPack::pack_block(const Problem& p, const Geometry& g, const AttentionIO
     for (std::int64_t j = real; j < kKeyBlock; ++j)
       for (std::int64_t d = 0; d < p.head_dim; ++d) at(d, j) = bf16{};
     // V in pairs of keys: row j0 / 2 + i holds keys 2i and 2i + 1 interleaved.
+    auto v_row = [&](std::int64_t j, std::int64_t slot) -> const bf16* {
+      if (j >= real) return nullptr;
+      if (!io.v_codes.empty()) return dequantised_bf16(io.v_codes, j0 + j, kKeyBlock + slot);
+      return typed<bf16>(io.v) + key_offset(p, io, io.v, b, kv_head, j0 + j);
+    };
     for (std::int64_t j = 0; j < kKeyBlock; j += 2) {
-      const bf16* v0 = j < real ? typed<bf16>(io.v) + key_offset(p, io, io.v, b, kv_head, j0 + j) : nullptr;
-      const bf16* v1 = j + 1 < real ? typed<bf16>(io.v) + key_offset(p, io, io.v, b, kv_head, j0 + j + 1) : nullptr;
+      const bf16* v0 = v_row(j, 0);
+      const bf16* v1 = v_row(j + 1, 1);
       bf16* vp = v_bf16_.data() + (j0 + j) * g.dv_pad;
       if (v0 && v1 && vs == 1) {
         for (std::int64_t c = 0; c < p.head_dim_v; ++c) vp[2 * c] = v0[c], vp[2 * c + 1] = v1[c];
@@ -171,6 +205,12 @@ void HeadPack::pack_block(const Problem& p, const Geometry& g, const AttentionIO
   }
   float* kblock = k_f32_.data() + block * kKeyBlock * k_stride_;
   for (std::int64_t j = 0; j < real; ++j) {
+    if (!io.k_codes.empty()) {
+      float* row = row_.data() + j * p.head_dim;
+      dequantised(io.k_codes, j0 + j, row);
+      rows[static_cast<std::size_t>(j)] = row;
+      continue;
+    }
     const std::int64_t at = key_offset(p, io, io.k, b, kv_head, j0 + j);
     if (io.k.dtype == DType::f32 && io.k.strides[3] == 1) {
       rows[static_cast<std::size_t>(j)] = typed<float>(io.k) + at;
@@ -186,8 +226,9 @@ void HeadPack::pack_block(const Problem& p, const Geometry& g, const AttentionIO
   if (v_direct_) return;
   for (std::int64_t j = 0; j < kKeyBlock; ++j) {
     float* vrow = v_f32_.data() + (j0 + j) * g.dv_pad;
-    if (j < real) read_row(io.v, key_offset(p, io, io.v, b, kv_head, j0 + j), p.head_dim_v, vrow);
-    else std::fill_n(vrow, p.head_dim_v, 0.0f);
+    if (j >= real) std::fill_n(vrow, p.head_dim_v, 0.0f);
+    else if (!io.v_codes.empty()) dequantised(io.v_codes, j0 + j, vrow);
+    else read_row(io.v, key_offset(p, io, io.v, b, kv_head, j0 + j), p.head_dim_v, vrow);
   }
 }
 
@@ -240,6 +281,17 @@ void pack_queries(const Problem& p, const Geometry& g, const AttentionIO& io, co
                   bf16* q_bf16) {
   for (std::int64_t r = 0; r < t.rows(); ++r) {
     const std::int64_t h = t.head(g, r), i = t.query(g, r);
+    if (!io.q_codes.empty()) {  // version 4: dequantised with the entry's descale (by kv head)
+      thread_local std::vector<float> widened;  // bfloat16 kernels: the float row before rounding
+      float* row = q_f32 + r * p.head_dim;
+      if (g.bf16_kernels) widened.resize(static_cast<std::size_t>(p.head_dim)), row = widened.data();
+      dequantised_row(io.q_codes, t.b, h, i, t.b, row);
+      for (std::int64_t d = 0; d < p.head_dim; ++d) {
+        if (g.bf16_kernels) q_bf16[r * g.head_dim_pairs * 2 + d] = float_to_bf16(row[d]);
+        else row[d] *= g.score_scale;
+      }
+      continue;
+    }
     if (g.bf16_kernels) {  // the padding past head_dim stays zero from TileScratch::reserve
       const bf16* x = typed<bf16>(io.q) + io.q.offset(t.b, h, i, 0);
       bf16* row = q_bf16 + r * g.head_dim_pairs * 2;

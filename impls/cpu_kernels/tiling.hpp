@@ -84,13 +84,18 @@ class HeadPack {
  private:
   void pack_block(const Problem& p, const Geometry& g, const AttentionIO& io, std::int64_t block);
   LineVector<float> k_f32_, v_f32_, row_;
-  LineVector<bf16> k_bf16_, v_bf16_;
+  LineVector<bf16> k_bf16_, v_bf16_, row_bf16_;  // row_bf16_: quantised rows dequantised for the bfloat16 kernels
   std::vector<std::uint8_t> packed_;  // per key block: packed for (packed_b_, packed_g_)
   bool v_in_place_ = false;  // float32 V read where it is (v_direct_, per head)
   const float* v_direct_ = nullptr;
   std::int64_t ldv_ = 0, k_stride_ = 0;
   std::int64_t packed_b_ = -1, packed_g_ = -1;
 };
+
+// Format version 4: row s of head `head` of stored batch `b` of a quantised
+// tensor, dequantised into `out` with the descale of batch entry `entry`:
+// (code - zero point) * scale * descale, in float.
+void dequantised_row(const QuantView& codes, std::int64_t b, std::int64_t head, std::int64_t s, std::int64_t entry, float* out);
 
 // One thread's scratch for tiles: packed K/V, the tile's Q, scores (one
 // 64-key block, or `score_blocks` of them side by side), P in bfloat16, the

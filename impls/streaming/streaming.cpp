@@ -44,8 +44,9 @@ class StreamingPlan final : public Plan {
     // whole computation, so the kernels read them in place, through the page
     // table when paged: bfloat16 with bfloat16 dot products as the packed
     // path's, float16 widened on load to float32 products.
+    // Quantised K or V (version 4) are dequantised block by block into the pack.
     direct_ = g_.tile_rows <= kDirectRows && p.dtype != DType::f64 && io.k.dtype == io.v.dtype && io.k.strides[3] == 1 &&
-              io.v.strides[3] == 1;
+              io.v.strides[3] == 1 && io.k_codes.empty() && io.v_codes.empty();
     if (direct_ && p.dtype != DType::bf16) g_ = g_.with_float32_products();
     element_ = static_cast<std::int64_t>(dtype_size(io.k.dtype));
     narrow_rows_ = !g_.bf16_kernels || kernels_.bf16_rows_align == 1;
@@ -343,7 +344,8 @@ class StreamingBackend final : public Backend {
   std::string_view description() const override { return description_; }
   // Not float64: the kernels accumulate in float32.
   Capabilities capabilities() const override {
-    return {.dtypes = dtype_bit(DType::f32) | dtype_bit(DType::f16) | dtype_bit(DType::bf16), .features = kAllFeatures, .lse = true, .backward = true};
+    return {.dtypes = dtype_bit(DType::f32) | dtype_bit(DType::f16) | dtype_bit(DType::bf16), .features = kAllFeatures, .lse = true, .backward = true,
+            .encodings = kAllEncodings};
   }
   Status supports(const Problem&) const override { return Status::yes(); }
   std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& options) const override {

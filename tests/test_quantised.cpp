@@ -1,0 +1,234 @@
+// Format version 4: the decoders against the encodings' definitions, the
+// problem strings and their rules, fixtures that other tools wrote (h5py and
+// NumPy, tests/data/make_v4_cases.py), a golden computed from the original
+// values refused, and the scale-plumbing probe catching a descale dropped
+// where the case's own descale is 1.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "attnbench/error.hpp"
+#include "attnbench/quant.hpp"
+#include "core/quantise.hpp"
+#include "core/registry.hpp"
+#include "fixtures/fixture.hpp"
+#include "fixtures/suite.hpp"
+#include "tests/mutants/catalogue.hpp"
+#include "verify/verifier.hpp"
+
+using namespace attn;
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path kData = fs::path(ATTN_SOURCE_DIR) / "tests" / "data";
+
+std::string input_error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "(no input error)";
+}
+
+const CaseSpec& suite_case(const std::string& name) {
+  for (const CaseSpec& spec : standard_suite()) {
+    if (spec.name == name) return spec;
+  }
+  throw std::runtime_error("no suite case " + name);
+}
+
+std::unique_ptr<Backend> mutant(const std::string& name) {
+  for (const auto& m : attn::testing::mutants()) {
+    if (m.name == name) return m.make();
+  }
+  throw std::runtime_error("no mutant " + name);
+}
+
+}  // namespace
+
+TEST(Quantised, E4m3CodesAreTheirDefinition) {
+  EXPECT_EQ(e4m3_to_float(0x38), 1.0f);
+  EXPECT_EQ(e4m3_to_float(0x7E), 448.0f);             // S.1111.110: the largest
+  EXPECT_EQ(e4m3_to_float(0x08), std::ldexp(1.0f, -6));  // the smallest normal
+  EXPECT_EQ(e4m3_to_float(0x01), std::ldexp(1.0f, -9));  // the smallest subnormal
+  EXPECT_EQ(e4m3_to_float(0xB8), -1.0f);
+  EXPECT_TRUE(std::isnan(e4m3_to_float(0x7F)) && std::isnan(e4m3_to_float(0xFF)));
+  for (int code = 0; code < 256; ++code) {  // every finite code survives a round trip
+    const float x = e4m3_to_float(static_cast<std::uint8_t>(code));
+    if (std::isnan(x) || code == 0x80) continue;  // -0 encodes as +0's sign bit kept: checked below
+    EXPECT_EQ(float_to_e4m3(x), code) << code;
+  }
+  EXPECT_EQ(float_to_e4m3(-0.0), 0x80);
+  EXPECT_EQ(float_to_e4m3(1.0625), 0x38);   // a tie between 1 and 1.125: the even mantissa
+  EXPECT_EQ(float_to_e4m3(1.1875), 0x3A);   // a tie between 1.125 and 1.25: the even one, 1.25
+  EXPECT_EQ(float_to_e4m3(1000.0), 0x7E);   // saturated
+  EXPECT_EQ(float_to_e4m3(1000.0, false), 0x7F);  // no infinity: NaN
+}
+
+TEST(Quantised, E5m2IsTheTopByteOfAHalf) {
+  EXPECT_EQ(e5m2_to_float(0x3C), 1.0f);
+  EXPECT_EQ(e5m2_to_float(0x7B), 57344.0f);
+  EXPECT_EQ(e5m2_to_float(0x01), std::ldexp(1.0f, -16));
+  EXPECT_TRUE(std::isinf(e5m2_to_float(0x7C)));
+  EXPECT_EQ(float_to_e5m2(1.0), 0x3C);
+  EXPECT_EQ(float_to_e5m2(1e6), 0x7B);
+  EXPECT_EQ(float_to_e5m2(1e6, false), 0x7C);
+  EXPECT_EQ(float_to_e5m2(1.125), 0x3C);  // a tie between 1 and 1.25: the even code
+}
+
+TEST(Quantised, NibblesAndBlocksAreReadInTheDocumentedOrder) {
+  const std::uint8_t int4[] = {0x21, 0x8F};  // elements 0, 1 in byte 0 (low, high), 2, 3 in byte 1
+  float out[4];
+  decode_row(Encoding::s4, int4, 4, out);
+  EXPECT_EQ(std::vector<float>(out, out + 4), (std::vector<float>{1, 2, -1, -8}));
+  decode_row(Encoding::u4, int4, 3, out);  // an odd width: the last high nibble is padding
+  EXPECT_EQ(std::vector<float>(out, out + 3), (std::vector<float>{1, 2, 15}));
+  std::uint8_t q4[18] = {0x00, 0x40};  // d = 2 (float16 0x4000, little-endian)
+  for (int n = 0; n < 16; ++n) q4[2 + n] = static_cast<std::uint8_t>(n | ((15 - n) << 4));
+  float block[32];
+  decode_row(Encoding::q4_0, q4, 32, block);
+  for (int n = 0; n < 16; ++n) {
+    EXPECT_EQ(block[n], 2.0f * static_cast<float>(n - 8)) << n;           // low nibble of byte n: element n
+    EXPECT_EQ(block[n + 16], 2.0f * static_cast<float>(7 - n)) << n;      // high nibble: element n + 16
+  }
+  std::uint8_t q8[34] = {0x00, 0xB8};  // d = -0.5
+  q8[2] = 0x80;                        // -128
+  q8[33] = 0x7F;
+  decode_row(Encoding::q8_0, q8, 32, block);
+  EXPECT_EQ(block[0], 64.0f);
+  EXPECT_EQ(block[31], -63.5f);
+  // ggml's reference quantiser, then decode: Q8_0 within half a step of d;
+  // Q4_0 maps the block's extreme to -8 and clamps the other side at 7, so
+  // values near the opposite extreme lose up to a whole step.
+  std::vector<double> x(64);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::sin(static_cast<double>(i)) * 3.0;
+  for (Encoding e : {Encoding::q8_0, Encoding::q4_0}) {
+    std::vector<std::uint8_t> row(static_cast<std::size_t>(encoded_row_bytes(e, 64)));
+    ggml_quantise_row(e, x.data(), 64, row.data());
+    std::vector<float> back(64);
+    decode_row(e, row.data(), 64, back.data());
+    const double allowed = e == Encoding::q8_0 ? 0.51 * 3.0 / 127 : 1.01 * 3.0 / 8;
+    for (std::size_t i = 0; i < x.size(); ++i) EXPECT_LE(std::fabs(back[i] - x[i]), allowed) << encoding_name(e) << i;
+  }
+}
+
+TEST(Quantised, ProblemStringsRoundTripAndTheRulesNameWhatIsWrong) {
+  const Problem p = Problem::parse("dtype=bf16,b=2,hq=8,hkv=2,sq=1,sk=64,d=64,qenc=e4m3,qdescale=head,kenc=u4,kscale=2x2x64x4,kzp,"
+                                   "venc=q8_0,vdescale=tensor");
+  EXPECT_EQ(Problem::parse(p.to_string()), p);
+  EXPECT_EQ(p.k_quant.encoding, Encoding::u4);
+  EXPECT_EQ(p.k_quant.scale, (std::array<std::int64_t, 4>{2, 2, 64, 4}));
+  EXPECT_EQ(p.encodings(), encoding_bit(Encoding::e4m3) | encoding_bit(Encoding::u4) | encoding_bit(Encoding::q8_0));
+  EXPECT_NE(input_error_of([] { Problem::parse("dtype=f32,b=1,hq=1,hkv=1,sq=1,sk=4,d=48,kenc=q4_0"); }).find("not a multiple of 32"),
+            std::string::npos);
+  EXPECT_NE(input_error_of([] { Problem::parse("dtype=f32,b=1,hq=1,hkv=1,sq=1,sk=4,d=32,kenc=s8,kdescale=tensor"); })
+                .find("integer encodings take a scale"),
+            std::string::npos);
+  EXPECT_NE(input_error_of([] { Problem::parse("dtype=f32,b=1,hq=1,hkv=1,sq=1,sk=4,d=32,kenc=s8,kscale=1x1x3x1"); })
+                .find("along seq, expected 1 or 4"),
+            std::string::npos);
+  EXPECT_NE(input_error_of([] { Problem::parse("dtype=f32,b=1,hq=1,hkv=1,sq=1,sk=4,d=32,kenc=fp9"); }).find("not an encoding"),
+            std::string::npos);
+  // No backward pass through codes.
+  EXPECT_FALSE(backward_defined(p).ok);
+}
+
+TEST(Quantised, GeneratedFixturesRoundTripThroughTheFile) {
+  const fs::path dir = fs::path(::testing::TempDir()) / "quantised_round_trip";
+  for (const char* name : {"quantised/int4_uint4_odd_width_f16", "quantised/q8_0_q4_0_paged_f16", "quantised/e4m3_qkv_ragged_f32"}) {
+    const Fixture made = generate_fixture(suite_case(name));
+    const fs::path path = dir / (std::string(name) + ".h5");
+    write_fixture(made, path);
+    const Fixture read = read_fixture(path);
+    EXPECT_EQ(read.header.format_version, 4);
+    EXPECT_EQ(read.problem(), made.problem());
+    for (char t : {'q', 'k', 'v'}) {
+      EXPECT_EQ(read.data.quant(t), made.data.quant(t)) << name << " " << t;
+      EXPECT_EQ(read.data.values(t), made.data.values(t)) << name << " " << t;
+    }
+    EXPECT_TRUE(read.header.has_tag("quantised"));
+  }
+}
+
+TEST(Quantised, FilesThatNumpyWroteLoadAndPass) {
+  const std::vector<fs::path> files = {kData / "numpy_v4_e4m3_kv_f32.h5", kData / "numpy_v4_q8_0_k_int4_v_bf16.h5",
+                                       kData / "numpy_v4_int8_k_zero_point_f32.h5"};
+  const Fixture e4m3 = read_fixture(files[0]);
+  EXPECT_EQ(e4m3.problem().k_quant.descale, Descale::tensor);      // a scalar dataset
+  EXPECT_EQ(e4m3.problem().v_quant.descale, Descale::entry_head);  // [batch, heads_kv]
+  EXPECT_TRUE(e4m3.header.has_tag("fp8") && e4m3.header.has_tag("float8_e4m3fn"));
+  const Fixture int8 = read_fixture(files[2]);
+  EXPECT_EQ(int8.data.k_quant.codes.size(), 2u * 9 * 8);  // bytes of an int8 dataset, negative codes included
+  const VerifySummary summary = verify(files, make_backends(std::vector<std::string>{"naive", "blocked", "streaming"}), {});
+  EXPECT_TRUE(summary.input_errors.empty());
+  ASSERT_EQ(summary.outcomes.size(), 9u);
+  for (const auto& o : summary.outcomes) {
+    EXPECT_EQ(o.comparison.verdict, Verdict::pass) << o.backend << " " << o.fixture << ": " << o.comparison.reason;
+  }
+  // The originals are reported as the quantisation's error, beside the verdict.
+  EXPECT_TRUE(summary.outcomes.front().quantisation.has_value());
+  EXPECT_GT(summary.outcomes.front().quantisation->relative, 0.0);
+}
+
+TEST(Quantised, AGoldenOfTheOriginalValuesIsAnInputError) {
+  const VerifySummary summary =
+      verify({kData / "numpy_v4_e4m3_golden_from_originals_f32.h5"}, make_backends(std::vector<std::string>{"naive"}), {});
+  ASSERT_EQ(summary.input_errors.size(), 1u);
+  EXPECT_NE(summary.input_errors[0].message.find("not the attention of its own inputs"), std::string::npos);
+}
+
+TEST(Quantised, ANanCodeAndAWrongDescaleShapeAreInputErrorsNamingThem) {
+  Fixture f = generate_fixture(suite_case("quantised/e4m3_kv_saturated_f32"));
+  f.data.k_quant.codes[5] = 0x7F;  // NaN
+  CaseData data = f.data;
+  EXPECT_NE(input_error_of([&] { data.dequantise(); }).find("k[0][0][0][5]: its float8_e4m3fn code is nan"), std::string::npos);
+  CaseData wrong = generate_fixture(suite_case("quantised/e4m3_kv_saturated_f32")).data;
+  wrong.v_quant.descale.push_back(1.0f);
+  EXPECT_NE(input_error_of([&] { wrong.dequantise(); }).find("v_descale has 2 elements, expected 1"), std::string::npos);
+}
+
+// A descale of exactly 1 hides a backend that drops it from the plain
+// comparison: the probe's descales (powers of two) do not.
+TEST(Quantised, TheScaleProbeCatchesADroppedDescaleOfOne) {
+  Fixture f = generate_fixture(suite_case("quantised/e4m3_kv_decode_gqa_bf16"));
+  std::fill(f.data.v_quant.descale.begin(), f.data.v_quant.descale.end(), 1.0f);
+  f.data.dequantise();
+  f.out.clear();
+  f.lse.reset();
+  const std::unique_ptr<Backend> dropped = mutant("quant_v_descale_dropped");
+  const VerifySummary summary = verify_fixture(f, {dropped.get()}, {}, /*trusted_golden=*/true);
+  ASSERT_EQ(summary.outcomes.size(), 1u);
+  const Comparison& c = summary.outcomes[0].comparison;
+  EXPECT_EQ(c.verdict, Verdict::fail);
+  ASSERT_NE(c.tensor("out"), nullptr);
+  EXPECT_FALSE(c.tensor("out")->failed()) << "the plain comparison alone cannot see it";
+  EXPECT_NE(c.reason.find("v_descale"), std::string::npos) << c.reason;
+  // And the correct naive passes the same probes.
+  const auto backends = make_backends(std::vector<std::string>{"naive"});
+  const VerifySummary good = verify_fixture(f, {backends.front().get()}, {}, true);
+  EXPECT_EQ(good.outcomes[0].comparison.verdict, Verdict::pass) << good.outcomes[0].comparison.reason;
+}
+
+TEST(Quantised, FreeSlotsHoldHugeCodesThatNoEntryReads) {
+  const CaseData data = generate_inputs(suite_case("quantised/e4m3_kv_paged_decode_bf16"));
+  const Problem& p = data.problem;
+  std::vector<char> read(static_cast<std::size_t>(p.num_pages * p.page_size), 0);
+  for (std::int64_t e = 0; e < p.batch; ++e)
+    for (std::int64_t j = 0; j < data.seq_lens[static_cast<std::size_t>(e)]; ++j) {
+      read[static_cast<std::size_t>(data.page_table[static_cast<std::size_t>(e * p.pages_per_entry() + j / p.page_size)] * p.page_size +
+                                    j % p.page_size)] = 1;
+    }
+  int poisoned = 0;
+  for (std::size_t slot = 0; slot < read.size(); ++slot) {
+    if (read[slot]) continue;
+    const std::size_t page = slot / static_cast<std::size_t>(p.page_size), s = slot % static_cast<std::size_t>(p.page_size);
+    EXPECT_EQ(data.k_quant.codes[((page * static_cast<std::size_t>(p.heads_kv)) * static_cast<std::size_t>(p.page_size) + s) *
+                                 static_cast<std::size_t>(p.head_dim)],
+              0x7E);
+    ++poisoned;
+  }
+  EXPECT_GT(poisoned, 100);
+}
