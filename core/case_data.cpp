@@ -283,6 +283,13 @@ void CaseData::validate() const {
     check_size(values(t).size(), shape[0] * shape[1] * shape[2] * shape[3], name);
     if (problem.quant(t).quantised()) {
       check_values(values(t), DType::f64, name + " (dequantised)", false);
+      const double limit = largest_finite(problem.dtype);
+      for (std::size_t i = 0; i < values(t).size(); ++i) {
+        if (std::fabs(values(t)[i]) > limit) {
+          throw InputError(fmt::format("{}[{}] dequantises to {}, beyond {}'s largest finite value", name, i,
+                                       values(t)[i], dtype_name(problem.dtype)));
+        }
+      }
     } else {
       check_values(values(t), problem.dtype, name, false);
     }

@@ -133,7 +133,7 @@ void check_quant(const Problem& p, char tensor) {
   if (!spec.has_scale()) return;
   static const char* axes[] = {"batch", "heads", "seq"};
   for (int a = 0; a < 3; ++a) {
-    if (spec.scale[a] != 1 && spec.scale[a] != shape[a]) {
+    if (spec.scale[a] != 1 && (spec.scale[a] != shape[a] || shape[a] < 1)) {
       throw InputError(fmt::format("problem: {}'s scale has {} along {}, expected 1 or {}", tensor, spec.scale[a],
                                    axes[a], shape[a]));
     }

@@ -6,6 +6,7 @@
 #include <array>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "core/float_format.hpp"
 
@@ -181,6 +182,19 @@ void QuantView::dequantise_row(std::int64_t b, std::int64_t h, std::int64_t s, f
     float x = out[d];
     if (zero_point) x -= static_cast<float>(zero_point[g]);  // exact: both are integers below 2^24
     if (scale) x *= scale[g];
+    out[d] = x;
+  }
+}
+
+void QuantView::dequantise_row(std::int64_t b, std::int64_t h, std::int64_t s, double* out) const {
+  thread_local std::vector<float> decoded;
+  decoded.resize(static_cast<std::size_t>(dim));
+  decode_row(encoding, row(b, h, s), dim, decoded.data());  // exact in float
+  const std::int64_t at = b * scale_strides[0] + h * scale_strides[1] + s * scale_strides[2];
+  for (std::int64_t d = 0; d < dim; ++d) {
+    double x = decoded[static_cast<std::size_t>(d)];
+    if (zero_point) x -= zero_point[at + d / group];
+    if (scale) x *= static_cast<double>(scale[at + d / group]);
     out[d] = x;
   }
 }

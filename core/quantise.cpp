@@ -85,30 +85,13 @@ void pack_codes(Encoding e, const std::vector<double>& y, std::uint8_t* row) {
   }
 }
 
-// The largest code, everywhere in the row: what a free slot holds.
-void poison_row(Encoding e, std::int64_t dim, std::uint8_t* row) {
-  const std::int64_t bytes = encoded_row_bytes(e, dim);
-  switch (e) {
-    case Encoding::e4m3: std::fill_n(row, bytes, std::uint8_t{0x7E}); return;  // 448
-    case Encoding::e5m2: std::fill_n(row, bytes, std::uint8_t{0x7B}); return;  // 57344
-    case Encoding::s8: std::fill_n(row, bytes, std::uint8_t{0x7F}); return;
-    case Encoding::s4: std::fill_n(row, bytes, std::uint8_t{0x77}); return;
-    case Encoding::q8_0:
-    case Encoding::q4_0: {
-      const std::int64_t block = e == Encoding::q8_0 ? 34 : 18;
-      for (std::int64_t b = 0; b < bytes; b += block) {
-        row[b] = 0xFF, row[b + 1] = 0x7B;  // d = 65504
-        std::fill_n(row + b + 2, block - 2, e == Encoding::q8_0 ? std::uint8_t{0x7F} : std::uint8_t{0xFF});
-      }
-      return;
-    }
-    default: std::fill_n(row, bytes, std::uint8_t{0xFF}); return;  // u8, u4: the largest
-  }
-}
-
+// A scale or descale as float32: finite, and normal (the codes carry what is
+// smaller: factors in float32's subnormal range lose their own precision in
+// every kernel that multiplies by them).
 float to_scale(double x) {
   const auto f = static_cast<float>(x);
-  return std::isfinite(f) && f > 0 ? f : 1.0f;
+  if (!(std::isfinite(f) && f > 0)) return 1.0f;
+  return std::max(f, std::numeric_limits<float>::min());
 }
 
 void quantise_tensor(CaseData& data, char t, const QuantiseOptions& options) {
@@ -117,13 +100,26 @@ void quantise_tensor(CaseData& data, char t, const QuantiseOptions& options) {
   const Encoding e = spec.encoding;
   const auto shape = p.stored_shape(t);
   const std::int64_t width = shape[3], row_bytes = encoded_row_bytes(e, width);
-  const std::vector<double> x = data.values(t);
+  std::vector<double> x = data.values(t);
+  // A draw rounded to the dtype may have overflowed; a quarter of the range
+  // leaves room for the scales' rounding, so every dequantised value stays
+  // finite in the dtype (the format requires it).
+  const double limit = largest_finite(p.dtype) / 4;
+  for (double& value : x) value = std::clamp(value, -limit, limit);
   QuantData& quant = data.quant(t);
   quant = QuantData{};
   quant.original = x;
   const std::vector<char> read = read_positions(data, t);
   auto is_read = [&](std::int64_t b, std::int64_t s) { return read[static_cast<std::size_t>(b * shape[2] + s)] != 0; };
   auto at = [&](std::int64_t b, std::int64_t h, std::int64_t s) { return ((b * shape[1] + h) * shape[2] + s) * width; };
+  if (options.poison_unread) {  // 10^4 (or the largest the dtype allows), saturating codes whose scales the read rows set
+    const double huge = std::min(1e4, limit);
+    for (std::int64_t b = 0; b < shape[0]; ++b)
+      for (std::int64_t s = 0; s < shape[2]; ++s) {
+        if (is_read(b, s)) continue;
+        for (std::int64_t h = 0; h < shape[1]; ++h) std::fill_n(x.begin() + at(b, h, s), width, huge);
+      }
+  }
   const double top = largest_code(e) * options.headroom;
 
   // Descales: the amax of the read values each covers.
@@ -151,7 +147,10 @@ void quantise_tensor(CaseData& data, char t, const QuantiseOptions& options) {
     if (spec.descale == Descale::none) return 1.0;
     const std::int64_t slot = descale_slot(data, t, b, h, s);
     if (slot >= 0) return quant.descale[static_cast<std::size_t>(slot)];
-    return quant.descale[static_cast<std::size_t>(-1 - slot)];  // entry 0's, the same for every entry
+    // A row no entry reads has a descale of 1 (CaseData::dequantise); a read
+    // page slot, its kv head's, the same for every entry (entry 0's).
+    if (!is_read(b, s) || !(p.paged() && t != 'q')) return 1.0;
+    return quant.descale[static_cast<std::size_t>(-1 - slot)];
   };
 
   // Scales (and zero points): over what each covers, after the descale.
@@ -193,14 +192,12 @@ void quantise_tensor(CaseData& data, char t, const QuantiseOptions& options) {
     for (std::int64_t h = 0; h < shape[1]; ++h)
       for (std::int64_t s = 0; s < shape[2]; ++s) {
         std::uint8_t* row = &quant.codes[static_cast<std::size_t>(((b * shape[1] + h) * shape[2] + s) * row_bytes)];
-        if (options.poison_unread && !is_read(b, s)) {
-          poison_row(e, width, row);
-          continue;
-        }
         const double desc = descale_of(b, h, s);
         for (std::int64_t d = 0; d < width; ++d) {
           double v = x[static_cast<std::size_t>(at(b, h, s) + d)] / desc;
           if (spec.has_scale()) v /= static_cast<double>(quant.scale[scale_index(b, h, s, d)]);
+          // A block's d is a float16: values beyond 65504 codes of it saturate.
+          if (is_ggml(e)) v = std::clamp(v, -65504.0 * largest_code(e), 65504.0 * largest_code(e));
           if (is_integer(e)) {
             const double zero = spec.zero_point ? static_cast<double>(quant.zero_point[scale_index(b, h, s, d)]) : 0.0;
             v = std::clamp(std::nearbyint(v) + zero, static_cast<double>(code_min(e)), static_cast<double>(code_max(e)));

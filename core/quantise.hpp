@@ -16,8 +16,9 @@ struct QuantiseOptions {
   // above half of it, 2^-12 puts most fp8 codes among the subnormals.
   double headroom = 1;
   // Rows of K and V that no batch entry reads (free page slots and spare
-  // pages, packed tails past the last sequence) hold the largest code, with
-  // the largest scale: valid, huge, and never to be read.
+  // pages, packed tails past the last sequence) are quantised from 10^4
+  // (or a quarter of the dtype's range): codes saturated at the largest,
+  // valid, huge, and never to be read.
   bool poison_unread = true;
   // Every Nth row of a ggml tensor starts with a block of zeros (d = 0); 0: none.
   std::int64_t zero_block_every = 0;

@@ -161,7 +161,10 @@ TEST_F(FixtureIo, TruncatedFilesFailWithThePath) {
 TEST_F(FixtureIo, WrongRootAttributes) {
   EXPECT_ERROR(error_after([](RawCase& r) { r.attrs["format"] = std::string("attn-fixtur"); }),
                "attribute 'format' is 'attn-fixtur', expected 'attn-fixture'");
-  EXPECT_ERROR(error_after([](RawCase& r) { r.attrs["format_version"] = std::int64_t{4}; }), "'format_version' is 4, expected 1, 2 or 3");
+  EXPECT_ERROR(error_after([](RawCase& r) { r.attrs["format_version"] = std::int64_t{5}; }), "'format_version' is 5, expected 1, 2, 3 or 4");
+  // A version 1 file carrying a version 4 field (quantised inputs).
+  EXPECT_ERROR(error_after([](RawCase& r) { r.attrs["k_encoding"] = std::string("int8"); }),
+               "'k_encoding' belongs to format version 4 (quantised inputs), but 'format_version' is 1");
   // A version 1 file carrying a version 2 field: its writer did not mean it.
   EXPECT_ERROR(error_after([](RawCase& r) { r.attrs["window_left"] = std::int64_t{2}; }),
                "attribute 'window_left' belongs to format version 2, but 'format_version' is 1");

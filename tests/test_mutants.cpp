@@ -126,11 +126,20 @@ TEST(FuzzDraw, CoversEveryDtypeLayoutMaskBiasKvLenAndCausalRule) {
     if (p.ragged && std::count(c.spec.recipe.k_lens.begin(), c.spec.recipe.k_lens.end(), 0) > 0) seen.insert("empty sequence");
     if (p.paged()) seen.insert("paged");
     if (p.paged() && p.page_size == 1) seen.insert("page_size 1");
+    for (const QuantSpec* spec : {&p.q_quant, &p.k_quant, &p.v_quant}) {
+      if (!spec->quantised()) continue;
+      seen.insert(std::string(encoding_short_name(spec->encoding)));
+      if (spec->descale == Descale::entry_head) seen.insert("descale per head");
+      if (spec->zero_point) seen.insert("zero point");
+      if (spec->has_scale() && spec->scale[3] > 1) seen.insert("grouped scale");
+      if (p.paged()) seen.insert("quantised paged");
+    }
   }
   for (const char* want : {"f64", "f32", "f16", "bf16", "bhsd", "bshd", "causal=none", "causal=top_left",
                            "causal=bottom_right", "threads=1", "threads=8", "mask", "bias", "kv_len", "seq_k=0",
                            "decode", "dv!=d", "gqa", "odd head_dim", "window", "window 0", "softcap", "alibi", "sinks",
-                           "ragged", "empty sequence", "paged", "page_size 1"}) {
+                           "ragged", "empty sequence", "paged", "page_size 1", "e4m3", "e5m2", "s8", "u8", "s4", "u4",
+                           "q8_0", "q4_0", "descale per head", "zero point", "grouped scale", "quantised paged"}) {
     EXPECT_TRUE(seen.count(want)) << "400 cases of seed " << kSeed << " never drew " << want;
   }
 }

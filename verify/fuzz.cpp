@@ -109,6 +109,18 @@ bool store(FuzzCase& c, Problem p) {
     r.seq_lens.clear();
   }
   if (!p.sinks) r.sink_mean = 0, r.sink_std = 2;
+  // Version 4: scales follow the tensor's shape as it shrinks (an axis that is
+  // not broadcast takes the new size; groups that no longer divide the row
+  // become one per row). No backward pass through codes.
+  for (QuantSpec* spec : {&p.q_quant, &p.k_quant, &p.v_quant}) {
+    if (!spec->has_scale()) continue;
+    const auto shape = p.stored_shape(spec == &p.q_quant ? 'q' : spec == &p.k_quant ? 'k' : 'v');
+    for (std::size_t a = 0; a < 3; ++a) {
+      if (spec->scale[a] != 1) spec->scale[a] = std::max<std::int64_t>(shape[a], 1);
+    }
+    if (shape[3] % spec->scale[3] != 0) spec->scale[3] = 1;
+  }
+  if (p.quantised()) r.backward = r.bias_requires_grad = false;
   try {
     p.validate();
   } catch (const InputError&) {
@@ -195,6 +207,47 @@ void draw_version2(const std::string& name, bool decode, Problem& p, InputRecipe
     for (std::int64_t b = 0; b < p.batch; ++b) r.seq_lens.push_back(rng.uniform() < 0.15 ? 0 : rng.uniform_int(1, p.seq_k));
     p.num_pages = 1;  // store() sizes the pool
   }
+}
+
+// Format version 4 (from a stream of its own): K and V (and now and then Q)
+// in an encoding drawn among all of them, with descales, scales per tensor,
+// token, group or channel, and zero points. Paged tensors' scales are
+// broadcast over the pool (its size is set later).
+void draw_version4(Rng& rng, Problem& p) {
+  const Encoding all[] = {Encoding::e4m3, Encoding::e5m2, Encoding::s8, Encoding::u8,
+                          Encoding::s4,   Encoding::u4,   Encoding::q8_0, Encoding::q4_0};
+  auto draw = [&](char t) {
+    QuantSpec& spec = t == 'q' ? p.q_quant : t == 'k' ? p.k_quant : p.v_quant;
+    Encoding e = pick(rng, all);
+    if (is_ggml(e)) {  // blocks of 32: the row's width rounded up to them
+      std::int64_t& width = t == 'v' ? p.head_dim_v : p.head_dim;
+      width = (width + 31) / 32 * 32;
+    }
+    if (is_ggml(e) && t == 'q' && p.k_quant.quantised() && !is_ggml(p.k_quant.encoding) && p.k_quant.has_scale()) {
+      e = Encoding::e4m3;  // K's groups were drawn for the old width
+    }
+    const auto shape = p.stored_shape(t);
+    spec.encoding = e;
+    if ((is_fp8(e) || is_ggml(e)) && rng.uniform() < 0.7) spec.descale = rng.uniform() < 0.5 ? Descale::tensor : Descale::entry_head;
+    if (is_integer(e) || (is_fp8(e) && rng.uniform() < 0.3)) {
+      const double u = rng.uniform();
+      std::int64_t groups = 1;
+      if (u >= 0.5) {  // a divisor of the width: groups of width / groups
+        std::vector<std::int64_t> divisors;
+        for (std::int64_t n = 1; n <= shape[3]; ++n) {
+          if (shape[3] % n == 0) divisors.push_back(n);
+        }
+        groups = divisors[static_cast<std::size_t>(rng.uniform_int(0, static_cast<std::int64_t>(divisors.size()) - 1))];
+      }
+      const bool per_token = u >= 0.25;
+      spec.scale = {per_token && !p.paged() ? shape[0] : 1, per_token || u < 0.1 ? shape[1] : 1, per_token && !p.paged() ? shape[2] : 1,
+                    groups};
+      spec.zero_point = is_integer(e) && rng.uniform() < 0.5;
+    }
+  };
+  draw('k');
+  if (rng.uniform() < 0.8) draw('v');
+  if (rng.uniform() < 0.25) draw('q');
 }
 
 }  // namespace
@@ -360,6 +413,9 @@ FuzzCase draw_fuzz_case(std::uint64_t seed, std::int64_t index) {
     r.backward = true;
     r.bias_requires_grad = p.bias.present && backward.uniform() < 0.75;
   }
+  // Quantised inputs (format version 4), from a stream of their own: 1 case in 6 without gradients.
+  Rng quantised = Rng::from_name(fmt::format("attn fuzz v4 {} {}", seed, index));
+  if (!r.backward && quantised.uniform() < 1.0 / 6) draw_version4(quantised, p);
   if (!store(c, p)) throw Error(fmt::format("attn fuzz: drew an invalid case {}: {}", c.spec.name, p.to_string()));
   return c;
 }
@@ -368,8 +424,9 @@ Fixture fuzz_fixture(const FuzzCase& c) {
   Fixture f;
   f.data = generate_inputs(c.spec);
   const double limit = largest_finite(f.data.problem.dtype);
-  for (auto* values : {&f.data.q, &f.data.k, &f.data.v}) {
-    for (double& x : *values) x = std::clamp(x, -limit, limit);
+  for (char t : {'q', 'k', 'v'}) {  // quantised values are their codes' (core/quantise.cpp clamps the originals)
+    if (f.data.problem.quant(t).quantised()) continue;
+    for (double& x : f.data.values(t)) x = std::clamp(x, -limit, limit);
   }
   f.header.name = c.spec.name;
   f.header.description = "attn fuzz: " + c.describe();
@@ -469,6 +526,16 @@ std::vector<FuzzCase> simpler_fuzz_cases(const FuzzCase& c) {
   if (r.backward) {
     with([](FuzzCase& n, Problem&) { n.spec.recipe.backward = n.spec.recipe.bias_requires_grad = false; });
     if (r.bias_requires_grad) with([](FuzzCase& n, Problem&) { n.spec.recipe.bias_requires_grad = false; });
+  }
+  // Version 4: each quantised tensor back in the dtype, then its scale, zero point and descale off.
+  for (char t : {'q', 'k', 'v'}) {
+    const QuantSpec& spec = p.quant(t);
+    if (!spec.quantised()) continue;
+    auto of = [t](Problem& q) -> QuantSpec& { return t == 'q' ? q.q_quant : t == 'k' ? q.k_quant : q.v_quant; };
+    with([&](FuzzCase&, Problem& q) { of(q) = QuantSpec{}; });
+    if (spec.zero_point) with([&](FuzzCase&, Problem& q) { of(q).zero_point = false; });
+    if (spec.has_scale() && !spec.zero_point) with([&](FuzzCase&, Problem& q) { of(q).scale = {}; });
+    if (spec.descale != Descale::none) with([&](FuzzCase&, Problem& q) { of(q).descale = Descale::none; });
   }
   // Version 2: each addition off, then smaller.
   if (p.window_left >= 0) {

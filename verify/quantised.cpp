@@ -43,11 +43,13 @@ std::optional<QuantisationError> quantisation_error(const CaseData& data, const 
 
 namespace {
 
-// Multiplies each value by 2^(1 + i % 3): exact (no float32 scale of a
-// fixture comes near the range's ends), different for neighbouring heads and
-// batch entries, so a descale read for the wrong head or entry is caught too.
-void powers_of_two(std::vector<float>& values) {
-  for (std::size_t i = 0; i < values.size(); ++i) values[i] = std::ldexp(values[i], 1 + static_cast<int>(i % 3));
+// Multiplies each factor by 2^(sign (1 + i % 3)): different for neighbouring
+// heads and batch entries, so a descale read for the wrong head or entry is
+// caught too; downwards (sign -1) when upwards would take the tensor's values
+// past the dtype's range (the changed case must be as valid as the case).
+// Each factor stays a normal float32, so every value stays exact.
+void powers_of_two(std::vector<float>& values, int sign) {
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = std::ldexp(values[i], sign * (1 + static_cast<int>(i % 3)));
 }
 
 }  // namespace
@@ -63,7 +65,11 @@ std::vector<ScaleProbe> scale_probes(const CaseData& data, int threads) {
       probe.what = fmt::format("{}_{} x2^(1 + i % 3)", t, descale ? "descale" : "scale");
       probe.data = data;
       QuantData& quant = probe.data.quant(t);
-      powers_of_two(descale ? quant.descale : quant.scale);
+      double largest = 0;
+      for (double x : data.values(t)) largest = std::max(largest, std::fabs(x));
+      const int sign = largest * 8 > largest_finite(data.problem.dtype) / 4 ? -1 : 1;
+      powers_of_two(descale ? quant.descale : quant.scale, sign);
+      if (sign < 0) probe.what = fmt::format("{}_{} x2^-(1 + i % 3)", t, descale ? "descale" : "scale");
       quant.original.clear();
       probe.data.dequantise();
       probe.truth = forward_truth(probe.data, threads);

@@ -28,11 +28,15 @@ namespace {
 // dtype's smallest normal keeps only the subnormal spacing (bfloat16 hardware
 // flushes it to zero). No relative term covers it: a sink or a score far above
 // the rest puts every other weight there, and |v| can be as large as the dtype
-// allows.
+// allows. In float32 a weight below 2^-126 (of the row's largest, 1) may be
+// flushed too: the exp2 of fused kernels does (CUDA's ex2.approx.ftz; the
+// AVX-512 exp2 here, which so avoids vscalefps' microcode assist), and it
+// shows where the weights that stay normal carry values of exactly 0 (integer
+// codes of V, format version 4).
 double weight_underflow(DType dtype) {
   switch (dtype) {
     case DType::f64: return std::ldexp(1.0, -1074);
-    case DType::f32: return std::ldexp(1.0, -149);
+    case DType::f32: return std::ldexp(1.0, -126);
     case DType::f16: return std::ldexp(1.0, -24);
     case DType::bf16: return std::ldexp(1.0, -126);
   }

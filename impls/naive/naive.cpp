@@ -167,14 +167,13 @@ void naive_attention(const Problem& p, const AttentionIO& io) {
 // declares; the descale is applied in the loops.
 Buffer dequantised(const QuantView& codes, TensorView& view) {
   Buffer buffer(static_cast<std::size_t>(view.extent()) * dtype_size(view.dtype));
-  std::vector<float> row(static_cast<std::size_t>(codes.dim));
+  std::vector<double> row(static_cast<std::size_t>(codes.dim));
   for (std::int64_t b = 0; b < view.shape[0]; ++b)
     for (std::int64_t h = 0; h < view.shape[1]; ++h)
       for (std::int64_t s = 0; s < view.shape[2]; ++s) {
-        codes.dequantise_row(b, h, s, row.data());
+        codes.dequantise_row(b, h, s, row.data());  // exact
         for (std::int64_t d = 0; d < codes.dim; ++d) {
-          store_float(MutableTensorView{buffer.data(), view.dtype, view.shape, view.strides}, view.offset(b, h, s, d),
-                      row[static_cast<std::size_t>(d)]);
+          store_from_double(buffer.data(), view.offset(b, h, s, d), view.dtype, row[static_cast<std::size_t>(d)]);
         }
       }
   view.data = buffer.data();

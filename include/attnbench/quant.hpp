@@ -147,6 +147,8 @@ struct QuantView {
   // Row (b, h, s) dequantised into out (dim floats): (decode - zero point) *
   // scale, rounded once to float; the descale is left to the caller.
   void dequantise_row(std::int64_t b, std::int64_t h, std::int64_t s, float* out) const;
+  // The same exactly, in double (for float64 computations).
+  void dequantise_row(std::int64_t b, std::int64_t h, std::int64_t s, double* out) const;
 };
 
 }  // namespace attn
