@@ -16,6 +16,15 @@ std::string shape(const char* dtype, int heads_q, int heads_kv, int seq_q, int s
   return s;
 }
 
+// Format version 4 caches: K and V in one encoding, with the descales and
+// scales serving stacks keep (fp8: one per (sequence, kv head); int8: one per
+// token).
+constexpr const char* kFp8Cache = ",kenc=e4m3,kdescale=head,venc=e4m3,vdescale=head";
+constexpr const char* kQ8Cache = ",kenc=q8_0,venc=q8_0";
+constexpr const char* kQ4Cache = ",kenc=q4_0,venc=q4_0";
+// int8 with a scale per token of the paged decode below (a pool of 8 * 256 + 1 pages of 16, 8 kv heads).
+constexpr const char* kInt8Cache = ",kenc=s8,kscale=2049x8x16x1,venc=s8,vscale=2049x8x16x1";
+
 // A decode step of `batch` sequences of up to seq_k keys in pages of `page`,
 // GQA heads_q:heads_kv; the pool holds every page an entry could use, and one.
 std::string paged_decode(const char* dtype, int batch, int heads_q, int heads_kv, int seq_k, int head_dim, int page) {
@@ -46,6 +55,9 @@ std::vector<Problem> benchmark_problems(const std::string& preset) {
     shapes.push_back(shape("f32", 8, 8, 4096, 4096, 64, "bottom_right") + ",wl=512");
     shapes.push_back(paged_decode("bf16", 8, 32, 8, 4096, 128, 16));
     shapes.push_back(packed_prefill("f32", 6, 8, 4096, 64));
+    // Format version 4: the same paged decode from an fp8 and a Q8_0 cache.
+    shapes.push_back(paged_decode("bf16", 8, 32, 8, 4096, 128, 16) + kFp8Cache);
+    shapes.push_back(paged_decode("bf16", 8, 32, 8, 4096, 128, 16) + kQ8Cache);
   } else if (preset == "gpu") {
     // The GPU check: seq 1024 to 16384 at 16k tokens per batch, head_dim 64 and
     // 128, bfloat16 and float16, causal and not.
@@ -93,6 +105,12 @@ std::vector<Problem> benchmark_problems(const std::string& preset) {
         }
     for (const char* dtype : {"f32", "bf16"}) shapes.push_back(paged_decode(dtype, 8, 8, 1, 4096, 64, 16));
     shapes.push_back(paged_decode("bf16", 64, 32, 8, 1024, 128, 16));
+    // Format version 4, the precision axis past bfloat16: paged decode from
+    // fp8 (vLLM's cache), Q8_0 and Q4_0 (llama.cpp's) and int8 per token.
+    for (const char* cache : {kFp8Cache, kQ8Cache, kQ4Cache, kInt8Cache}) {
+      shapes.push_back(paged_decode("bf16", 8, 32, 8, 4096, 128, 16) + cache);
+    }
+    shapes.push_back(paged_decode("f32", 8, 32, 8, 4096, 128, 16) + kQ8Cache);
   } else {
     throw Error(fmt::format("unknown preset '{}' (quick, standard, full, gpu)", preset));
   }
@@ -174,14 +192,26 @@ double dense_flops(const Problem& p) {
   return 2.0 * static_cast<double>(p.head_dim + p.head_dim_v) * static_cast<double>(p.heads_q) * pairs;
 }
 
+// Bytes of one key's row of K or V as stored: its codes and, for scales per
+// token (or finer), their float32 factors and int32 zero points (format
+// version 4); width elements of the dtype otherwise.
+double row_bytes(const Problem& p, char tensor) {
+  const QuantSpec& spec = p.quant(tensor);
+  const std::int64_t width = tensor == 'k' ? p.head_dim : p.head_dim_v;
+  if (!spec.quantised()) return static_cast<double>(width) * static_cast<double>(dtype_size(p.dtype));
+  double bytes = static_cast<double>(encoded_row_bytes(spec.encoding, width));
+  if (spec.has_scale() && spec.scale[2] > 1) bytes += static_cast<double>(spec.scale[3]) * (spec.zero_point ? 8.0 : 4.0);
+  return bytes;
+}
+
 double kv_bytes(const Problem& p) {
-  const double element = static_cast<double>(dtype_size(p.dtype));
+  const double per_key = static_cast<double>(p.heads_kv) * (row_bytes(p, 'k') + row_bytes(p, 'v'));
   if (p.paged()) {
     double keys = 0;
     for (std::int64_t len : benchmark_sequences(p).seq_lens) keys += static_cast<double>(len);
-    return keys * static_cast<double>(p.heads_kv * (p.head_dim + p.head_dim_v)) * element;
+    return keys * per_key;
   }
-  return static_cast<double>(p.k_elements() + p.v_elements()) * element;
+  return static_cast<double>(p.kv_batch() * p.kv_seq()) * per_key;
 }
 
 }  // namespace attn::bench

@@ -24,6 +24,7 @@
 #include "bench/matrix.hpp"
 #include "bench/peak.hpp"
 #include "core/case_data.hpp"
+#include "core/quantise.hpp"
 #include "core/rng.hpp"
 #include "core/thread_pool.hpp"
 
@@ -76,6 +77,7 @@ CaseData random_case(const Problem& p) {
     data.alibi_slopes.push_back(round_to_dtype(std::exp2(-8.0 * static_cast<double>(h + 1) / static_cast<double>(p.heads_q)), DType::f32));
   }
   for (std::int64_t h = 0; h < p.heads_q && p.sinks; ++h) data.sinks.push_back(round_to_dtype(rng.normal(), DType::f32));
+  if (p.quantised()) quantise_case(data);  // the codes, scales and descales the problem declares
   return data;
 }
 

@@ -74,14 +74,27 @@ TEST(BenchMatrix, Version2CasesCountTheirOwnPairs) {
   data.k.assign(static_cast<std::size_t>(p.k_elements()), 0.0);
   data.v.assign(static_cast<std::size_t>(p.v_elements()), 0.0);
   EXPECT_NO_THROW(data.validate());
-  // The quick preset has one of each.
-  int window = 0, packed = 0, paged = 0;
+  // The quick preset has one of each, and the paged decode from an fp8 and a Q8_0 cache.
+  int window = 0, packed = 0, paged = 0, quantised = 0;
   for (const Problem& q : bench::benchmark_problems("quick")) {
     window += q.has_window();
     packed += q.ragged;
-    paged += q.paged();
+    paged += q.paged() && !q.quantised();
+    quantised += q.paged() && q.quantised();
   }
   EXPECT_EQ(window, 1);
   EXPECT_EQ(packed, 1);
   EXPECT_EQ(paged, 1);
+  EXPECT_EQ(quantised, 2);
+}
+
+// A quantised cache moves the bytes of its codes: fp8 half of bfloat16's, Q8_0
+// 34 bytes per 32 elements, int8 per token its codes and a float32 scale.
+TEST(BenchMatrix, QuantisedDecodeCountsTheBytesItsCacheMoves) {
+  const std::string base = "dtype=bf16,b=8,hq=32,hkv=8,sq=1,sk=4096,d=128,causal=bottom_right,paged=16x2049";
+  const double bf16 = bench::kv_bytes(Problem::parse(base));
+  EXPECT_DOUBLE_EQ(bench::kv_bytes(Problem::parse(base + ",kenc=e4m3,kdescale=head,venc=e4m3,vdescale=head")), bf16 / 2);
+  EXPECT_DOUBLE_EQ(bench::kv_bytes(Problem::parse(base + ",kenc=q8_0,venc=q8_0")), bf16 / 2 * 34 / 32);
+  EXPECT_DOUBLE_EQ(bench::kv_bytes(Problem::parse(base + ",kenc=s8,kscale=2049x8x16x1,venc=s8,vscale=2049x8x16x1")),
+                   bf16 / 2 * (128 + 4) / 128);
 }
