@@ -91,6 +91,7 @@ Problem shrunk(const Problem& p, std::int64_t size) {
     small.seq_k = std::max<std::int64_t>(small.seq_k / p.page_size, 1) * p.page_size;
     small.num_pages = small.batch * small.pages_per_entry() + 1;
   }
+  small.fit_quant_scales();
   return small;
 }
 

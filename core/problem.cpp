@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <limits>
@@ -58,6 +59,18 @@ unsigned Problem::encodings() const {
 std::array<std::int64_t, 4> Problem::stored_shape(char tensor) const {
   if (tensor == 'q') return {q_batch(), heads_q, seq_q, head_dim};
   return {kv_batch(), heads_kv, kv_seq(), tensor == 'k' ? head_dim : head_dim_v};
+}
+
+void Problem::fit_quant_scales() {
+  for (char t : {'q', 'k', 'v'}) {
+    QuantSpec& spec = t == 'q' ? q_quant : t == 'k' ? k_quant : v_quant;
+    if (!spec.has_scale()) continue;
+    const auto shape = stored_shape(t);
+    for (std::size_t a = 0; a < 3; ++a) {
+      if (spec.scale[a] != 1) spec.scale[a] = std::max<std::int64_t>(shape[a], 1);
+    }
+    if (shape[3] % spec.scale[3] != 0) spec.scale[3] = 1;
+  }
 }
 
 std::string_view layout_name(Layout layout) { return layout == Layout::bhsd ? "bhsd" : "bshd"; }

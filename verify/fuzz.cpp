@@ -112,14 +112,7 @@ bool store(FuzzCase& c, Problem p) {
   // Version 4: scales follow the tensor's shape as it shrinks (an axis that is
   // not broadcast takes the new size; groups that no longer divide the row
   // become one per row). No backward pass through codes.
-  for (QuantSpec* spec : {&p.q_quant, &p.k_quant, &p.v_quant}) {
-    if (!spec->has_scale()) continue;
-    const auto shape = p.stored_shape(spec == &p.q_quant ? 'q' : spec == &p.k_quant ? 'k' : 'v');
-    for (std::size_t a = 0; a < 3; ++a) {
-      if (spec->scale[a] != 1) spec->scale[a] = std::max<std::int64_t>(shape[a], 1);
-    }
-    if (shape[3] % spec->scale[3] != 0) spec->scale[3] = 1;
-  }
+  p.fit_quant_scales();
   if (p.quantised()) r.backward = r.bias_requires_grad = false;
   try {
     p.validate();

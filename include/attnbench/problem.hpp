@@ -133,6 +133,10 @@ struct Problem {
   // of the tensor as held (pages for batch when paged).
   std::array<std::int64_t, 4> stored_shape(char tensor) const;
   const QuantSpec& quant(char tensor) const { return tensor == 'q' ? q_quant : tensor == 'k' ? k_quant : v_quant; }
+  // After the sizes changed (a smaller problem of the same kind): each scale
+  // axis that is not broadcast takes its tensor's new size, and groups that no
+  // longer divide the row become one per row.
+  void fit_quant_scales();
   bool has_window() const { return window_left >= 0 || window_right >= 0; }
   // The alignment of the causal rule, or of the window and ALiBi without one.
   Align alignment() const {
