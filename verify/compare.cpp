@@ -143,6 +143,12 @@ void measure_forward(ForwardTruth& f, const CaseData& data, const Fixture* fixtu
   BaselineFamily family = baseline_family(p.quantised() ? in_compute_dtype(data) : data, threads);
   f.baselines = std::move(family.out);
   f.probe_baselines = std::move(family.probe);
+  if (p.quantised() && (p.q_quant.descale != Descale::none || p.k_quant.descale != Descale::none ||
+                        p.v_quant.descale != Descale::none)) {
+    // The descales applied after the rounding: a second draw of the inputs' rounding.
+    BaselineFamily apart = baseline_family(in_compute_dtype(data, true), threads);
+    for (auto& out : apart.out) f.baselines.push_back(std::move(out));
+  }
   const std::int64_t longest = *std::max_element(f.stats.visible.begin(), f.stats.visible.end());
   f.measured = measured_limit(p.dtype, f.truth.out, f.baselines, forward_floor_magnitude(p, f.stats), p.head_dim_v,
                               counts, longest);

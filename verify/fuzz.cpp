@@ -88,7 +88,10 @@ bool store(FuzzCase& c, Problem p) {
   }
   InputRecipe& r = c.spec.recipe;
   // Lattice scores need exact scores: scale 1 and nothing added to q.k.
-  if (r.lattice_scores && (p.scale != 1.0 || p.bias.present || p.softcap != 0 || p.alibi)) return false;
+  if (r.lattice_scores && (p.scale != 1.0 || p.bias.present || p.softcap != 0 || p.alibi || p.q_quant.quantised() ||
+                           p.k_quant.quantised())) {
+    return false;
+  }
   auto sum = [](const std::vector<std::int64_t>& v) { return std::accumulate(v.begin(), v.end(), std::int64_t{0}); };
   if (p.ragged) {  // the packed lengths must fit the packed capacities
     if (static_cast<std::int64_t>(r.q_lens.size()) != p.batch || r.k_lens.size() != r.q_lens.size()) return false;
@@ -206,7 +209,7 @@ void draw_version2(const std::string& name, bool decode, Problem& p, InputRecipe
 // in an encoding drawn among all of them, with descales, scales per tensor,
 // token, group or channel, and zero points. Paged tensors' scales are
 // broadcast over the pool (its size is set later).
-void draw_version4(Rng& rng, Problem& p) {
+void draw_version4(Rng& rng, Problem& p, bool exact_scores) {
   const Encoding all[] = {Encoding::e4m3, Encoding::e5m2, Encoding::s8, Encoding::u8,
                           Encoding::s4,   Encoding::u4,   Encoding::q8_0, Encoding::q4_0};
   auto draw = [&](char t) {
@@ -221,7 +224,11 @@ void draw_version4(Rng& rng, Problem& p) {
     }
     const auto shape = p.stored_shape(t);
     spec.encoding = e;
-    if ((is_fp8(e) || is_ggml(e)) && rng.uniform() < 0.7) spec.descale = rng.uniform() < 0.5 ? Descale::tensor : Descale::entry_head;
+    // Q's descale is the one indexed by kv head rather than by its own head: mostly per head.
+    const double per_head = t == 'q' ? 0.8 : 0.5;
+    if ((is_fp8(e) || is_ggml(e)) && rng.uniform() < 0.7) spec.descale = rng.uniform() < per_head ? Descale::entry_head : Descale::tensor;
+    // A per-head Q descale tells its kv head from its own only with GQA.
+    if (t == 'q' && spec.descale == Descale::entry_head && p.heads_q == p.heads_kv && p.heads_q % 2 == 0) p.heads_kv /= 2;
     if (is_integer(e) || (is_fp8(e) && rng.uniform() < 0.3)) {
       const double u = rng.uniform();
       std::int64_t groups = 1;
@@ -235,12 +242,14 @@ void draw_version4(Rng& rng, Problem& p) {
       const bool per_token = u >= 0.25;
       spec.scale = {per_token && !p.paged() ? shape[0] : 1, per_token || u < 0.1 ? shape[1] : 1, per_token && !p.paged() ? shape[2] : 1,
                     groups};
-      spec.zero_point = is_integer(e) && rng.uniform() < 0.5;
+      // Unsigned codes of signed values need their zero point (else half clamp to 0).
+      spec.zero_point = is_integer(e) && (e == Encoding::u8 || e == Encoding::u4 || rng.uniform() < 0.5);
     }
   };
-  draw('k');
-  if (rng.uniform() < 0.8) draw('v');
-  if (rng.uniform() < 0.25) draw('q');
+  // Lattice scores need Q and K exact: then V alone.
+  if (!exact_scores) draw('k');
+  if (exact_scores || rng.uniform() < 0.8) draw('v');
+  if (!exact_scores && rng.uniform() < 0.4) draw('q');
 }
 
 }  // namespace
@@ -406,9 +415,9 @@ FuzzCase draw_fuzz_case(std::uint64_t seed, std::int64_t index) {
     r.backward = true;
     r.bias_requires_grad = p.bias.present && backward.uniform() < 0.75;
   }
-  // Quantised inputs (format version 4), from a stream of their own: 1 case in 6 without gradients.
+  // Quantised inputs (format version 4), from a stream of their own: 3 cases in 10 without gradients.
   Rng quantised = Rng::from_name(fmt::format("attn fuzz v4 {} {}", seed, index));
-  if (!r.backward && quantised.uniform() < 1.0 / 6) draw_version4(quantised, p);
+  if (!r.backward && quantised.uniform() < 0.3) draw_version4(quantised, p, r.lattice_scores);
   if (!store(c, p)) throw Error(fmt::format("attn fuzz: drew an invalid case {}: {}", c.spec.name, p.to_string()));
   return c;
 }

@@ -7,11 +7,26 @@
 
 namespace attn {
 
-CaseData in_compute_dtype(const CaseData& data) {
+CaseData in_compute_dtype(const CaseData& data, bool descale_apart) {
   CaseData plain = data;
+  const DType dtype = data.problem.dtype;
   for (char t : {'q', 'k', 'v'}) {
-    if (!data.problem.quant(t).quantised()) continue;
-    for (double& x : plain.values(t)) x = round_to_dtype(x, data.problem.dtype);
+    const QuantSpec& spec = data.problem.quant(t);
+    if (!spec.quantised()) continue;
+    std::vector<double>& x = plain.values(t);
+    if (!descale_apart || spec.descale == Descale::none) {
+      for (double& value : x) value = round_to_dtype(value, dtype);
+      continue;
+    }
+    CaseData undescaled = data;  // the same codes with every descale 1
+    std::fill(undescaled.quant(t).descale.begin(), undescaled.quant(t).descale.end(), 1.0f);
+    undescaled.dequantise();
+    const std::vector<double>& base = undescaled.values(t);
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      // value = base * descale exactly, so value / base is the element's descale exactly
+      const double descale = base[i] != 0 ? x[i] / base[i] : 0.0;
+      x[i] = round_to_dtype(round_to_dtype(base[i], dtype) * descale, dtype);
+    }
   }
   return plain;
 }

@@ -19,8 +19,12 @@ namespace attn {
 
 // The case as a plain implementation in its dtype computes it: each
 // quantised tensor's values dequantised and rounded to the dtype (the
-// measured bound's formulations read these).
-CaseData in_compute_dtype(const CaseData& data);
+// measured bound's formulations read these). With `descale_apart`, as one
+// that rounds (code - zero point) * scale to the dtype and multiplies the
+// descale in afterwards, rounding again: a second, independent draw of the
+// inputs' rounding, so that a backend that applies its descale elsewhere is
+// not held to one lucky draw (the measured bound takes the least accurate).
+CaseData in_compute_dtype(const CaseData& data, bool descale_apart = false);
 
 // The attention of the dequantised values against that of the original
 // ones, where the fixture stores the originals (of every quantised tensor

@@ -42,6 +42,16 @@ double weight_underflow(DType dtype) {
   }
   return 0;
 }
+// How far a weight may move, relative to itself, when each score may be off
+// by `score_error`: p' / p lies within exp(+-2 score_error), so |p' - p| <=
+// expm1(2 score_error) p / 2 times 2. That is score_error to first order (the
+// model everywhere else), and grows as it must once score errors pass 1 (a
+// 16-bit dequantised K under logits in the thousands), where a first-order
+// term would let a weight's factor of e^2 pass as 2.
+double weight_shift(double score_error) {
+  return score_error < 1e-3 ? score_error : std::expm1(std::min(2.0 * score_error, 700.0)) / 2.0;
+}
+
 }  // namespace
 
 double subnormal_allowance(DType dtype, double n) {
@@ -100,7 +110,7 @@ Bounds derive_bounds(const Problem& p, const std::vector<double>& golden_out,
                                    + sum_error * weighted_v)  // accumulating P V and the denominator
                               + underflow_floor(p.dtype) + subnormal_allowance(p.dtype, n)
                               + underflowed;
-      bounds.out[e] = rounding + c * score_error * spread_v;  // score errors move weight between keys
+      bounds.out[e] = rounding + c * weight_shift(score_error) * spread_v;  // score errors move weight between keys
       if (!hull) continue;
       bounds.hull_slack[e] = rounding;
       // Inside the hull, no result is farther from the truth than its width.

@@ -42,12 +42,14 @@ bool window_rule(const Problem& p, std::int64_t j, std::int64_t diag) {
   return true;
 }
 
-template <typename T>
+// In: the element type of q, k and v as handed here (T, or for a quantised
+// case the accumulation type, which holds their dequantised values).
+template <typename T, typename In = T>
 void naive_attention(const Problem& p, const AttentionIO& io) {
   using A = Acc<T>;
-  const T* q = io.q.as<T>();
-  const T* k = io.k.as<T>();
-  const T* v = io.v.as<T>();
+  const In* q = io.q.as<In>();
+  const In* k = io.k.as<In>();
+  const In* v = io.v.as<In>();
   T* out = io.out.as<T>();
   const T* bias = io.bias.as<T>();
   const A scale = static_cast<A>(p.scale);
@@ -162,40 +164,50 @@ void naive_attention(const Problem& p, const AttentionIO& io) {
   }
 }
 
-// Format version 4: a quantised tensor's codes dequantised into the dtype,
-// (code - zero point) * scale rounded once, at the strides its view
-// declares; the descale is applied in the loops.
-Buffer dequantised(const QuantView& codes, TensorView& view) {
-  Buffer buffer(static_cast<std::size_t>(view.extent()) * dtype_size(view.dtype));
-  std::vector<double> row(static_cast<std::size_t>(codes.dim));
+// Format version 4: q, k and v in the accumulation type (float32, or float64
+// for float64 cases) at the strides their views declare: a quantised
+// tensor's codes dequantised, (code - zero point) * scale rounded once (its
+// descale is applied in the loops; in the dtype, the value before the
+// descale could overflow float16), the others widened exactly.
+Buffer in_accumulation_type(const QuantView& codes, TensorView& view, DType acc) {
+  Buffer buffer(static_cast<std::size_t>(view.extent()) * dtype_size(acc));
+  std::vector<double> row(static_cast<std::size_t>(view.shape[3]));
   for (std::int64_t b = 0; b < view.shape[0]; ++b)
     for (std::int64_t h = 0; h < view.shape[1]; ++h)
       for (std::int64_t s = 0; s < view.shape[2]; ++s) {
-        codes.dequantise_row(b, h, s, row.data());  // exact
-        for (std::int64_t d = 0; d < codes.dim; ++d) {
-          store_from_double(buffer.data(), view.offset(b, h, s, d), view.dtype, row[static_cast<std::size_t>(d)]);
+        if (!codes.empty()) codes.dequantise_row(b, h, s, row.data());  // exact
+        for (std::int64_t d = 0; d < view.shape[3]; ++d) {
+          const double x = codes.empty() ? load_as_double(view.data, view.offset(b, h, s, d), view.dtype) : row[static_cast<std::size_t>(d)];
+          store_from_double(buffer.data(), view.offset(b, h, s, d), acc, x);
         }
       }
   view.data = buffer.data();
+  view.dtype = acc;
   return buffer;
 }
 
 class NaivePlan final : public Plan {
  public:
   NaivePlan(const Problem& p, const AttentionIO& io) : problem_(p), io_(io) {
-    if (!io.q_codes.empty()) q_ = dequantised(io.q_codes, io_.q);
-    if (!io.k_codes.empty()) k_ = dequantised(io.k_codes, io_.k);
-    if (!io.v_codes.empty()) v_ = dequantised(io.v_codes, io_.v);
+    if (!p.quantised()) return;
+    const DType acc = p.dtype == DType::f64 ? DType::f64 : DType::f32;
+    q_ = in_accumulation_type(io.q_codes, io_.q, acc);
+    k_ = in_accumulation_type(io.k_codes, io_.k, acc);
+    v_ = in_accumulation_type(io.v_codes, io_.v, acc);
   }
   void run() override {
-    dispatch_dtype(problem_.dtype, [&](auto tag) { naive_attention<decltype(tag)>(problem_, io_); });
+    dispatch_dtype(problem_.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      if (problem_.quantised()) naive_attention<T, Acc<T>>(problem_, io_);
+      else naive_attention<T>(problem_, io_);
+    });
   }
   bool has_lse() const override { return true; }
 
  private:
   Problem problem_;
   AttentionIO io_;
-  Buffer q_, k_, v_;  // version 4: dequantised copies of quantised inputs
+  Buffer q_, k_, v_;  // version 4: q, k and v in the accumulation type, quantised ones dequantised
 };
 
 class NaiveBackend final : public Backend {
