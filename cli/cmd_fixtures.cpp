@@ -146,6 +146,20 @@ int show(const FixturesArgs& args) {
     }
     if (p.softcap != 0) fmt::print("softcap     {}\n", p.softcap);
   }
+  for (char t : {'q', 'k', 'v'}) {  // format version 4 (docs/format/v4.md)
+    const QuantSpec& spec = p.quant(t);
+    if (!spec.quantised()) continue;
+    const auto shape = p.stored_shape(t);
+    std::string what = fmt::format("{} codes [{}, {}, {}, {} bytes]", encoding_name(spec.encoding), shape[0], shape[1], shape[2],
+                                   encoded_row_bytes(spec.encoding, shape[3]));
+    if (spec.descale == Descale::tensor) what += fmt::format(", descale {}", f.data.quant(t).descale.front());
+    if (spec.descale == Descale::entry_head) what += fmt::format(", a descale per (batch entry, kv head) [{}, {}]", p.batch, p.heads_kv);
+    if (spec.has_scale()) {
+      what += fmt::format(", scale{} [{}]", spec.zero_point ? " and zero point" : "", fmt::join(spec.scale, ", "));
+    }
+    if (!f.data.quant(t).original.empty()) what += ", original values";
+    fmt::print("version 4   {}: {}\n", t, what);
+  }
   fmt::print("datasets\n  q    [{}, {}, {}, {}]\n  k    [{}, {}, {}, {}]\n  v    [{}, {}, {}, {}]\n", p.q_batch(), p.heads_q,
              p.seq_q, p.head_dim, p.kv_batch(), p.heads_kv, p.kv_seq(), p.head_dim, p.kv_batch(), p.heads_kv, p.kv_seq(),
              p.head_dim_v);
