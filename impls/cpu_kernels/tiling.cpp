@@ -282,9 +282,9 @@ void pack_queries(const Problem& p, const Geometry& g, const AttentionIO& io, co
   for (std::int64_t r = 0; r < t.rows(); ++r) {
     const std::int64_t h = t.head(g, r), i = t.query(g, r);
     if (!io.q_codes.empty()) {  // version 4: dequantised with the entry's descale (by kv head)
-      thread_local std::vector<float> widened;  // bfloat16 kernels: the float row before rounding
-      float* row = q_f32 + r * p.head_dim;
-      if (g.bf16_kernels) widened.resize(static_cast<std::size_t>(p.head_dim)), row = widened.data();
+      thread_local std::vector<float> widened;  // bfloat16 kernels: the float row before rounding (no q_f32 then)
+      if (g.bf16_kernels) widened.resize(static_cast<std::size_t>(p.head_dim));
+      float* row = g.bf16_kernels ? widened.data() : q_f32 + r * p.head_dim;
       dequantised_row(io.q_codes, t.b, h, i, t.b, row);
       for (std::int64_t d = 0; d < p.head_dim; ++d) {
         if (g.bf16_kernels) q_bf16[r * g.head_dim_pairs * 2 + d] = float_to_bf16(row[d]);

@@ -52,8 +52,6 @@ inline constexpr bool is_integer(Encoding e) {
   return e == Encoding::s8 || e == Encoding::u8 || e == Encoding::s4 || e == Encoding::u4;
 }
 inline constexpr bool is_ggml(Encoding e) { return e == Encoding::q8_0 || e == Encoding::q4_0; }
-// Elements per ggml block; 1 for the others.
-inline constexpr std::int64_t block_elements(Encoding e) { return is_ggml(e) ? 32 : 1; }
 // Bytes of one stored row of `dim` elements (4-bit rows are padded to whole
 // bytes; ggml rows need dim a multiple of 32).
 inline constexpr std::int64_t encoded_row_bytes(Encoding e, std::int64_t dim) {
