@@ -363,6 +363,11 @@ void verify_sdpa(const Fixture& fixture, const BackendRefs& backends, const Veri
   for (const RunConfig& config : configs) {
     CaseData data = fixture.data, probe = forward.probe;
     data.problem = probe.problem = laid_out_as(problem, config);
+    std::vector<CaseData> scaled_data;  // the scale probe's cases in this configuration, once for every backend
+    for (const ScaleProbe& scaled : scale_probed) {
+      scaled_data.push_back(scaled.data);
+      scaled_data.back().problem = data.problem;
+    }
     RunOptions run_options = options.run;
     run_options.threads = config.threads;
     for (const Direction direction : directions) {
@@ -379,10 +384,9 @@ void verify_sdpa(const Fixture& fixture, const BackendRefs& backends, const Veri
         } else if (direction == Direction::forward) {
           outcome.comparison = recorded ? recorded_forward(*recorded, fixture, forward) : judged([&] {
             Comparison c = judge_forward(forward, run_forward(backend, data, probe, run_options));
-            for (const ScaleProbe& scaled : scale_probed) {
-              CaseData scaled_data = scaled.data;
-              scaled_data.problem = data.problem;
-              BackendRun run = run_backend(backend, scaled_data, run_options);
+            for (std::size_t n = 0; n < scale_probed.size(); ++n) {
+              const ScaleProbe& scaled = scale_probed[n];
+              BackendRun run = run_backend(backend, scaled_data[n], run_options);
               judge_scale_probe(c, scaled, run.out);
               if (!run.guard_damage.empty()) c.fail(fmt::format("scale probe ({}): {}", scaled.what, run.guard_damage));
             }
