@@ -204,8 +204,8 @@ TEST(CpuKernels, DirectDecodeKernelsAgreeWithPortable) {
               for (std::size_t r = 0; r < 13; ++r) qo[r * (head_dim + 2) + hd] = float_to_bf16(std::numeric_limits<float>::infinity());
             }
             std::fill(s1.begin(), s1.end(), 7.0f), std::fill(s2.begin(), s2.end(), 7.0f);
-            avx->qk_bf16_direct(qo.data(), rows, hd, head_dim + 2, krows.data(), keys, s1.data(), ahead);
-            portable.qk_bf16_direct(qo.data(), rows, hd, head_dim + 2, krows.data(), keys, s2.data(), ahead);
+            avx->qk_bf16_direct(qo.data(), rows, hd, head_dim + 2, krows.data(), DType::bf16, keys, s1.data(), ahead);
+            portable.qk_bf16_direct(qo.data(), rows, hd, head_dim + 2, krows.data(), DType::bf16, keys, s2.data(), ahead);
             for (std::int64_t r = 0; r < rows; ++r) {
               for (std::int64_t j = 0; j < 64; ++j) {
                 const std::size_t e = static_cast<std::size_t>(r * 64 + j);
@@ -215,8 +215,8 @@ TEST(CpuKernels, DirectDecodeKernelsAgreeWithPortable) {
             }
           }
           std::vector<float> b1(rows * dv_pad, 0.5f), b2(rows * dv_pad, 0.5f);
-          avx->pv_bf16_direct(pb.data(), rows, keys, krows.data(), dv, dv_pad, b1.data(), ahead);
-          portable.pv_bf16_direct(pb.data(), rows, keys, krows.data(), dv, dv_pad, b2.data(), ahead);
+          avx->pv_bf16_direct(pb.data(), rows, keys, krows.data(), DType::bf16, dv, dv_pad, b1.data(), ahead);
+          portable.pv_bf16_direct(pb.data(), rows, keys, krows.data(), DType::bf16, dv, dv_pad, b2.data(), ahead);
           for (std::int64_t r = 0; r < rows; ++r) {
             for (std::int64_t c = 0; c < dv_pad; ++c) {
               const std::size_t e = static_cast<std::size_t>(r * dv_pad + c);
@@ -230,6 +230,111 @@ TEST(CpuKernels, DirectDecodeKernelsAgreeWithPortable) {
             const std::size_t e = static_cast<std::size_t>(r * dv_pad + c);
             if (c >= dv) EXPECT_EQ(o1[e], 0.5f) << what << " rows " << rows << " keys " << keys << " wrote O's padding at " << r << "," << c;
             else EXPECT_NEAR(o1[e], o2[e], 1e-4f) << what << " rows " << rows << " keys " << keys << " at " << r << "," << c;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The decode kernels read quantised K and V (format version 4) in place,
+// decoding the codes on load: every fp8 code (NaN and infinities included)
+// and ggml blocks (a zero block among them) must come out as the format's
+// decoder (decode_row) says, exactly to float32, and to bfloat16 exactly for
+// fp8 and rounded to nearest even for ggml's d * q. One-hot rows of Q pick
+// each element of each key's row out of Q K^T, one-hot weights each row of
+// V out of P V; rows come through a table in any order, as pages do. Every
+// kernel set this CPU runs is held to it.
+TEST(CpuKernels, DirectDecodeKernelsDecodeEveryCode) {
+  std::vector<const cpu::Kernels*> sets{&cpu::portable_kernels()};
+  if (const cpu::Kernels* avx = cpu::avx512_kernels()) sets.push_back(avx);
+  std::mt19937 gen(11);
+  for (const Encoding encoding : {Encoding::e4m3, Encoding::e5m2, Encoding::q8_0, Encoding::q4_0}) {
+    const bool ggml = is_ggml(encoding);
+    const std::int64_t dim = ggml ? 96 : 40, row_bytes = encoded_row_bytes(encoding, dim), keys = 64;
+    std::vector<std::uint8_t> codes(static_cast<std::size_t>(keys * row_bytes));
+    // Every byte value; fp8's NaN and infinity codes (0 * NaN is NaN: a
+    // one-hot row would not single them out) are read below, alone.
+    auto special = [&](std::uint8_t c) {
+      return (encoding == Encoding::e4m3 && (c & 0x7f) == 0x7f) || (encoding == Encoding::e5m2 && (c & 0x7c) == 0x7c);
+    };
+    for (std::size_t e = 0; e < codes.size(); ++e) {
+      const auto c = static_cast<std::uint8_t>(e * 37 % 256);
+      codes[e] = special(c) ? 0 : c;
+    }
+    if (ggml) {  // each block's d a finite half (one block of zeros: d = 0)
+      std::normal_distribution<float> normal;
+      const std::int64_t block_bytes = encoding == Encoding::q8_0 ? 34 : 18;
+      for (std::int64_t b = 0; b < keys * dim / 32; ++b) {
+        const std::uint16_t d = b == 5 ? 0 : float_to_f16(normal(gen)).bits;
+        codes[static_cast<std::size_t>(b * block_bytes)] = static_cast<std::uint8_t>(d & 0xff);
+        codes[static_cast<std::size_t>(b * block_bytes + 1)] = static_cast<std::uint8_t>(d >> 8);
+      }
+    }
+    std::vector<const void*> rows(static_cast<std::size_t>(keys));
+    std::vector<float> truth(static_cast<std::size_t>(keys * dim));  // key j's element d at [j * dim + d]
+    for (std::int64_t j = 0; j < keys; ++j) {
+      const std::uint8_t* row = codes.data() + (j * 29 % keys) * row_bytes;
+      rows[static_cast<std::size_t>(j)] = row;
+      decode_row(encoding, row, dim, truth.data() + j * dim);
+    }
+    const cpu::Ahead ahead{rows.data(), 9, row_bytes};
+    // What a kernel must give for key j's element d: float32, or bfloat16.
+    auto expect_same = [&](float got, float want, const std::string& what) {
+      if (std::isnan(want)) EXPECT_TRUE(std::isnan(got)) << what << ": " << got << " for NaN";
+      else EXPECT_EQ(got, want) << what;
+    };
+    for (const cpu::Kernels* k : sets) {
+      const std::string name = std::string(k->isa) + " " + std::string(encoding_name(encoding));
+      for (const bool bf16_products : {false, true}) {
+        const std::string how = name + (bf16_products ? " bf16 products" : " float32 products");
+        auto want = [&](std::int64_t j, std::int64_t d) {
+          const float x = truth[static_cast<std::size_t>(j * dim + d)];
+          return bf16_products ? bf16_to_float(float_to_bf16(x)) : x;
+        };
+        // Q K^T: row r of Q one-hot at dim r, so S[r][j] = K_j[r].
+        const std::int64_t ldq = dim + 2;
+        std::vector<float> q(static_cast<std::size_t>(dim * dim), 0.0f);
+        std::vector<bf16> qb(static_cast<std::size_t>(dim * ldq), bf16{});
+        for (std::int64_t r = 0; r < dim; ++r) q[static_cast<std::size_t>(r * dim + r)] = 1.0f, qb[static_cast<std::size_t>(r * ldq + r)] = float_to_bf16(1.0f);
+        std::vector<float> s(static_cast<std::size_t>(dim * 64), 7.0f);
+        if (bf16_products) k->qk_bf16_direct(qb.data(), dim, dim, ldq, rows.data(), encoding, keys, s.data(), ahead);
+        else k->qk_direct(q.data(), dim, dim, rows.data(), encoding, keys, s.data(), ahead);
+        for (std::int64_t r = 0; r < dim; ++r)
+          for (std::int64_t j = 0; j < keys; ++j)
+            expect_same(s[static_cast<std::size_t>(r * 64 + j)], want(j, r), how + " qk key " + std::to_string(j) + " dim " + std::to_string(r));
+        // P V: row r of P one-hot at key r, so O[r][c] = 0.5 + V_r[c]; O's padding untouched.
+        const std::int64_t dv_pad = (dim + 15) / 16 * 16 + 16;
+        std::vector<float> p(static_cast<std::size_t>(keys * 64), 0.0f);
+        std::vector<bf16> pb(p.size(), bf16{});
+        for (std::int64_t r = 0; r < keys; ++r) p[static_cast<std::size_t>(r * 64 + r)] = 1.0f, pb[static_cast<std::size_t>(r * 64 + r)] = float_to_bf16(1.0f);
+        std::vector<float> o(static_cast<std::size_t>(keys * dv_pad), 0.5f);
+        if (bf16_products) k->pv_bf16_direct(pb.data(), keys, keys, rows.data(), encoding, dim, dv_pad, o.data(), ahead);
+        else k->pv_direct(p.data(), keys, keys, rows.data(), encoding, dim, dv_pad, o.data(), ahead);
+        for (std::int64_t r = 0; r < keys; ++r)
+          for (std::int64_t c = 0; c < dv_pad; ++c) {
+            const float got = o[static_cast<std::size_t>(r * dv_pad + c)];
+            if (c >= dim) EXPECT_EQ(got, 0.5f) << how << " pv wrote O's padding at " << r << "," << c;
+            else expect_same(got, 0.5f + want(r, c), how + " pv key " + std::to_string(r) + " column " + std::to_string(c));
+          }
+        if (is_fp8(encoding)) {  // rows of one special code each: e4m3's NaN, e5m2's +infinity and NaN
+          for (const std::uint8_t c : {std::uint8_t{0x7f}, std::uint8_t{0xff}, std::uint8_t{0x7c}, std::uint8_t{0x7d}}) {
+            if (!special(c)) continue;
+            const std::vector<std::uint8_t> same(static_cast<std::size_t>(dim), c);
+            const std::vector<const void*> one(4, same.data());
+            const float x = encoding == Encoding::e4m3 ? e4m3_to_float(c) : e5m2_to_float(c);
+            const std::string what = how + " code " + std::to_string(c);
+            std::vector<float> ones(static_cast<std::size_t>(dim), 1.0f);
+            std::vector<bf16> ones_b(static_cast<std::size_t>(dim), float_to_bf16(1.0f));
+            std::vector<float> sc(64, 7.0f);
+            if (bf16_products) k->qk_bf16_direct(ones_b.data(), 1, dim, dim, one.data(), encoding, 4, sc.data(), cpu::Ahead{});
+            else k->qk_direct(ones.data(), 1, dim, one.data(), encoding, 4, sc.data(), cpu::Ahead{});
+            std::vector<float> w(64, 1.0f), oc(static_cast<std::size_t>(dv_pad), 0.0f);
+            std::vector<bf16> wb(64, float_to_bf16(1.0f));
+            if (bf16_products) k->pv_bf16_direct(wb.data(), 1, 4, one.data(), encoding, dim, dv_pad, oc.data(), cpu::Ahead{});
+            else k->pv_direct(w.data(), 1, 4, one.data(), encoding, dim, dv_pad, oc.data(), cpu::Ahead{});
+            for (std::int64_t j = 0; j < 4; ++j) expect_same(sc[static_cast<std::size_t>(j)], x, what + " qk");
+            for (std::int64_t col = 0; col < dim; ++col) expect_same(oc[static_cast<std::size_t>(col)], x, what + " pv");
           }
         }
       }

@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "attnbench/dtype.hpp"
+#include "attnbench/quant.hpp"
 
 namespace attn::cpu {
 
@@ -51,6 +52,25 @@ inline void prefetch_rows(const Ahead& a, std::int64_t r0, std::int64_t r1, std:
     }
   }
 }
+
+// What the rows of K or V a decode kernel reads in place hold: elements of
+// `dtype` (float32, bfloat16 or float16), or (format version 4) codes of an
+// encoding the kernels decode on load, exactly, to float32: an fp8 value
+// (e4m3fn's NaN codes give NaN), or a ggml block's d * q. No scale, zero point
+// or descale: the caller folds the descales into Q and the output; a tensor
+// with a scale array (every integer encoding) goes through the pack.
+struct RowFormat {
+  DType dtype = DType::f32;
+  Encoding encoding = Encoding::none;
+  RowFormat(DType d) : dtype(d) {}  // NOLINT: a dtype is a row format
+  RowFormat(Encoding e) : encoding(e) {}  // NOLINT
+  // Bytes of a row of `dim` elements.
+  std::int64_t row_bytes(std::int64_t dim) const {
+    return encoding == Encoding::none ? dim * static_cast<std::int64_t>(dtype_size(dtype)) : encoded_row_bytes(encoding, dim);
+  }
+};
+// The encodings the decode kernels read in place.
+inline constexpr bool decodes_in_place(Encoding e) { return is_fp8(e) || is_ggml(e); }
 
 struct Kernels {
   const char* isa;
@@ -97,24 +117,27 @@ struct Kernels {
   // max_j x[j] for j < n (n >= 1).
   float (*max_of)(const float* x, std::int64_t n);
   // Decode shapes, K and V read in place (no packing): the rows of keys
-  // j < keys (<= 64) at k[j] / v[j], of float32, bfloat16 or float16
-  // (`dtype`), widened exactly on load, multiplied in float32.
+  // j < keys (<= 64) at k[j] / v[j], of float32, bfloat16 or float16, or
+  // codes (`format`, RowFormat), widened or decoded exactly on load,
+  // multiplied in float32.
   // S[r][j] = sum_d Q[r][d] * K_j[d]; the columns from keys to 64 are left
   // alone. Each asks for `ahead` (Ahead) while it computes.
-  void (*qk_direct)(const float* q, std::int64_t rows, std::int64_t head_dim, KeyRows k, DType dtype, std::int64_t keys,
+  void (*qk_direct)(const float* q, std::int64_t rows, std::int64_t head_dim, KeyRows k, RowFormat format, std::int64_t keys,
                     float* s, const Ahead& ahead);
   // O[r][c] += sum_{j < keys} P[r][j] * V_j[c] for c < dv (no column of V
   // past dv is read; O's columns dv to dv_pad are left alone).
-  void (*pv_direct)(const float* p, std::int64_t rows, std::int64_t keys, KeyRows v, DType dtype, std::int64_t dv,
+  void (*pv_direct)(const float* p, std::int64_t rows, std::int64_t keys, KeyRows v, RowFormat format, std::int64_t dv,
                     std::int64_t dv_pad, float* o, const Ahead& ahead);
   // bfloat16 Q, K and V with bfloat16 dot products (pairs of exact products
   // summed in float32, as qk_bf16/pv_bf16): Q [rows][ldq] as given (not
   // scaled), K and V rows of bfloat16, P bfloat16 rows of 64; otherwise as
   // qk_direct and pv_direct (dv columns of V read, O's padding left alone).
+  // Rows of codes (fp8, ggml) are decoded to bfloat16 on load: fp8 values
+  // exactly, a ggml block's d * q rounded to nearest even.
   void (*qk_bf16_direct)(const bf16* q, std::int64_t rows, std::int64_t head_dim, std::int64_t ldq, KeyRows k,
-                         std::int64_t keys, float* s, const Ahead& ahead);
-  void (*pv_bf16_direct)(const bf16* p, std::int64_t rows, std::int64_t keys, KeyRows v, std::int64_t dv,
-                         std::int64_t dv_pad, float* o, const Ahead& ahead);
+                         RowFormat format, std::int64_t keys, float* s, const Ahead& ahead);
+  void (*pv_bf16_direct)(const bf16* p, std::int64_t rows, std::int64_t keys, KeyRows v, RowFormat format,
+                         std::int64_t dv, std::int64_t dv_pad, float* o, const Ahead& ahead);
   // x[j] *= scale for j < visible, x[j] = -inf for visible <= j < 64; returns the max.
   float (*scale_row)(float* x, float scale, std::int64_t visible);
   // out[j] = bfloat16(x[j]), round to nearest even, j < n.

@@ -352,6 +352,78 @@ ATTN_AVX512 inline __mmask16 lanes_below(std::int64_t n) {
   return static_cast<__mmask16>(n >= 16 ? 0xFFFF : n <= 0 ? 0 : (1u << n) - 1);
 }
 
+// What a decode kernel reads a row of K or V in place through: elements
+// [d, d + 16) of the row (d a multiple of 16) as float32 lanes, exactly, the
+// lanes outside `m` reading nothing and 0; byte_of(e): where element e's
+// bytes begin (for the prefetches).
+template <typename T> struct Widen {  // float32, bfloat16, float16
+  static std::int64_t byte_of(std::int64_t e) { return e * static_cast<std::int64_t>(sizeof(T)); }
+  ATTN_AVX512 static __m512 load(const void* row, std::int64_t d, __mmask16 m) {
+    return load16(static_cast<const T*>(row) + d, m);
+  }
+};
+
+ATTN_AVX512 inline __m128i load_bytes(const void* row, std::int64_t at, __mmask16 m) {
+  return _mm_maskz_loadu_epi8(m, static_cast<const std::uint8_t*>(row) + at);
+}
+
+// float8_e4m3fn: the code sign-extended to 16 bits and shifted left by 7
+// puts its 7 magnitude bits at a half's exponent and top mantissa bits and
+// its sign at the half's (bit 14, also a copy of the sign, masked off): the
+// value times 2^-8 (exponent bias 15 against 7, subnormals included).
+// S.1111.111 is NaN.
+struct E4m3Codes {
+  static std::int64_t byte_of(std::int64_t e) { return e; }
+  ATTN_AVX512 static __m512 load(const void* row, std::int64_t d, __mmask16 m) {
+    const __m256i b = _mm256_cvtepi8_epi16(load_bytes(row, d, m));
+    const __m256i half = _mm256_and_si256(_mm256_slli_epi16(b, 7), _mm256_set1_epi16(static_cast<short>(0xBF80)));
+    const __m512 x = _mm512_mul_ps(_mm512_cvtph_ps(half), _mm512_set1_ps(256.0f));
+    // A NaN code is 0x7f80 or 0xff80 as a half's bits: its exponent and top mantissa bits all set.
+    const __mmask16 nan = _mm256_cmpeq_epi16_mask(_mm256_or_si256(half, _mm256_set1_epi16(static_cast<short>(0x8000))),
+                                                  _mm256_set1_epi16(static_cast<short>(0xBF80)));
+    return _mm512_mask_mov_ps(x, nan, _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN()));
+  }
+};
+
+// float8_e5m2: the top byte of a half.
+struct E5m2Codes {
+  static std::int64_t byte_of(std::int64_t e) { return e; }
+  ATTN_AVX512 static __m512 load(const void* row, std::int64_t d, __mmask16 m) {
+    return _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(load_bytes(row, d, m)), 8));
+  }
+};
+
+// A ggml block's d (a little-endian half at its first two bytes) in every lane.
+ATTN_AVX512 inline __m512 block_d(const std::uint8_t* block) {
+  std::uint16_t bits;
+  std::memcpy(&bits, block, sizeof bits);
+  return _mm512_cvtph_ps(_mm256_set1_epi16(static_cast<short>(bits)));
+}
+
+// ggml Q8_0: blocks of 34 bytes (d, 32 int8); d * q is exact in float32.
+struct Q8_0Codes {
+  static std::int64_t byte_of(std::int64_t e) { return e / 32 * 34; }
+  ATTN_AVX512 static __m512 load(const void* row, std::int64_t d, __mmask16 m) {
+    const auto* block = static_cast<const std::uint8_t*>(row) + d / 32 * 34;
+    const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load_bytes(block, 2 + d % 32, m)));
+    return _mm512_mul_ps(q, block_d(block));
+  }
+};
+
+// ggml Q4_0: blocks of 18 bytes (d, 16 bytes); elements 0-15 are the low
+// nibbles of the 16 bytes, 16-31 the high ones; d * (q - 8).
+struct Q4_0Codes {
+  static std::int64_t byte_of(std::int64_t e) { return e / 32 * 18; }
+  ATTN_AVX512 static __m512 load(const void* row, std::int64_t d, __mmask16 m) {
+    const auto* block = static_cast<const std::uint8_t*>(row) + d / 32 * 18;
+    __m128i b = load_bytes(block, 2, m);
+    if (d % 32 != 0) b = _mm_srli_epi16(b, 4);
+    b = _mm_and_si128(b, _mm_set1_epi8(0x0f));
+    const __m512i q = _mm512_sub_epi32(_mm512_cvtepu8_epi32(b), _mm512_set1_epi32(8));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(q), block_d(block));
+  }
+};
+
 // R rows (1, 2 or 4; nr of them real; more go to the keys-as-lanes kernels
 // below) against 16 / R keys per step: 16
 // accumulators v[key * R + row], reduced together, put in row-major order
@@ -392,7 +464,23 @@ ATTN_AVX512 inline void transpose16(__m512i (&r)[16]) {
   }
 }
 
-template <typename T> inline const T* key_row(KeyRows x, std::int64_t j) { return static_cast<const T*>(x[j]); }
+// Calls fn with the loader (Widen<T>, E4m3Codes ...) of a row format.
+template <typename Fn> ATTN_AVX512 void with_loader(RowFormat format, Fn&& fn) {
+  switch (format.encoding) {
+    case Encoding::none: break;
+    case Encoding::e4m3: return fn(E4m3Codes{});
+    case Encoding::e5m2: return fn(E5m2Codes{});
+    case Encoding::q8_0: return fn(Q8_0Codes{});
+    case Encoding::q4_0: return fn(Q4_0Codes{});
+    default: throw std::logic_error("the in-place kernels decode fp8 and ggml codes only");
+  }
+  switch (format.dtype) {
+    case DType::f32: return fn(Widen<float>{});
+    case DType::bf16: return fn(Widen<bf16>{});
+    case DType::f16: return fn(Widen<f16>{});
+    default: throw std::logic_error("the in-place kernels read float32, bfloat16 or float16 rows");
+  }
+}
 
 // Q K^T for 5 to 8 rows, keys as lanes: the next 16 lanes of 32 bits of 16
 // key rows transposed (lane L of vector e: key L's e-th lane), then each
@@ -402,19 +490,21 @@ template <typename T> inline const T* key_row(KeyRows x, std::int64_t j) { retur
 // head_dim 128 and 64 on one core of the AMD EPYC of docs/results). Lanes
 // says what a lane holds: a float32 dim of K (widened) against a float32 Q
 // dim, or a pair of bfloat16 dims against Q's pair.
-template <typename T> struct F32Lanes {
+template <typename Load> struct F32Lanes {
   using Q = float;
   static constexpr std::int64_t kDims = 1;  // dims a lane
-  ATTN_AVX512 static __m512i load(const T* row, std::int64_t dims) { return _mm512_castps_si512(load16(row, lanes_below(dims))); }
+  ATTN_AVX512 static __m512i load(const void* row, std::int64_t d, std::int64_t dims) {
+    return _mm512_castps_si512(Load::load(row, d, lanes_below(dims)));
+  }
   ATTN_AVX512 static __m512 madd(__m512 acc, __m512i k, const float* q, std::int64_t) {
     return _mm512_fmadd_ps(_mm512_castsi512_ps(k), _mm512_set1_ps(*q), acc);
   }
 };
-struct Bf16PairLanes {
+template <typename Load> struct Bf16PairLanes {
   using Q = bf16;
   static constexpr std::int64_t kDims = 2;
-  ATTN_AVX512 static __m512i load(const bf16* row, std::int64_t dims) {
-    return _mm512_maskz_loadu_epi16(dims >= 32 ? 0xFFFFFFFFu : (1u << dims) - 1, row);
+  ATTN_AVX512 static __m512i load(const void* row, std::int64_t d, std::int64_t dims) {
+    return Load::load(row, d, dims >= 32 ? 0xFFFFFFFFu : (1u << dims) - 1);
   }
   // dims: Q's dims in this lane; with 1 (an odd head_dim's last pair) Q's
   // element past head_dim is taken as 0 (K's is 0 from the masked load; an
@@ -432,12 +522,12 @@ struct Bf16PairLanes {
 // from memory (a loop to a run-time bound spilled the 16 vectors to the stack
 // and broadcast Q through a general register: bfloat16 decode at 8 rows was
 // about 25% slower).
-template <typename L, bool Full, typename T>
-ATTN_AVX512 inline void keys_as_lanes_chunk(const typename L::Q* (&qrow)[8], const T* (&krow)[16], std::int64_t d,
+template <typename L, bool Full>
+ATTN_AVX512 inline void keys_as_lanes_chunk(const typename L::Q* (&qrow)[8], const void* (&krow)[16], std::int64_t d,
                                             std::int64_t dims, __m512 (&acc)[8]) {
   __m512i t[16];
 #pragma GCC unroll 16
-  for (int c = 0; c < 16; ++c) t[c] = L::load(krow[c] + d, Full ? 16 * L::kDims : dims);
+  for (int c = 0; c < 16; ++c) t[c] = L::load(krow[c], d, Full ? 16 * L::kDims : dims);
   transpose16(t);
 #pragma GCC unroll 16
   for (int e = 0; e < 16; ++e) {
@@ -448,7 +538,7 @@ ATTN_AVX512 inline void keys_as_lanes_chunk(const typename L::Q* (&qrow)[8], con
   }
 }
 
-template <typename L, typename T>
+template <typename L>
 ATTN_AVX512 void qk_keys_as_lanes(const typename L::Q* q, std::int64_t nr, std::int64_t head_dim, std::int64_t ldq,
                                   KeyRows k, std::int64_t keys, float* s, const Ahead& ahead) {
   constexpr std::int64_t kChunk = 16 * L::kDims;
@@ -457,8 +547,8 @@ ATTN_AVX512 void qk_keys_as_lanes(const typename L::Q* q, std::int64_t nr, std::
   std::int64_t j = 0;
   for (; j < keys; j += 16) {
     prefetch_rows(ahead, j, j + 16);
-    const T* krow[16];
-    for (int c = 0; c < 16; ++c) krow[c] = key_row<T>(k, std::min<std::int64_t>(j + c, keys - 1));
+    const void* krow[16];
+    for (int c = 0; c < 16; ++c) krow[c] = k[std::min<std::int64_t>(j + c, keys - 1)];
     __m512 acc[8];
     for (__m512& a : acc) a = _mm512_setzero_ps();
     std::int64_t d = 0;
@@ -470,7 +560,7 @@ ATTN_AVX512 void qk_keys_as_lanes(const typename L::Q* q, std::int64_t nr, std::
   prefetch_rows(ahead, j, ahead.n);
 }
 
-template <int R, typename T>
+template <int R, typename Load>
 ATTN_AVX512 void qk_direct_rows(const float* q, std::int64_t nr, std::int64_t head_dim, KeyRows k, std::int64_t keys,
                                 float* s, const Ahead& ahead) {
   constexpr int kKeys = 16 / R;
@@ -480,8 +570,8 @@ ATTN_AVX512 void qk_direct_rows(const float* q, std::int64_t nr, std::int64_t he
   std::int64_t j = 0;
   for (; j < keys; j += kKeys) {
     prefetch_rows(ahead, j, j + kKeys);
-    const T* krow[kKeys];
-    for (int c = 0; c < kKeys; ++c) krow[c] = key_row<T>(k, std::min<std::int64_t>(j + c, keys - 1));
+    const void* krow[kKeys];
+    for (int c = 0; c < kKeys; ++c) krow[c] = k[std::min<std::int64_t>(j + c, keys - 1)];
     __m512 acc[16];
     for (__m512& a : acc) a = _mm512_setzero_ps();
     for (std::int64_t d = 0; d < head_dim; d += 16) {
@@ -489,7 +579,7 @@ ATTN_AVX512 void qk_direct_rows(const float* q, std::int64_t nr, std::int64_t he
       __m512 qv[R];
       for (int r = 0; r < R; ++r) qv[r] = _mm512_maskz_loadu_ps(m, qrow[r] + d);
       for (int c = 0; c < kKeys; ++c) {
-        const __m512 kv = load16(krow[c] + d, m);
+        const __m512 kv = Load::load(krow[c], d, m);
         for (int r = 0; r < R; ++r) acc[c * R + r] = _mm512_fmadd_ps(qv[r], kv, acc[c * R + r]);
       }
     }
@@ -503,7 +593,7 @@ ATTN_AVX512 void qk_direct_rows(const float* q, std::int64_t nr, std::int64_t he
   prefetch_rows(ahead, j, ahead.n);
 }
 
-template <typename T>
+template <typename Load>
 ATTN_AVX512 void qk_direct_typed(const float* q, std::int64_t rows, std::int64_t head_dim, KeyRows k, std::int64_t keys,
                                  float* s, const Ahead& ahead) {
   for (std::int64_t r0 = 0; r0 < rows; r0 += 8) {
@@ -511,30 +601,25 @@ ATTN_AVX512 void qk_direct_typed(const float* q, std::int64_t rows, std::int64_t
     const float* qr = q + r0 * head_dim;
     float* sr = s + r0 * kKeyBlock;
     const Ahead& a = r0 == 0 ? ahead : Ahead{};  // the first 8 rows ask for it
-    if (nr == 1) qk_direct_rows<1, T>(qr, nr, head_dim, k, keys, sr, a);
-    else if (nr == 2) qk_direct_rows<2, T>(qr, nr, head_dim, k, keys, sr, a);
-    else if (nr <= 4) qk_direct_rows<4, T>(qr, nr, head_dim, k, keys, sr, a);
-    else qk_keys_as_lanes<F32Lanes<T>, T>(qr, nr, head_dim, head_dim, k, keys, sr, a);
+    if (nr == 1) qk_direct_rows<1, Load>(qr, nr, head_dim, k, keys, sr, a);
+    else if (nr == 2) qk_direct_rows<2, Load>(qr, nr, head_dim, k, keys, sr, a);
+    else if (nr <= 4) qk_direct_rows<4, Load>(qr, nr, head_dim, k, keys, sr, a);
+    else qk_keys_as_lanes<F32Lanes<Load>>(qr, nr, head_dim, head_dim, k, keys, sr, a);
   }
 }
 
-ATTN_AVX512 void qk_direct(const float* q, std::int64_t rows, std::int64_t head_dim, KeyRows k, DType dtype,
+ATTN_AVX512 void qk_direct(const float* q, std::int64_t rows, std::int64_t head_dim, KeyRows k, RowFormat format,
                            std::int64_t keys, float* s, const Ahead& ahead) {
-  switch (dtype) {
-    case DType::f32: return qk_direct_typed<float>(q, rows, head_dim, k, keys, s, ahead);
-    case DType::bf16: return qk_direct_typed<bf16>(q, rows, head_dim, k, keys, s, ahead);
-    case DType::f16: return qk_direct_typed<f16>(q, rows, head_dim, k, keys, s, ahead);
-    default: throw std::logic_error("the in-place kernels read float32, bfloat16 or float16 rows");
-  }
+  with_loader(format, [&](auto load) { qk_direct_typed<decltype(load)>(q, rows, head_dim, k, keys, s, ahead); });
 }
 
 // O rows [0, NR), columns [c0, c0 + 16 NV) of which those below `dv` are V's:
 // += P V over `keys` rows of V in place (the last vector's lanes past dv
 // read nothing); asks for the same columns of the ahead rows.
-template <int NR, int NV, typename T>
+template <int NR, int NV, typename Load>
 ATTN_AVX512 void pv_direct_block(const float* p, std::int64_t keys, KeyRows v, std::int64_t c0, std::int64_t dv,
                                  std::int64_t dv_pad, float* o, const Ahead& ahead) {
-  constexpr auto kElement = static_cast<std::int64_t>(sizeof(T));
+  const std::int64_t pf_begin = Load::byte_of(c0), pf_end = Load::byte_of(c0 + 16 * NV);
   __m512 acc[NR][NV];
   __mmask16 cols[NV];
 #pragma GCC unroll 4
@@ -544,11 +629,10 @@ ATTN_AVX512 void pv_direct_block(const float* p, std::int64_t keys, KeyRows v, s
 #pragma GCC unroll 4
     for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_loadu_ps(o + r * dv_pad + c0 + 16 * c);
   for (std::int64_t j = 0; j < keys; ++j) {
-    prefetch_rows(ahead, j, j + 1, c0 * kElement, (c0 + 16 * NV) * kElement);
-    const T* vrow = key_row<T>(v, j) + c0;
+    prefetch_rows(ahead, j, j + 1, pf_begin, pf_end);
     __m512 vj[NV];
 #pragma GCC unroll 4
-    for (int c = 0; c < NV; ++c) vj[c] = load16(vrow + 16 * c, cols[c]);
+    for (int c = 0; c < NV; ++c) vj[c] = Load::load(v[j], c0 + 16 * c, cols[c]);
 #pragma GCC unroll 8
     for (int r = 0; r < NR; ++r) {
       const __m512 pb = _mm512_set1_ps(p[r * kKeyBlock + j]);
@@ -560,20 +644,20 @@ ATTN_AVX512 void pv_direct_block(const float* p, std::int64_t keys, KeyRows v, s
   for (int r = 0; r < NR; ++r)
 #pragma GCC unroll 4
     for (int c = 0; c < NV; ++c) _mm512_storeu_ps(o + r * dv_pad + c0 + 16 * c, acc[r][c]);
-  prefetch_rows(ahead, keys, ahead.n, c0 * kElement, (c0 + 16 * NV) * kElement);
+  prefetch_rows(ahead, keys, ahead.n, pf_begin, pf_end);
 }
 
-template <typename T> struct PvDirectTables {
+template <typename Load> struct PvDirectTables {
   using Fn = void (*)(const float*, std::int64_t, KeyRows, std::int64_t, std::int64_t, std::int64_t, float*, const Ahead&);
   template <int NV>
-  static constexpr auto rows = make_table([](auto n) -> Fn { return &pv_direct_block<decltype(n)::value, NV, T>; },
+  static constexpr auto rows = make_table([](auto n) -> Fn { return &pv_direct_block<decltype(n)::value, NV, Load>; },
                                           std::make_index_sequence<kRowsPerStep>{});
 };
 
-template <typename T>
+template <typename Load>
 ATTN_AVX512 void pv_direct_typed(const float* p, std::int64_t rows, std::int64_t keys, KeyRows v, std::int64_t dv,
                                  std::int64_t dv_pad, float* o, const Ahead& ahead) {
-  using Tables = PvDirectTables<T>;
+  using Tables = PvDirectTables<Load>;
   for (std::int64_t c0 = 0; c0 < dv; c0 += 64) {
     const std::int64_t nv = std::min<std::int64_t>(4, (dv - c0 + 15) / 16);
     const auto& table = pick(nv, Tables::template rows<1>, Tables::template rows<2>, Tables::template rows<3>,
@@ -587,18 +671,109 @@ ATTN_AVX512 void pv_direct_typed(const float* p, std::int64_t rows, std::int64_t
   }
 }
 
-ATTN_AVX512 void pv_direct(const float* p, std::int64_t rows, std::int64_t keys, KeyRows v, DType dtype, std::int64_t dv,
+ATTN_AVX512 void pv_direct(const float* p, std::int64_t rows, std::int64_t keys, KeyRows v, RowFormat format, std::int64_t dv,
                            std::int64_t dv_pad, float* o, const Ahead& ahead) {
-  switch (dtype) {
-    case DType::f32: return pv_direct_typed<float>(p, rows, keys, v, dv, dv_pad, o, ahead);
-    case DType::bf16: return pv_direct_typed<bf16>(p, rows, keys, v, dv, dv_pad, o, ahead);
-    case DType::f16: return pv_direct_typed<f16>(p, rows, keys, v, dv, dv_pad, o, ahead);
-    default: throw std::logic_error("the in-place kernels read float32, bfloat16 or float16 rows");
+  with_loader(format, [&](auto load) { pv_direct_typed<decltype(load)>(p, rows, keys, v, dv, dv_pad, o, ahead); });
+}
+
+// What the bfloat16 decode kernels read a row of K or V through: elements
+// [d, d + 32) of the row (d a multiple of 32) as 32 bfloat16 lanes, lanes
+// outside `m` 0. bfloat16 rows as they are; fp8 codes exactly (every e4m3
+// and e5m2 value is a normal bfloat16); a ggml block's d * q rounded to
+// nearest even (d has 11 significant bits: the one rounding per quantised
+// element that the bound of a bfloat16 case allows).
+struct Bf16Rows {
+  static std::int64_t byte_of(std::int64_t e) { return e * 2; }
+  ATTN_AVX512 static __m512i load(const void* row, std::int64_t d, __mmask32 m) {
+    return _mm512_maskz_loadu_epi16(m, static_cast<const bf16*>(row) + d);
+  }
+};
+
+// The bfloat16 bits of each fp8 magnitude (a code's low 7 bits: exponent
+// bits, then mantissa_bits of mantissa), at compile time: normals rebias the
+// exponent, subnormals are normalised, e4m3's S.1111.111 is NaN, e5m2's
+// exponent 31 infinity (mantissa 0) or NaN.
+template <Encoding E> constexpr std::array<std::uint16_t, 128> fp8_bf16_table() {
+  constexpr int kMantissa = E == Encoding::e4m3 ? 3 : 2, kBias = E == Encoding::e4m3 ? 7 : 15;
+  std::array<std::uint16_t, 128> t{};
+  for (int m = 0; m < 128; ++m) {
+    const int exponent = m >> kMantissa, mantissa = m & ((1 << kMantissa) - 1);
+    int bits = 0;
+    if (E == Encoding::e4m3 && m == 127) bits = 0x7fc0;
+    else if (E == Encoding::e5m2 && exponent == 31) bits = mantissa == 0 ? 0x7f80 : 0x7fc0;
+    else if (exponent > 0) bits = (exponent - kBias + 127) << 7 | mantissa << (7 - kMantissa);
+    else if (mantissa > 0) {  // mantissa * 2^(1 - bias - kMantissa): its top bit at position top
+      int top = 0;
+      while ((mantissa >> (top + 1)) != 0) ++top;
+      bits = (top + 1 - kBias - kMantissa + 127) << 7 | ((mantissa - (1 << top)) << (7 - top));
+    }
+    t[static_cast<std::size_t>(m)] = static_cast<std::uint16_t>(bits);
+  }
+  return t;
+}
+template <Encoding E> alignas(64) constexpr std::array<std::uint16_t, 128> kFp8Bf16 = fp8_bf16_table<E>();
+
+// fp8 codes by table: two two-register permutes cover the 128 magnitudes,
+// bit 6 picks one, the sign bit goes to bit 15 (e4m3's NaN codes give NaN,
+// e5m2's infinities infinity).
+template <Encoding E> struct Fp8Bf16Codes {
+  static std::int64_t byte_of(std::int64_t e) { return e; }
+  ATTN_AVX512 static __m512i load(const void* row, std::int64_t d, __mmask32 m) {
+    const std::uint16_t* t = kFp8Bf16<E>.data();
+    const __m512i code = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(m, static_cast<const std::uint8_t*>(row) + d));
+    const __m512i low = _mm512_permutex2var_epi16(_mm512_load_si512(t), code, _mm512_load_si512(t + 32));
+    const __m512i high = _mm512_permutex2var_epi16(_mm512_load_si512(t + 64), code, _mm512_load_si512(t + 96));
+    const __m512i magnitude = _mm512_mask_blend_epi16(_mm512_test_epi16_mask(code, _mm512_set1_epi16(0x40)), low, high);
+    // bit 15 from the code shifted left by 8 (its bit 7), the rest from the magnitude
+    return _mm512_ternarylogic_epi32(magnitude, _mm512_slli_epi16(code, 8), _mm512_set1_epi16(static_cast<short>(0x8000)), 0xD8);
+  }
+};
+
+// 16 int32 times d, and 16 more, rounded to 32 bfloat16 lanes in order.
+ATTN_AVX512 inline __m512i scaled_bf16(__m512i first, __m512i second, __m512 d) {
+  const __m512 a = _mm512_mul_ps(_mm512_cvtepi32_ps(first), d), b = _mm512_mul_ps(_mm512_cvtepi32_ps(second), d);
+  return (__m512i)_mm512_cvtne2ps_pbh(b, a);
+}
+
+struct Q8_0Bf16Codes {
+  static std::int64_t byte_of(std::int64_t e) { return e / 32 * 34; }
+  ATTN_AVX512 static __m512i load(const void* row, std::int64_t d, __mmask32 m) {
+    const auto* block = static_cast<const std::uint8_t*>(row) + d / 32 * 34;
+    const __m256i q = _mm256_maskz_loadu_epi8(m, block + 2);
+    return scaled_bf16(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q)), _mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1)),
+                       block_d(block));
+  }
+};
+
+struct Q4_0Bf16Codes {
+  static std::int64_t byte_of(std::int64_t e) { return e / 32 * 18; }
+  ATTN_AVX512 static __m512i load(const void* row, std::int64_t d, __mmask32 m) {
+    const auto* block = static_cast<const std::uint8_t*>(row) + d / 32 * 18;
+    const __m128i b = _mm_maskz_loadu_epi8(static_cast<__mmask16>(m | (m >> 16)), block + 2);
+    const __m128i nibble = _mm_set1_epi8(0x0f);
+    const __m512i eight = _mm512_set1_epi32(8);
+    const __m512i low = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_and_si128(b, nibble)), eight);
+    const __m512i high = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b, 4), nibble)), eight);
+    return scaled_bf16(low, high, block_d(block));
+  }
+};
+
+// Calls fn with the bfloat16 loader of a row format.
+template <typename Fn> ATTN_AVX512 void with_bf16_loader(RowFormat format, Fn&& fn) {
+  switch (format.encoding) {
+    case Encoding::none:
+      if (format.dtype != DType::bf16) throw std::logic_error("the bfloat16 in-place kernels read bfloat16 rows");
+      return fn(Bf16Rows{});
+    case Encoding::e4m3: return fn(Fp8Bf16Codes<Encoding::e4m3>{});
+    case Encoding::e5m2: return fn(Fp8Bf16Codes<Encoding::e5m2>{});
+    case Encoding::q8_0: return fn(Q8_0Bf16Codes{});
+    case Encoding::q4_0: return fn(Q4_0Bf16Codes{});
+    default: throw std::logic_error("the in-place kernels decode fp8 and ggml codes only");
   }
 }
 
 // qk_direct_rows with bfloat16 dot products: 32 dims a step, no widening.
-template <int R>
+template <int R, typename Load>
 ATTN_AVX512 void qk_bf16_direct_rows(const bf16* q, std::int64_t nr, std::int64_t head_dim, std::int64_t ldq, KeyRows k,
                                      std::int64_t keys, float* s, const Ahead& ahead) {
   constexpr int kKeys = 16 / R;
@@ -608,8 +783,8 @@ ATTN_AVX512 void qk_bf16_direct_rows(const bf16* q, std::int64_t nr, std::int64_
   std::int64_t j = 0;
   for (; j < keys; j += kKeys) {
     prefetch_rows(ahead, j, j + kKeys);
-    const bf16* krow[kKeys];
-    for (int c = 0; c < kKeys; ++c) krow[c] = key_row<bf16>(k, std::min<std::int64_t>(j + c, keys - 1));
+    const void* krow[kKeys];
+    for (int c = 0; c < kKeys; ++c) krow[c] = k[std::min<std::int64_t>(j + c, keys - 1)];
     __m512 acc[16];
     for (__m512& a : acc) a = _mm512_setzero_ps();
     for (std::int64_t d = 0; d < head_dim; d += 32) {
@@ -617,7 +792,7 @@ ATTN_AVX512 void qk_bf16_direct_rows(const bf16* q, std::int64_t nr, std::int64_
       __m512bh qv[R];
       for (int r = 0; r < R; ++r) qv[r] = (__m512bh)_mm512_maskz_loadu_epi16(m, qrow[r] + d);
       for (int c = 0; c < kKeys; ++c) {
-        const __m512bh kv = (__m512bh)_mm512_maskz_loadu_epi16(m, krow[c] + d);
+        const __m512bh kv = (__m512bh)Load::load(krow[c], d, m);
         for (int r = 0; r < R; ++r) acc[c * R + r] = _mm512_dpbf16_ps(acc[c * R + r], qv[r], kv);
       }
     }
@@ -630,18 +805,24 @@ ATTN_AVX512 void qk_bf16_direct_rows(const bf16* q, std::int64_t nr, std::int64_
   prefetch_rows(ahead, j, ahead.n);
 }
 
-ATTN_AVX512 void qk_bf16_direct(const bf16* q, std::int64_t rows, std::int64_t head_dim, std::int64_t ldq, KeyRows k,
-                                std::int64_t keys, float* s, const Ahead& ahead) {
+template <typename Load>
+ATTN_AVX512 void qk_bf16_direct_typed(const bf16* q, std::int64_t rows, std::int64_t head_dim, std::int64_t ldq, KeyRows k,
+                                      std::int64_t keys, float* s, const Ahead& ahead) {
   for (std::int64_t r0 = 0; r0 < rows; r0 += 8) {
     const std::int64_t nr = std::min<std::int64_t>(8, rows - r0);
     const bf16* qr = q + r0 * ldq;
     float* sr = s + r0 * kKeyBlock;
     const Ahead& a = r0 == 0 ? ahead : Ahead{};
-    if (nr == 1) qk_bf16_direct_rows<1>(qr, nr, head_dim, ldq, k, keys, sr, a);
-    else if (nr == 2) qk_bf16_direct_rows<2>(qr, nr, head_dim, ldq, k, keys, sr, a);
-    else if (nr <= 4) qk_bf16_direct_rows<4>(qr, nr, head_dim, ldq, k, keys, sr, a);
-    else qk_keys_as_lanes<Bf16PairLanes, bf16>(qr, nr, head_dim, ldq, k, keys, sr, a);
+    if (nr == 1) qk_bf16_direct_rows<1, Load>(qr, nr, head_dim, ldq, k, keys, sr, a);
+    else if (nr == 2) qk_bf16_direct_rows<2, Load>(qr, nr, head_dim, ldq, k, keys, sr, a);
+    else if (nr <= 4) qk_bf16_direct_rows<4, Load>(qr, nr, head_dim, ldq, k, keys, sr, a);
+    else qk_keys_as_lanes<Bf16PairLanes<Load>>(qr, nr, head_dim, ldq, k, keys, sr, a);
   }
+}
+
+ATTN_AVX512 void qk_bf16_direct(const bf16* q, std::int64_t rows, std::int64_t head_dim, std::int64_t ldq, KeyRows k,
+                                RowFormat format, std::int64_t keys, float* s, const Ahead& ahead) {
+  with_bf16_loader(format, [&](auto load) { qk_bf16_direct_typed<decltype(load)>(q, rows, head_dim, ldq, k, keys, s, ahead); });
 }
 
 // O rows [0, NR), 32 columns from c0 of V's rows in place (those below dv
@@ -649,7 +830,7 @@ ATTN_AVX512 void qk_bf16_direct(const bf16* q, std::int64_t rows, std::int64_t h
 // both keys' products. Unpacking works within 128-bit lanes: the low half
 // holds columns 8L + {0..3} of lane L, the high half 8L + {4..7}; O is
 // permuted to that order on load and back on store.
-template <int NR>
+template <int NR, typename Load>
 ATTN_AVX512 void pv_bf16_direct_block(const bf16* p, std::int64_t keys, KeyRows v, std::int64_t c0, std::int64_t dv,
                                       std::int64_t dv_pad, float* o, const Ahead& ahead) {
   alignas(64) static constexpr std::int32_t kLo[16] = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
@@ -662,7 +843,7 @@ ATTN_AVX512 void pv_bf16_direct_block(const bf16* p, std::int64_t keys, KeyRows 
   const std::int64_t cols = dv - c0;
   const __mmask32 m = cols >= 32 ? 0xFFFFFFFFu : (1u << cols) - 1;
   const __mmask16 m0 = lanes_below(cols), m1 = lanes_below(cols - 16);
-  const std::int64_t pf_begin = c0 * 2, pf_end = (c0 + 32) * 2;  // this pass's bytes of the ahead rows
+  const std::int64_t pf_begin = Load::byte_of(c0), pf_end = Load::byte_of(c0 + 32);  // this pass's bytes of the ahead rows
   float* const out = o + c0;
   __m512 lo[NR], hi[NR];
 #pragma GCC unroll 8
@@ -674,8 +855,8 @@ ATTN_AVX512 void pv_bf16_direct_block(const bf16* p, std::int64_t keys, KeyRows 
   std::int64_t j = 0;
   for (; j + 2 <= keys; j += 2) {
     prefetch_rows(ahead, j, j + 2, pf_begin, pf_end);
-    const __m512i v0 = _mm512_maskz_loadu_epi16(m, key_row<bf16>(v, j) + c0);
-    const __m512i v1 = _mm512_maskz_loadu_epi16(m, key_row<bf16>(v, j + 1) + c0);
+    const __m512i v0 = Load::load(v[j], c0, m);
+    const __m512i v1 = Load::load(v[j + 1], c0, m);
     const __m512bh vlo = (__m512bh)_mm512_unpacklo_epi16(v0, v1), vhi = (__m512bh)_mm512_unpackhi_epi16(v0, v1);
 #pragma GCC unroll 8
     for (int r = 0; r < NR; ++r) {
@@ -687,7 +868,7 @@ ATTN_AVX512 void pv_bf16_direct_block(const bf16* p, std::int64_t keys, KeyRows 
     }
   }
   if (j < keys) {  // an odd last key: its partner is 0 in V and in P
-    const __m512i v0 = _mm512_maskz_loadu_epi16(m, key_row<bf16>(v, j) + c0), v1 = _mm512_setzero_si512();
+    const __m512i v0 = Load::load(v[j], c0, m), v1 = _mm512_setzero_si512();
     const __m512bh vlo = (__m512bh)_mm512_unpacklo_epi16(v0, v1), vhi = (__m512bh)_mm512_unpackhi_epi16(v0, v1);
 #pragma GCC unroll 8
     for (int r = 0; r < NR; ++r) {
@@ -706,11 +887,12 @@ ATTN_AVX512 void pv_bf16_direct_block(const bf16* p, std::int64_t keys, KeyRows 
   prefetch_rows(ahead, j, ahead.n, pf_begin, pf_end);
 }
 
-ATTN_AVX512 void pv_bf16_direct(const bf16* p, std::int64_t rows, std::int64_t keys, KeyRows v, std::int64_t dv,
-                                std::int64_t dv_pad, float* o, const Ahead& ahead) {
+template <typename Load>
+ATTN_AVX512 void pv_bf16_direct_typed(const bf16* p, std::int64_t rows, std::int64_t keys, KeyRows v, std::int64_t dv,
+                                      std::int64_t dv_pad, float* o, const Ahead& ahead) {
   using Fn = void (*)(const bf16*, std::int64_t, KeyRows, std::int64_t, std::int64_t, std::int64_t, float*, const Ahead&);
-  static constexpr auto table =
-      make_table([](auto n) -> Fn { return &pv_bf16_direct_block<decltype(n)::value>; }, std::make_index_sequence<8>{});
+  static constexpr auto table = make_table([](auto n) -> Fn { return &pv_bf16_direct_block<decltype(n)::value, Load>; },
+                                           std::make_index_sequence<8>{});
   for (std::int64_t c0 = 0; c0 < dv; c0 += 32) {
     for (std::int64_t r = 0; r < rows; r += 8) {
       const std::int64_t n = std::min<std::int64_t>(8, rows - r);
@@ -718,6 +900,11 @@ ATTN_AVX512 void pv_bf16_direct(const bf16* p, std::int64_t rows, std::int64_t k
                                              r == 0 ? ahead : Ahead{});
     }
   }
+}
+
+ATTN_AVX512 void pv_bf16_direct(const bf16* p, std::int64_t rows, std::int64_t keys, KeyRows v, RowFormat format,
+                                std::int64_t dv, std::int64_t dv_pad, float* o, const Ahead& ahead) {
+  with_bf16_loader(format, [&](auto load) { pv_bf16_direct_typed<decltype(load)>(p, rows, keys, v, dv, dv_pad, o, ahead); });
 }
 
 ATTN_AVX512 float scale_row(float* x, float scale, std::int64_t visible) {

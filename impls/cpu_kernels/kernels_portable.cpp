@@ -104,9 +104,25 @@ void exp2_rows_bf16(const float* x, std::int64_t rows, std::int64_t n, float sca
 
 float max_of(const float* x, std::int64_t n) { return *std::max_element(x, x + n); }
 
-// Element e of a row of K or V in place, widened to float.
-float element(const void* x, DType dtype, std::int64_t e) {
-  switch (dtype) {
+// Element e of a row of K or V in place, widened or decoded to float.
+float element(const void* x, RowFormat format, std::int64_t e) {
+  const auto* bytes = static_cast<const std::uint8_t*>(x);
+  switch (format.encoding) {
+    case Encoding::none: break;
+    case Encoding::e4m3: return e4m3_to_float(bytes[e]);
+    case Encoding::e5m2: return e5m2_to_float(bytes[e]);
+    case Encoding::q8_0: {
+      const std::uint8_t* block = bytes + e / 32 * 34;
+      return ggml_block_d(block) * static_cast<float>(static_cast<std::int8_t>(block[2 + e % 32]));
+    }
+    case Encoding::q4_0: {
+      const std::uint8_t* block = bytes + e / 32 * 18;
+      const std::uint8_t byte = block[2 + e % 16];
+      return ggml_block_d(block) * static_cast<float>((e % 32 < 16 ? byte & 15 : byte >> 4) - 8);
+    }
+    default: throw std::logic_error("the in-place kernels decode fp8 and ggml codes only");
+  }
+  switch (format.dtype) {
     case DType::f32: return static_cast<const float*>(x)[e];
     case DType::bf16: return bf16_to_float(static_cast<const bf16*>(x)[e]);
     case DType::f16: return f16_to_float(static_cast<const f16*>(x)[e]);
@@ -114,49 +130,53 @@ float element(const void* x, DType dtype, std::int64_t e) {
   }
 }
 
-void qk_direct(const float* q, std::int64_t rows, std::int64_t head_dim, KeyRows k, DType dtype, std::int64_t keys,
+void qk_direct(const float* q, std::int64_t rows, std::int64_t head_dim, KeyRows k, RowFormat format, std::int64_t keys,
                float* s, const Ahead& ahead) {
   prefetch_rows(ahead, 0, ahead.n);
   for (std::int64_t j = 0; j < keys; ++j)
     for (std::int64_t r = 0; r < rows; ++r) {
       float acc = 0;
-      for (std::int64_t d = 0; d < head_dim; ++d) acc += q[r * head_dim + d] * element(k[j], dtype, d);
+      for (std::int64_t d = 0; d < head_dim; ++d) acc += q[r * head_dim + d] * element(k[j], format, d);
       s[r * kKeyBlock + j] = acc;
     }
 }
 
-void pv_direct(const float* p, std::int64_t rows, std::int64_t keys, KeyRows v, DType dtype, std::int64_t dv,
+void pv_direct(const float* p, std::int64_t rows, std::int64_t keys, KeyRows v, RowFormat format, std::int64_t dv,
                std::int64_t dv_pad, float* o, const Ahead& ahead) {
   prefetch_rows(ahead, 0, ahead.n);
   for (std::int64_t r = 0; r < rows; ++r) {
     float* out = o + r * dv_pad;
     for (std::int64_t j = 0; j < keys; ++j) {
       const float w = p[r * kKeyBlock + j];
-      for (std::int64_t c = 0; c < dv; ++c) out[c] += w * element(v[j], dtype, c);
+      for (std::int64_t c = 0; c < dv; ++c) out[c] += w * element(v[j], format, c);
     }
   }
 }
 
-const bf16* bf16_row(KeyRows x, std::int64_t j) { return static_cast<const bf16*>(x[j]); }
+// Element e of a row in place as the bfloat16 kernels read it: bfloat16 as
+// it is, codes decoded and rounded to bfloat16 (exact for fp8).
+float bf16_element(const void* x, RowFormat format, std::int64_t e) {
+  if (format.encoding == Encoding::none) return bf16_to_float(static_cast<const bf16*>(x)[e]);
+  return bf16_to_float(float_to_bf16(element(x, format, e)));
+}
 
-void qk_bf16_direct(const bf16* q, std::int64_t rows, std::int64_t head_dim, std::int64_t ldq, KeyRows k, std::int64_t keys,
-                    float* s, const Ahead& ahead) {
+void qk_bf16_direct(const bf16* q, std::int64_t rows, std::int64_t head_dim, std::int64_t ldq, KeyRows k, RowFormat format,
+                    std::int64_t keys, float* s, const Ahead& ahead) {
   prefetch_rows(ahead, 0, ahead.n);
   for (std::int64_t j = 0; j < keys; ++j)
     for (std::int64_t r = 0; r < rows; ++r) {
-      const bf16* kj = bf16_row(k, j);
       float acc = 0;
       for (std::int64_t d = 0; d < head_dim; d += 2) {  // a pair of exact products, then the sum
-        float pair = bf16_to_float(q[r * ldq + d]) * bf16_to_float(kj[d]);
-        if (d + 1 < head_dim) pair += bf16_to_float(q[r * ldq + d + 1]) * bf16_to_float(kj[d + 1]);
+        float pair = bf16_to_float(q[r * ldq + d]) * bf16_element(k[j], format, d);
+        if (d + 1 < head_dim) pair += bf16_to_float(q[r * ldq + d + 1]) * bf16_element(k[j], format, d + 1);
         acc += pair;
       }
       s[r * kKeyBlock + j] = acc;
     }
 }
 
-void pv_bf16_direct(const bf16* p, std::int64_t rows, std::int64_t keys, KeyRows v, std::int64_t dv, std::int64_t dv_pad,
-                    float* o, const Ahead& ahead) {
+void pv_bf16_direct(const bf16* p, std::int64_t rows, std::int64_t keys, KeyRows v, RowFormat format, std::int64_t dv,
+                    std::int64_t dv_pad, float* o, const Ahead& ahead) {
   prefetch_rows(ahead, 0, ahead.n);
   for (std::int64_t r = 0; r < rows; ++r) {
     float* out = o + r * dv_pad;
@@ -164,8 +184,8 @@ void pv_bf16_direct(const bf16* p, std::int64_t rows, std::int64_t keys, KeyRows
       const float w0 = bf16_to_float(p[r * kKeyBlock + j]);
       const float w1 = j + 1 < keys ? bf16_to_float(p[r * kKeyBlock + j + 1]) : 0.0f;
       for (std::int64_t c = 0; c < dv; ++c) {
-        const float v1 = j + 1 < keys ? bf16_to_float(bf16_row(v, j + 1)[c]) : 0.0f;
-        out[c] += w0 * bf16_to_float(bf16_row(v, j)[c]) + w1 * v1;
+        const float v1 = j + 1 < keys ? bf16_element(v[j + 1], format, c) : 0.0f;
+        out[c] += w0 * bf16_element(v[j], format, c) + w1 * v1;
       }
     }
   }

@@ -44,11 +44,20 @@ class StreamingPlan final : public Plan {
     // whole computation, so the kernels read them in place, through the page
     // table when paged: bfloat16 with bfloat16 dot products as the packed
     // path's, float16 widened on load to float32 products.
-    // Quantised K or V (version 4) are dequantised block by block into the pack.
-    direct_ = g_.tile_rows <= kDirectRows && p.dtype != DType::f64 && io.k.dtype == io.v.dtype && io.k.strides[3] == 1 &&
-              io.v.strides[3] == 1 && io.k_codes.empty() && io.v_codes.empty();
+    // Quantised K and V (version 4) are read in place too when the kernels
+    // decode their codes on load (fp8, ggml blocks: RowFormat), to bfloat16
+    // for a bfloat16 case, else to float32; K's descale is folded into the
+    // score scale (or Q's float32 rows), V's into the output. With a scale
+    // array (integer encodings) they are dequantised block by block into the
+    // pack.
+    const bool codes = !io.k_codes.empty() || !io.v_codes.empty();
+    direct_ = g_.tile_rows <= kDirectRows && p.dtype != DType::f64 && readable_in_place(io.k, io.k_codes) &&
+              readable_in_place(io.v, io.v_codes) && (codes || io.k.dtype == io.v.dtype);
     if (direct_ && p.dtype != DType::bf16) g_ = g_.with_float32_products();
-    element_ = static_cast<std::int64_t>(dtype_size(io.k.dtype));
+    if (!io.k_codes.empty()) k_format_ = io.k_codes.encoding;
+    else k_format_ = io.k.dtype;
+    if (!io.v_codes.empty()) v_format_ = io.v_codes.encoding;
+    else v_format_ = io.v.dtype;
     narrow_rows_ = !g_.bf16_kernels || kernels_.bf16_rows_align == 1;
     tiles_ = p.batch * p.heads_kv * g_.query_tiles;
     // Few tiles and long rows (decode): split the keys so every thread works.
@@ -112,6 +121,15 @@ class StreamingPlan final : public Plan {
     const bool direct = direct_;
     if (!direct) s.pack.pack(p_, g_, io_, t.b, t.kv_head, first, last);
     cpu::pack_queries(p_, g_, io_, t, s.q.data(), s.q_bf16.data());
+    // K's descale, in place: folded into the score scale of the bfloat16
+    // products (Q's rows are exact bfloat16), or into Q's float32 rows.
+    Geometry descaled = g_;
+    if (direct && !io_.k_codes.empty()) {
+      const float descale = io_.k_codes.descale_of(t.b, t.kv_head);
+      if (g_.bf16_kernels) descaled.score_scale *= descale;
+      else if (descale != 1.0f) std::for_each(s.q.begin(), s.q.begin() + rows * p_.head_dim, [&](float& x) { x *= descale; });
+    }
+    const Geometry& g = descaled;
     std::fill_n(s.m.begin(), rows, kNegInf);
     std::fill_n(s.l.begin(), rows, 0.0f);
     std::fill_n(s.o.begin(), rows * g_.dv_pad, 0.0f);
@@ -157,11 +175,12 @@ class StreamingPlan final : public Plan {
       runs[0] = {0, live, 0, kKeyBlock};
       if (!direct && !full && narrow_rows_) n_runs = cpu::column_runs(p_, io_, g_, seen, j0, runs.data());
       if (direct) {
-        const cpu::Ahead next{ahead->k.data(), ahead->n, p_.head_dim * element_};
+        const cpu::Ahead next{ahead->k.data(), ahead->n, k_format_.row_bytes(p_.head_dim)};
         if (g_.bf16_kernels) {
-          kernels_.qk_bf16_direct(q_bf16, live, p_.head_dim, g_.head_dim_pairs * 2, here->k.data(), keys, scores, next);
+          kernels_.qk_bf16_direct(q_bf16, live, p_.head_dim, g_.head_dim_pairs * 2, here->k.data(), k_format_, keys, scores,
+                                  next);
         } else {
-          kernels_.qk_direct(q, live, p_.head_dim, here->k.data(), io_.k.dtype, keys, scores, next);
+          kernels_.qk_direct(q, live, p_.head_dim, here->k.data(), k_format_, keys, scores, next);
         }
       } else {
         for (std::int64_t u = 0; u < n_runs; ++u) {
@@ -181,24 +200,24 @@ class StreamingPlan final : public Plan {
       // scaled them, or the scale for a fully visible block of raw bfloat16
       // products, whose maxima (qk_bf16's, or taken here) are then scaled.
       float pending = 1.0f;
-      if (g_.bf16_kernels && g_.score_scale > 0 && full) {
-        pending = g_.score_scale;
+      if (g_.bf16_kernels && g.score_scale > 0 && full) {
+        pending = g.score_scale;
         for (std::int64_t r = 0; r < live; ++r) {
           block_max[r] = (direct ? kernels_.max_of(scores + r * kKeyBlock, kKeyBlock) : block_max[r]) * pending;
         }
       } else {
         const bool kernel_max = !direct && !g_.bf16_kernels;
-        cpu::finish_scores(p_, g_, io_, kernels_, seen, j0, scores, block_max, kernel_max);
+        cpu::finish_scores(p_, g, io_, kernels_, seen, j0, scores, block_max, kernel_max);
       }
       online_softmax(s, r0, live, pending, shift);
       float* const o = s.o.data() + r0 * g_.dv_pad;
       const bf16* const p_bf16 = s.p_bf16.data() + r0 * kKeyBlock;
       if (direct) {
-        const cpu::Ahead next{ahead->v.data(), ahead->n, p_.head_dim_v * element_};
+        const cpu::Ahead next{ahead->v.data(), ahead->n, v_format_.row_bytes(p_.head_dim_v)};
         if (g_.bf16_kernels) {
-          kernels_.pv_bf16_direct(p_bf16, live, keys, here->v.data(), p_.head_dim_v, g_.dv_pad, o, next);
+          kernels_.pv_bf16_direct(p_bf16, live, keys, here->v.data(), v_format_, p_.head_dim_v, g_.dv_pad, o, next);
         } else {
-          kernels_.pv_direct(scores, live, keys, here->v.data(), io_.v.dtype, p_.head_dim_v, g_.dv_pad, o, next);
+          kernels_.pv_direct(scores, live, keys, here->v.data(), v_format_, p_.head_dim_v, g_.dv_pad, o, next);
         }
       } else {
         for (std::int64_t u = 0; u < n_runs; ++u) {  // each run over the keys of its columns (P is 0 elsewhere)
@@ -214,7 +233,13 @@ class StreamingPlan final : public Plan {
         }
       }
     }
+    if (direct && !io_.v_codes.empty()) {  // V's descale, on the sums of weights times codes
+      const float descale = io_.v_codes.descale_of(t.b, t.kv_head);
+      if (descale != 1.0f) std::for_each(s.o.begin(), s.o.begin() + rows * g_.dv_pad, [&](float& x) { x *= descale; });
+    }
     if (chunks_ == 1) {
+      // (after the descale: with the weights scaled down the sums are at most
+      // V's largest value, finite)
       if (shift == 0 && g_.weight_shift > 0 && !cpu::outputs_finite(g_, s.o.data(), rows)) {
         compute(tile_index, chunk, s, g_.weight_shift);
         return;
@@ -232,11 +257,11 @@ class StreamingPlan final : public Plan {
   // entry, in place: one lookup in the page table per page.
   void key_rows(const QueryTile& t, std::int64_t j0, std::int64_t end, BlockRows& out) const {
     out.n = std::clamp<std::int64_t>(end - j0, 0, kKeyBlock);
-    const std::int64_t k_step = io_.k.strides[2] * element_, v_step = io_.v.strides[2] * element_;
+    const std::int64_t k_step = step(io_.k, io_.k_codes), v_step = step(io_.v, io_.v_codes);
     for (std::int64_t j = j0; j < j0 + out.n;) {
       const std::int64_t run_end = p_.paged() ? std::min(j0 + out.n, (j / p_.page_size + 1) * p_.page_size) : j0 + out.n;
-      const auto* k = static_cast<const std::byte*>(in_place(io_.k, t, j));
-      const auto* v = static_cast<const std::byte*>(in_place(io_.v, t, j));
+      const auto* k = static_cast<const std::byte*>(in_place(io_.k, io_.k_codes, t, j));
+      const auto* v = static_cast<const std::byte*>(in_place(io_.v, io_.v_codes, t, j));
       for (std::int64_t r = 0; r < run_end - j; ++r) {
         out.k[static_cast<std::size_t>(j - j0 + r)] = k + r * k_step;
         out.v[static_cast<std::size_t>(j - j0 + r)] = v + r * v_step;
@@ -245,11 +270,23 @@ class StreamingPlan final : public Plan {
     }
   }
 
-  // Key j's row in a K or V view, in place: through the page table when paged.
-  const void* in_place(const TensorView& view, const QueryTile& t, std::int64_t j) const {
+  // Key j's row of K or V (its codes when quantised), in place: through the
+  // page table when paged.
+  const void* in_place(const TensorView& view, const QuantView& codes, const QueryTile& t, std::int64_t j) const {
     const SequenceMap::Key key = io_.sequences(p_).key(t.b, j);
+    if (!codes.empty()) return codes.row(key.b, t.kv_head, key.s);
     const std::int64_t offset = view.offset(key.b, t.kv_head, key.s, 0);
     return static_cast<const std::byte*>(view.data) + offset * static_cast<std::int64_t>(dtype_size(view.dtype));
+  }
+  // Bytes from a key's row to the next one's of K or V.
+  static std::int64_t step(const TensorView& view, const QuantView& codes) {
+    return codes.empty() ? view.strides[2] * static_cast<std::int64_t>(dtype_size(view.dtype)) : codes.strides[2];
+  }
+  // K or V can be read in place: unit-stride rows, or codes the kernels
+  // decode on load, without a scale array.
+  static bool readable_in_place(const TensorView& view, const QuantView& codes) {
+    if (codes.empty()) return view.strides[3] == 1;
+    return cpu::decodes_in_place(codes.encoding) && codes.scale == nullptr && codes.zero_point == nullptr;
   }
 
   // Folds the scores of rows [r0, r0 + live) of the current block (times
@@ -327,7 +364,7 @@ class StreamingPlan final : public Plan {
   Geometry g_;
   int threads_ = 1;
   bool direct_ = false;  // every tile reads K and V in place
-  std::int64_t element_ = 1;  // bytes of an element of K and V
+  cpu::RowFormat k_format_ = DType::f32, v_format_ = DType::f32;  // what their rows hold
   bool narrow_rows_ = true;  // a block computed only by the rows that see one of its keys
   std::int64_t tiles_ = 0, chunks_ = 1;
   std::vector<Scratch> scratch_;
