@@ -56,6 +56,39 @@ attn_problem to_c(const Problem& p, const std::string& text) {
   c.ragged = p.ragged ? 1 : 0;
   c.page_size = p.page_size;
   c.num_pages = p.num_pages;
+  for (const char t : {'q', 'k', 'v'}) {
+    const QuantSpec& spec = p.quant(t);
+    attn_quant& to = t == 'q' ? c.q_quant : t == 'k' ? c.k_quant : c.v_quant;
+    to.encoding = static_cast<std::int32_t>(spec.encoding);
+    to.descale = static_cast<std::int32_t>(spec.descale);
+    for (int a = 0; a < 4; ++a) to.scale[a] = spec.scale[static_cast<std::size_t>(a)];
+    to.zero_point = spec.zero_point ? 1 : 0;
+  }
+  return c;
+}
+
+// The C ABI's encodings and descales are the SDK's own values.
+static_assert(ATTN_ENCODING_E4M3 == static_cast<int>(Encoding::e4m3) && ATTN_ENCODING_E5M2 == static_cast<int>(Encoding::e5m2) &&
+              ATTN_ENCODING_S8 == static_cast<int>(Encoding::s8) && ATTN_ENCODING_U8 == static_cast<int>(Encoding::u8) &&
+              ATTN_ENCODING_S4 == static_cast<int>(Encoding::s4) && ATTN_ENCODING_U4 == static_cast<int>(Encoding::u4) &&
+              ATTN_ENCODING_Q8_0 == static_cast<int>(Encoding::q8_0) && ATTN_ENCODING_Q4_0 == static_cast<int>(Encoding::q4_0) &&
+              ATTN_ENCODING_BIT(ATTN_ENCODING_Q4_0) == encoding_bit(Encoding::q4_0));
+static_assert(ATTN_DESCALE_TENSOR == static_cast<int>(Descale::tensor) &&
+              ATTN_DESCALE_ENTRY_HEAD == static_cast<int>(Descale::entry_head));
+
+attn_codes codes_to_c(const QuantView& q) {
+  attn_codes c{};
+  if (q.empty()) return c;
+  c.codes = q.codes;
+  for (int a = 0; a < 3; ++a) c.strides[a] = q.strides[static_cast<std::size_t>(a)];
+  c.row_bytes = encoded_row_bytes(q.encoding, q.dim);
+  c.scale = q.scale;
+  for (int a = 0; a < 3; ++a) c.scale_strides[a] = q.scale_strides[static_cast<std::size_t>(a)];
+  c.group = q.group;
+  c.zero_point = q.zero_point;
+  c.descale = q.descale;
+  c.descale_strides[0] = q.descale_batch_stride;
+  c.descale_strides[1] = q.descale_head_stride;
   return c;
 }
 
@@ -84,12 +117,37 @@ struct BackendV2 {
 static_assert(offsetof(BackendV2, plan_has_lse) == offsetof(attn_backend, plan_has_lse));
 static_assert(sizeof(BackendV2) < sizeof(attn_backend));
 static_assert(offsetof(attn_backend, prepare_backward) == sizeof(BackendV2));
+// And as version 3 laid it out: version 4 appended the encodings, which fit
+// in what was version 3's tail padding (the sizes may be equal: the version
+// says which fields are there, and a version 3 plugin's padding is not read).
+constexpr std::size_t kBackendV3Size =
+    (offsetof(attn_backend, encodings) + alignof(attn_backend) - 1) / alignof(attn_backend) * alignof(attn_backend);
+// attn_io as versions 2 and 3 laid it out (version 4 appended the codes), and
+// attn_backward_io around it: a version 3 backward reads dout and the
+// gradients right after that attn_io.
+struct alignas(attn_io) IoV3 {
+  unsigned char bytes[offsetof(attn_io, q_codes)];
+};
+struct BackwardIoV3 {
+  IoV3 forward;
+  attn_tensor dout;
+  void* dq;
+  std::int64_t dq_strides[4];
+  void* dk;
+  std::int64_t dk_strides[4];
+  void* dv;
+  std::int64_t dv_strides[4];
+  void* dbias;
+  std::int64_t dbias_strides[4];
+  double* dsinks;
+};
 
 // The size of attn_backend in each version this attn speaks (0: not one).
 std::size_t backend_size(std::uint32_t version) {
   switch (version) {
     case 1: return sizeof(BackendV1);
     case 2: return sizeof(BackendV2);
+    case 3: return kBackendV3Size;
     case ATTN_PLUGIN_ABI_VERSION: return sizeof(attn_backend);
     default: return 0;
   }
@@ -174,13 +232,17 @@ attn_io io_to_c(const AttentionIO& io) {
   cio.cu_seqlens_k = io.cu_seqlens_k;
   cio.page_table = io.page_table;
   cio.seq_lens = io.seq_lens;
+  cio.q_codes = codes_to_c(io.q_codes);
+  cio.k_codes = codes_to_c(io.k_codes);
+  cio.v_codes = codes_to_c(io.v_codes);
   return cio;
 }
 
 class PluginBackend final : public Backend {
  public:
-  PluginBackend(const attn_backend* b, std::string path)
+  PluginBackend(const attn_backend* b, std::uint32_t version, std::string path)
       : b_(b),
+        version_(version),
         path_(std::move(path)),
         name_(plugin_text(b->name, 64)),
         description_(plugin_text(b->description)) {
@@ -195,7 +257,8 @@ class PluginBackend final : public Backend {
             .features = features_of(b_->features),
             .lse = b_->has_lse != 0,
             .backward = b_->prepare_backward != nullptr,
-            .nondeterministic_dq = b_->nondeterministic_dq != 0};
+            .nondeterministic_dq = b_->nondeterministic_dq != 0,
+            .encodings = b_->encodings & kAllEncodings};
   }
   Status available() const override {
     if (b_->available == nullptr) return Status::yes();
@@ -238,7 +301,19 @@ class PluginBackend final : public Backend {
     copy_strides(cio.dbias_strides, io.dbias.strides);
     cio.dsinks = io.dsinks;
     const char* error = nullptr;
-    void* plan = b_->prepare_backward(b_->user, &c, &cio, options.threads, &error);
+    // A version 3 plugin reads the structure as its header laid it out.
+    BackwardIoV3 v3{};
+    if (version_ < 4) {
+      std::memcpy(v3.forward.bytes, &cio.forward, sizeof v3.forward.bytes);
+      v3.dout = cio.dout;
+      v3.dq = cio.dq, v3.dk = cio.dk, v3.dv = cio.dv, v3.dbias = cio.dbias, v3.dsinks = cio.dsinks;
+      std::memcpy(v3.dq_strides, cio.dq_strides, sizeof v3.dq_strides);
+      std::memcpy(v3.dk_strides, cio.dk_strides, sizeof v3.dk_strides);
+      std::memcpy(v3.dv_strides, cio.dv_strides, sizeof v3.dv_strides);
+      std::memcpy(v3.dbias_strides, cio.dbias_strides, sizeof v3.dbias_strides);
+    }
+    const auto* passed = version_ < 4 ? static_cast<const void*>(&v3) : static_cast<const void*>(&cio);
+    void* plan = b_->prepare_backward(b_->user, &c, static_cast<const attn_backward_io*>(passed), options.threads, &error);
     if (plan == nullptr) {
       throw Error(fmt::format("plugin backend {}: prepare_backward failed: {}", name_,
                               error ? plugin_text(error) : "(no reason given)"));
@@ -248,6 +323,7 @@ class PluginBackend final : public Backend {
 
  private:
   const attn_backend* b_;
+  std::uint32_t version_;  // the plugin's ABI version
   std::string path_;
   std::string name_, description_;
 };
@@ -291,13 +367,15 @@ std::vector<LoadedBackend> load_plugin_library(const std::string& path) {
   }
   // Each declaration, copied into this version's layout (plugins stay loaded,
   // so the copies may point into them): version 1 declares every dtype, no
-  // version 2 feature and lse per backend; versions 1 and 2 no backward.
+  // version 2 feature and lse per backend; versions 1 and 2 no backward;
+  // versions 1 to 3 no encoding.
   static std::deque<attn_backend> declared;
   std::vector<LoadedBackend> loaded;
   for (std::int32_t i = 0; i < plugin->count; ++i) {
     const auto* at = reinterpret_cast<const unsigned char*>(plugin->backends) + static_cast<std::size_t>(i) * plugin->backend_size;
     attn_backend b{};
     std::memcpy(&b, at, known);
+    if (version < 4) b.encodings = 0;
     if (version == 1) {
       b.dtypes = kAllDTypes;
       b.features = 0;
@@ -317,7 +395,7 @@ std::vector<LoadedBackend> load_plugin_library(const std::string& path) {
     }
     const attn_backend* kept = &declared.emplace_back(b);
     std::string name(kept->name, strnlen(kept->name, 65));
-    loaded.push_back({name, [kept, shown] { return std::make_unique<PluginBackend>(kept, shown); },
+    loaded.push_back({name, [kept, version, shown] { return std::make_unique<PluginBackend>(kept, version, shown); },
                       fmt::format("plugin {}", shown)});
   }
   return loaded;

@@ -34,11 +34,10 @@ class ExamplePlan final : public attn::Plan {
     for (std::int64_t j = 0; j < p_.seq_k; ++j) {
       double s = -std::numeric_limits<double>::infinity();
       if (j >= keys.lo && j < keys.hi && (io_.mask.empty() || io_.mask.at(b, h, i, j) != 0)) {
+        const std::vector<double>& q = values(io_.q, io_.q_codes, b, h, i, q_row_);
+        const std::vector<double>& k = values(io_.k, io_.k_codes, b, g, j, k_row_);
         double dot = 0;
-        for (std::int64_t d = 0; d < p_.head_dim; ++d) {
-          dot += static_cast<double>(attn::load_float(io_.q, io_.q.offset(b, h, i, d))) *
-                 static_cast<double>(attn::load_float(io_.k, io_.k.offset(b, g, j, d)));
-        }
+        for (std::int64_t d = 0; d < p_.head_dim; ++d) dot += q[static_cast<std::size_t>(d)] * k[static_cast<std::size_t>(d)];
         s = p_.scale * dot;
         if (p_.softcap > 0) s = p_.softcap * std::tanh(s / p_.softcap);
         if (!io_.bias.empty()) s += static_cast<double>(attn::load_float(io_.bias, io_.bias.offset(b, h, i, j)));
@@ -53,13 +52,15 @@ class ExamplePlan final : public attn::Plan {
         total += s;
       }
     }
+    std::vector<double> acc(static_cast<std::size_t>(p_.head_dim_v), 0.0);
+    for (std::int64_t j = 0; j < p_.seq_k && total > 0; ++j) {
+      const double w = scores_[static_cast<std::size_t>(j)];
+      if (w == 0) continue;
+      const std::vector<double>& v = values(io_.v, io_.v_codes, b, g, j, v_row_);
+      for (std::int64_t d = 0; d < p_.head_dim_v; ++d) acc[static_cast<std::size_t>(d)] += w * v[static_cast<std::size_t>(d)];
+    }
     for (std::int64_t d = 0; d < p_.head_dim_v; ++d) {
-      double acc = 0;
-      for (std::int64_t j = 0; j < p_.seq_k && total > 0; ++j) {
-        const double w = scores_[static_cast<std::size_t>(j)];
-        if (w != 0) acc += w * static_cast<double>(attn::load_float(io_.v, io_.v.offset(b, g, j, d)));
-      }
-      attn::store_float(io_.out, io_.out.offset(b, h, i, d), total > 0 ? static_cast<float>(acc / total) : 0.0f);
+      attn::store_float(io_.out, io_.out.offset(b, h, i, d), total > 0 ? static_cast<float>(acc[static_cast<std::size_t>(d)] / total) : 0.0f);
     }
     // lse: -inf for a row with no visible key.
     if (io_.lse != nullptr) {
@@ -67,9 +68,25 @@ class ExamplePlan final : public attn::Plan {
     }
   }
 
+  // Row (b, head, s) of q, k or v in double: the dtype's values, or
+  // (format version 4) the codes dequantised with the entry's descale,
+  // exactly as attnbench/quant.hpp defines them.
+  const std::vector<double>& values(const attn::TensorView& t, const attn::QuantView& codes, std::int64_t b,
+                                    std::int64_t head, std::int64_t s, std::vector<double>& row) const {
+    row.resize(static_cast<std::size_t>(t.shape[3]));
+    if (codes.empty()) {
+      for (std::size_t d = 0; d < row.size(); ++d) row[d] = attn::load_float(t, t.offset(b, head, s, static_cast<std::int64_t>(d)));
+      return row;
+    }
+    codes.dequantise_row(b, head, s, row.data());
+    const double descale = codes.descale_of(b, head);
+    for (double& x : row) x *= descale;
+    return row;
+  }
+
   attn::Problem p_;
   attn::AttentionIO io_;
-  std::vector<double> scores_;
+  std::vector<double> scores_, q_row_, k_row_, v_row_;
 };
 
 // The backward pass (format version 3): the textbook gradient in double, P
@@ -185,12 +202,14 @@ class ExampleBackend final : public attn::Backend {
     return "an attn::Backend subclass built out of tree: double sums, results through float";
   }
   // Not float64: its results pass through float. Two format version 2
-  // additions (sliding windows, softcap), and lse.
+  // additions (sliding windows, softcap), lse, and every quantised encoding
+  // of format version 4 (forward only).
   attn::Capabilities capabilities() const override {
     return {.dtypes = attn::dtype_bit(attn::DType::f32) | attn::dtype_bit(attn::DType::f16) | attn::dtype_bit(attn::DType::bf16),
             .features = attn::kFeatureWindow | attn::kFeatureSoftcap,
             .lse = true,
-            .backward = true};
+            .backward = true,
+            .encodings = attn::kAllEncodings};
   }
   attn::Status supports(const attn::Problem&) const override { return attn::Status::yes(); }
   std::unique_ptr<attn::Plan> prepare(const attn::Problem& p, const attn::AttentionIO& io,

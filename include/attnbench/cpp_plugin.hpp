@@ -64,7 +64,33 @@ inline Problem problem_of(const attn_problem& c) {
   p.ragged = c.ragged != 0;
   p.page_size = c.page_size;
   p.num_pages = c.num_pages;
+  for (const attn_quant* from : {&c.q_quant, &c.k_quant, &c.v_quant}) {
+    QuantSpec& to = from == &c.q_quant ? p.q_quant : from == &c.k_quant ? p.k_quant : p.v_quant;
+    to.encoding = static_cast<Encoding>(from->encoding);
+    to.descale = static_cast<Descale>(from->descale);
+    for (int a = 0; a < 4; ++a) to.scale[static_cast<std::size_t>(a)] = from->scale[a];
+    to.zero_point = from->zero_point != 0;
+  }
   return p;
+}
+
+// A quantised tensor's codes as the SDK's QuantView (empty when not quantised).
+inline QuantView codes_of(const QuantSpec& spec, const attn_codes& c, std::int64_t dim, std::int64_t descale_group) {
+  QuantView q;
+  if (c.codes == nullptr) return q;
+  q.encoding = spec.encoding;
+  q.codes = c.codes;
+  q.strides = {c.strides[0], c.strides[1], c.strides[2]};
+  q.dim = dim;
+  q.scale = c.scale;
+  q.scale_strides = {c.scale_strides[0], c.scale_strides[1], c.scale_strides[2]};
+  q.group = c.group;
+  q.zero_point = c.zero_point;
+  q.descale = c.descale;
+  q.descale_batch_stride = c.descale_strides[0];
+  q.descale_head_stride = c.descale_strides[1];
+  q.descale_group = descale_group;
+  return q;
 }
 
 inline Dims4 dims_of(const std::int64_t* s) { return {s[0], s[1], s[2], s[3]}; }
@@ -86,6 +112,9 @@ inline AttentionIO io_of(const Problem& p, const attn_io& c) {
   io.cu_seqlens_k = c.cu_seqlens_k;
   io.page_table = c.page_table;
   io.seq_lens = c.seq_lens;
+  io.q_codes = codes_of(p.q_quant, c.q_codes, p.head_dim, p.heads_q / p.heads_kv);
+  io.k_codes = codes_of(p.k_quant, c.k_codes, p.head_dim, 1);
+  io.v_codes = codes_of(p.v_quant, c.v_codes, p.head_dim_v, 1);
   return io;
 }
 
@@ -225,6 +254,7 @@ inline const attn_plugin* make_plugin(std::vector<Factory> factories) {
       b.destroy_backward = &destroy_backward;
     }
     b.nondeterministic_dq = h.declared.nondeterministic_dq ? 1 : 0;
+    b.encodings = h.declared.encodings;  // the ABI's encoding bits are the SDK's
     table.push_back(b);
   }
   plugin.abi_version = ATTN_PLUGIN_ABI_VERSION;

@@ -1,4 +1,4 @@
-/* attnbench plugin ABI, version 3: a shared library that provides attention
+/* attnbench plugin ABI, version 4: a shared library that provides attention
  * backends to `attn` at run time (`attn ... --plugin PATH.so`, or the
  * ATTN_PLUGINS environment variable, ':'-separated).
  *
@@ -27,7 +27,10 @@
  * 2 addition (those cases SKIP). A version 2 backend declares its dtypes and
  * format version 2 features, and may say per plan whether it writes lse. A
  * version 3 backend may implement the backward pass (docs/format/v3.md);
- * without it, or in earlier versions, gradient cases SKIP. */
+ * without it, or in earlier versions, gradient cases SKIP. A version 4
+ * backend declares the encodings of quantised q, k and v it reads
+ * (docs/format/v4.md) and gets their codes and scales; other quantised
+ * cases, and all of them in earlier versions, SKIP. */
 #ifndef ATTNBENCH_PLUGIN_H
 #define ATTNBENCH_PLUGIN_H
 
@@ -37,7 +40,7 @@
 extern "C" {
 #endif
 
-#define ATTN_PLUGIN_ABI_VERSION 3u
+#define ATTN_PLUGIN_ABI_VERSION 4u
 
 enum attn_dtype { ATTN_F64 = 0, ATTN_F32 = 1, ATTN_F16 = 2, ATTN_BF16 = 3 };
 enum attn_causal { ATTN_CAUSAL_NONE = 0, ATTN_CAUSAL_TOP_LEFT = 1, ATTN_CAUSAL_BOTTOM_RIGHT = 2 };
@@ -55,6 +58,49 @@ enum attn_feature {
   ATTN_FEATURE_RAGGED = 1 << 4,  /* ragged, io.cu_seqlens_q / cu_seqlens_k */
   ATTN_FEATURE_PAGED = 1 << 5    /* page_size > 0, io.page_table / seq_lens */
 };
+
+/* Version 4: what a quantised q, k or v is stored as (docs/format/v4.md);
+ * attn_backend.encodings holds ATTN_ENCODING_BIT of each it reads. */
+enum attn_encoding {
+  ATTN_ENCODING_NONE = 0, /* the dtype, as in versions 1-3 */
+  ATTN_ENCODING_E4M3 = 1, /* float8_e4m3fn */
+  ATTN_ENCODING_E5M2 = 2, /* float8_e5m2 */
+  ATTN_ENCODING_S8 = 3,   /* int8 */
+  ATTN_ENCODING_U8 = 4,   /* uint8 */
+  ATTN_ENCODING_S4 = 5,   /* int4, element 2n in the low nibble of byte n */
+  ATTN_ENCODING_U4 = 6,   /* uint4, likewise */
+  ATTN_ENCODING_Q8_0 = 7, /* ggml blocks of 32: half d, 32 int8 (34 bytes) */
+  ATTN_ENCODING_Q4_0 = 8  /* ggml blocks of 32: half d, 16 bytes (element n low nibble, n + 16 high) */
+};
+#define ATTN_ENCODING_BIT(encoding) (1u << (unsigned)(encoding))
+enum attn_descale { ATTN_DESCALE_NONE = 0, ATTN_DESCALE_TENSOR = 1, ATTN_DESCALE_ENTRY_HEAD = 2 };
+
+/* Version 4: how one of q, k, v is stored. value = (decode(code) - zero_point)
+ * * scale * descale, each factor absent unless declared. */
+typedef struct attn_quant {
+  int32_t encoding;  /* enum attn_encoding */
+  int32_t descale;   /* enum attn_descale: one per tensor, or per (batch entry, kv head) */
+  int64_t scale[4];  /* shape [batch, heads, seq, groups] of the scale (each of the first three 1 or
+                        the stored tensor's size); all 0: no scale */
+  int32_t zero_point; /* int32 zero points of the scale's shape */
+} attn_quant;
+
+/* Version 4: a quantised tensor's codes and what dequantises them; codes
+ * NULL when the tensor is not quantised (then its attn_tensor holds it). */
+typedef struct attn_codes {
+  const uint8_t* codes;   /* rows of row_bytes; row (b, h, s) at b * strides[0] + h * strides[1] + s * strides[2] */
+  int64_t strides[3];     /* bytes; the stored tensor's [batch, heads, seq] (pages when paged) */
+  int64_t row_bytes;      /* the encoding's bytes for a row of the head dim */
+  const float* scale;     /* scale[b * scale_strides[0] + h * scale_strides[1] + s * scale_strides[2]
+                             + d / group]; 0 strides on broadcast axes; NULL: 1 */
+  int64_t scale_strides[3];
+  int64_t group;          /* elements of a row sharing one scale */
+  const int32_t* zero_point; /* indexed as scale; NULL: 0 */
+  const float* descale;   /* descale[entry * descale_strides[0] + kv_head * descale_strides[1]]; NULL: 1.
+                             A query head h reads kv head h / (heads_q / heads_kv); a paged
+                             key's entry is its sequence's, not its page's */
+  int64_t descale_strides[2];
+} attn_codes;
 
 /* An optional mask or bias of shape [batch, heads, rows, seq_k]; each of the
  * first three is 1 (broadcast) or the full size. */
@@ -83,6 +129,8 @@ typedef struct attn_problem {
   int32_t ragged;                    /* batch packed sequences; q, out [1, heads_q, seq_q, .], k, v [1, heads_kv, seq_k, .] */
   int64_t page_size;                 /* > 0: k, v are [num_pages, heads_kv, page_size, .] pages */
   int64_t num_pages;
+  /* Version 4; a backend sees a quantised tensor only with its encoding declared. */
+  attn_quant q_quant, k_quant, v_quant;
 } attn_problem;
 
 typedef struct attn_tensor {
@@ -106,6 +154,8 @@ typedef struct attn_io {
   const int64_t* cu_seqlens_k; /* [batch + 1] when ragged */
   const int64_t* page_table;   /* [batch, seq_k / page_size] when paged */
   const int64_t* seq_lens;     /* [batch] when paged */
+  /* Version 4: the codes of quantised q, k, v (the attn_tensor's data is NULL then). */
+  attn_codes q_codes, k_codes, v_codes;
 } attn_io;
 
 /* Version 3: the backward pass of L = sum(dout * out) (docs/format/v3.md). */
@@ -158,6 +208,9 @@ typedef struct attn_backend {
   /* Non-zero: its dQ may differ between runs (atomic accumulation), which is
    * reported, not failed; dK, dV, dbias and dsinks must be bitwise identical. */
   int32_t nondeterministic_dq;
+  /* Version 4: ATTN_ENCODING_BIT of each encoding of quantised q, k or v it
+   * reads; 0: none (quantised cases SKIP). Quantised cases have no backward. */
+  uint32_t encodings;
 } attn_backend;
 
 typedef struct attn_plugin {

@@ -124,6 +124,43 @@ assert any("does not implement the backward pass" in r["reason"] for r in c), c
 print("version 3 backward through plugins:", d["summary"]["per_backend"])
 PY
 
+# ABI version 4 carries quantised q, k and v (format version 4): example-cpp
+# declares every encoding and reads the codes through the SDK's QuantView, so
+# it passes every quantised case of the features it has; example-c declares
+# none and SKIPs them, naming the encodings.
+expect_exit 0 "$work/v4.txt" "$attn" verify --plugin "$c_plugin" --plugin "$cpp_plugin" -b example-c,example-cpp \
+  -t quantised -q --json "$work/v4.json"
+/usr/bin/python3 - "$work/v4.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+res = d["results"]
+cpp = [r for r in res if r["backend"] == "example-cpp"]
+passed = {r["fixture"] for r in cpp if r["verdict"] == "PASS"}
+assert len(passed) >= 10 and not any(r["verdict"] == "FAIL" for r in cpp), [(r["fixture"], r["verdict"], r["reason"]) for r in cpp]
+for enc in ("e4m3", "e5m2", "int8", "uint8", "int4", "q8_0", "q4_0"):
+    assert any(enc in f for f in passed), (enc, sorted(passed))
+c = [r for r in res if r["backend"] == "example-c"]
+assert c and all(r["verdict"] == "SKIP" for r in c), c
+for enc in ("float8_e4m3fn", "float8_e5m2", "int8", "q8_0", "q4_0"):
+    assert any(enc + " inputs" in r["reason"] for r in c), (enc, [r["reason"] for r in c])
+print("version 4 quantised cases through plugins:", d["summary"]["per_backend"])
+PY
+
+# A plugin built against ABI version 3 keeps loading (tests/plugins/abi_v3 is
+# that header, frozen): its forward passes, quantised cases SKIP.
+"${CC:-cc}" -std=c99 -Wall -Werror -shared -fPIC -O1 -I"$source_dir/tests/plugins/abi_v3" -o "$work/libv3.so" \
+  "$source_dir/examples/plugin/example_c.c" -lm
+expect_exit 0 "$work/v3plugin.txt" "$attn" verify --plugin "$work/libv3.so" -b example-c \
+  "$prefix/share/attnbench/fixtures/golden/backward/softcap_f32.h5" \
+  "$prefix/share/attnbench/fixtures/golden/quantised/q8_0_kv_decode_gqa_f32.h5" --json "$work/v3plugin.json"
+/usr/bin/python3 - "$work/v3plugin.json" <<'PY'
+import json, sys
+res = json.load(open(sys.argv[1]))["results"]
+forward = {r["fixture"]: r["verdict"] for r in res if r["direction"] == "forward"}
+assert forward == {"backward/softcap_f32": "PASS", "quantised/q8_0_kv_decode_gqa_f32": "SKIP"}, res
+print("ABI version 3 plugin: forward PASS, quantised SKIP")
+PY
+
 # A plugin built against ABI version 2 keeps loading (tests/plugins/abi_v2 is
 # that header, frozen): its forward passes, its gradient cases SKIP.
 "${CC:-cc}" -std=c99 -Wall -Werror -shared -fPIC -O1 -I"$source_dir/tests/plugins/abi_v2" -o "$work/libv2.so" \
@@ -195,7 +232,7 @@ cc=${CC:-cc}
 sed 's/return ATTN_PLUGIN_ABI_VERSION; }/return 99; }/' "$source_dir/examples/plugin/example_c.c" > "$work/abi99.c"
 grep -q 'return 99; }' "$work/abi99.c" || fail "the ABI patch did not apply"
 "$cc" -shared -fPIC -O1 -I"$prefix/include" -o "$work/libabi99.so" "$work/abi99.c" -lm
-expect_refusal "built for plugin ABI version 99, but this attn speaks versions 1 to 3" "$attn" list --plugin "$work/libabi99.so"
+expect_refusal "built for plugin ABI version 99, but this attn speaks versions 1 to 4" "$attn" list --plugin "$work/libabi99.so"
 echo 'int not_a_plugin(void) { return 0; }' > "$work/plain.c"
 "$cc" -shared -fPIC -o "$work/libplain.so" "$work/plain.c"
 expect_refusal "not an attnbench plugin" "$attn" verify --plugin "$work/libplain.so"
@@ -210,12 +247,13 @@ cmp -s "$work/broken.c" "$source_dir/examples/plugin/example_c.c" && fail "the b
 witness="$prefix/share/attnbench/fixtures/golden/mha/b2_h4_q17_k33_d64_f32.h5"
 expect_exit 1 "$work/broken.txt" "$attn" verify --plugin "$work/libbroken.so" -b example-c "$witness" -q
 grep -q "FAIL" "$work/broken.txt" || fail "the transposed-K plugin has no FAIL"
-# A wrong lse and a wrong backward must FAIL through the C ABI: the C++ plugin
-# patched to write lse + 1, and dV from P before its division by the sum.
-sed 's/total > 0 ? top + std::log(total)/total > 0 ? top + std::log(total) + 1.0/; s/+= pj \* in(io_.dout/+= weight_[static_cast<std::size_t>(j)] * in(io_.dout/' \
+# A wrong lse, a wrong backward and a dropped descale must FAIL through the
+# C ABI: the C++ plugin patched to write lse + 1, dV from P before its
+# division by the sum, and quantised rows without their descale.
+sed 's/total > 0 ? top + std::log(total)/total > 0 ? top + std::log(total) + 1.0/; s/+= pj \* in(io_.dout/+= weight_[static_cast<std::size_t>(j)] * in(io_.dout/; s/for (double\& x : row) x \*= descale;/(void)descale;/' \
   "$source_dir/examples/plugin/example_cpp.cpp" > "$work/wrong_lse.cpp"
-[ "$(diff "$work/wrong_lse.cpp" "$source_dir/examples/plugin/example_cpp.cpp" | grep -c '^<')" -eq 2 ] \
-  || fail "the lse and dV patches did not both apply"
+[ "$(diff "$work/wrong_lse.cpp" "$source_dir/examples/plugin/example_cpp.cpp" | grep -c '^<')" -eq 3 ] \
+  || fail "the lse, dV and descale patches did not all apply"
 mkdir -p "$work/wrong_lse"
 cp "$source_dir/examples/plugin/CMakeLists.txt" "$source_dir/examples/plugin/example_c.c" "$work/wrong_lse/"
 cp "$work/wrong_lse.cpp" "$work/wrong_lse/example_cpp.cpp"
@@ -227,6 +265,9 @@ grep -q "lse" "$work/wrong_lse.txt" || { cat "$work/wrong_lse.txt"; fail "the wr
 expect_exit 1 "$work/wrong_dv.txt" "$attn" verify --plugin "$work/wrong_lse/build/libattn_example_cpp.so" -b example-cpp \
   "$prefix/share/attnbench/fixtures/golden/backward/basic_q17_k33_f32.h5" --direction backward -q
 grep -q "FAIL (dv" "$work/wrong_dv.txt" || { cat "$work/wrong_dv.txt"; fail "the wrong-dV FAIL does not name dv"; }
+expect_exit 1 "$work/no_descale.txt" "$attn" verify --plugin "$work/wrong_lse/build/libattn_example_cpp.so" -b example-cpp \
+  "$prefix/share/attnbench/fixtures/golden/quantised/e4m3_kv_decode_gqa_bf16.h5" -q
+grep -q "descale" "$work/no_descale.txt" || { cat "$work/no_descale.txt"; fail "the dropped-descale FAIL does not name a descale"; }
 # The Python package, where this build made one: imported from the prefix, it
 # reads the installed fixtures, names the installed attn in a reproduce line,
 # and the installed attn finds it for a BACKEND file.
