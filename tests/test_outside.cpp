@@ -14,6 +14,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <set>
 
 #include "fixtures/fixture.hpp"
 #include "tests/cli_run.hpp"
@@ -153,6 +154,47 @@ TEST_F(Outside, PyNumpyBackwardPassesAndItsSlipsFail) {
   EXPECT_EQ(r.code, 0) << r.output;
 }
 
+// Format version 4 reaches Python backends that declare ENCODINGS: py-numpy
+// dequantises every encoding with attn_common's own decoders (written apart
+// from attnbench/quant.hpp) and passes every dense quantised case; the
+// version 2 ones (paged, packed, windows) SKIP naming the feature. Patched to
+// divide V's descale back out, as a wrapper that ignores v_scale does, it
+// FAILs naming the descale.
+TEST_F(Outside, PyNumpyReadsQuantisedCodesAndADroppedDescaleFails) {
+  const fs::path json = dir_ / "quantised.json";
+  auto r = run_attn("verify -b py-numpy -q --json " + json.string() + " " + kGolden + "/quantised");
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::ifstream in(json);
+  const auto doc = nlohmann::json::parse(in);
+  std::set<std::string> encodings_passed;
+  for (const auto& result : doc.at("results")) {
+    const std::string problem = result.at("problem"), verdict = result.at("verdict");
+    const bool v2 = problem.find("paged=") != std::string::npos || problem.find("ragged") != std::string::npos ||
+                    problem.find("wl=") != std::string::npos;
+    if (v2) {
+      EXPECT_EQ(verdict, "SKIP") << result.dump();
+      EXPECT_NE(result.at("reason").get<std::string>().find("format version 2"), std::string::npos) << result.dump();
+      continue;
+    }
+    EXPECT_EQ(verdict, "PASS") << result.dump();
+    for (const char* e : {"enc=e4m3", "enc=e5m2", "enc=s8", "enc=u8", "enc=s4", "enc=u4", "enc=q8_0", "enc=q4_0"}) {
+      if (problem.find(e) != std::string::npos && verdict == "PASS") encodings_passed.insert(e);
+    }
+  }
+  EXPECT_EQ(encodings_passed.size(), 8u);
+
+  const std::string source = read_text(kAdapters + "/py_numpy.py");
+  const fs::path dropped = write(
+      "dropped_v_descale.py",
+      patched(patched(source, "NAME = \"py-numpy\"", "NAME = \"py-no-v-descale\""),
+              "V = ac.repeat_kv(problem, ac.tensor(problem, io, \"v\").astype(dtype))",
+              "V = ac.repeat_kv(problem, (ac.tensor(problem, io, \"v\") / (1.0 if io.v_codes is None or io.v_codes.descale is "
+              "None else io.v_codes.descale[:, :, None, None])).astype(dtype))"));
+  r = run_attn("verify --plugin " + dropped.string() + " -b py-no-v-descale " + kGolden + "/quantised/e4m3_kv_decode_gqa_bf16.h5");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("v_descale"), std::string::npos) << r.output;
+}
+
 // Gradients another tool wrote (dq, dk, dv beside out) are judged too.
 TEST_F(Outside, RecordedGradientsAreJudged) {
   const std::string fixture = "backward/basic_q17_k33_f32";
@@ -263,6 +305,13 @@ TEST_F(Outside, PyTorchVerifiesAndABrokenTorchAdapterFails) {
   r = run_attn_env(env, "verify -b py-torch " + kGolden + "/layer -q --json " + layers.string());
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_GE(per_backend(layers, "py-torch").at("PASS").get<int>(), 12);
+  // fp8 caches decoded by torch's own float8 dtypes (a decoder apart from
+  // attnbench's): every dense fp8 case passes.
+  const fs::path fp8 = dir_ / "fp8.json";
+  r = run_attn_env(env, "verify -b py-torch -t fp8 -q --json " + fp8.string());
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_GE(per_backend(fp8, "py-torch").at("PASS").get<int>(), 7);
+  EXPECT_EQ(per_backend(fp8, "py-torch").at("FAIL").get<int>(), 0);
   std::string untransposed = patched(source, "NAME = \"py-torch\"", "NAME = \"py-torch-wt\"");
   untransposed = patched(untransposed, "t(data.w_q.T)", "t(data.w_q)");
   r = run_attn_env(env, "verify --plugin " + write("torch_wt.py", untransposed).string() + " -b py-torch-wt " + kGolden +

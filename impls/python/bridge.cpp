@@ -287,15 +287,47 @@ class PythonPlan final : public PythonRun<Plan> {
   bool has_lse_;
 };
 
+// A quantised tensor's codes and what dequantises them as read-only numpy
+// views (attn_common.py documents them), or None.
+py::object codes_views(const Problem& p, const TensorView& t, const QuantView& q) {
+  if (q.empty()) return py::none();
+  auto ss = [](std::int64_t x) { return static_cast<py::ssize_t>(x); };
+  const std::int64_t row_bytes = encoded_row_bytes(q.encoding, q.dim);
+  const std::int64_t groups = q.group > 0 ? (q.dim + q.group - 1) / q.group : 1;
+  py::dict d;
+  d["codes"] = view(q.codes, py::dtype::of<std::uint8_t>(), dims(t.shape[0], t.shape[1], t.shape[2], row_bytes),
+                    dims(q.strides[0], q.strides[1], q.strides[2], 1), 1, false);
+  const std::vector<py::ssize_t> scale_shape = dims(t.shape[0], t.shape[1], t.shape[2], groups);
+  const std::vector<py::ssize_t> scale_strides = dims(q.scale_strides[0], q.scale_strides[1], q.scale_strides[2], 1);
+  d["scale"] = q.scale ? py::object(view(q.scale, py::dtype::of<float>(), scale_shape, scale_strides, sizeof(float), false))
+                       : py::object(py::none());
+  d["zero_point"] = q.zero_point ? py::object(view(q.zero_point, py::dtype::of<std::int32_t>(), scale_shape, scale_strides,
+                                                   sizeof(std::int32_t), false))
+                                 : py::object(py::none());
+  d["descale"] = q.descale ? py::object(view(q.descale, py::dtype::of<float>(), {ss(p.batch), ss(p.heads_kv)},
+                                             {ss(q.descale_batch_stride), ss(q.descale_head_stride)}, sizeof(float), false))
+                           : py::object(py::none());
+  d["group"] = q.group > 0 ? q.group : q.dim;
+  return py::module_::import("types").attr("SimpleNamespace")(**d);
+}
+
 // The forward's inputs as numpy views (attn_common.py documents them); `out`
 // writeable for the forward, read-only for the backward.
 py::dict input_views(const Problem& p, const AttentionIO& io, bool out_writeable, bool with_lse) {
   const std::size_t elem = dtype_size(p.dtype);
   py::object dt = numpy_dtype(p.dtype);
   py::dict views;
-  views["q"] = view(io.q.data, dt, dims(io.q.shape), dims(io.q.strides), elem, false);
-  views["k"] = view(io.k.data, dt, dims(io.k.shape), dims(io.k.strides), elem, false);
-  views["v"] = view(io.v.data, dt, dims(io.v.shape), dims(io.v.strides), elem, false);
+  // A quantised tensor (format version 4) has no values: None, and its codes.
+  auto values = [&](const TensorView& t, const QuantView& codes) -> py::object {
+    if (!codes.empty()) return py::none();
+    return view(t.data, dt, dims(t.shape), dims(t.strides), elem, false);
+  };
+  views["q"] = values(io.q, io.q_codes);
+  views["k"] = values(io.k, io.k_codes);
+  views["v"] = values(io.v, io.v_codes);
+  views["q_codes"] = codes_views(p, io.q, io.q_codes);
+  views["k_codes"] = codes_views(p, io.k, io.k_codes);
+  views["v_codes"] = codes_views(p, io.v, io.v_codes);
   views["out"] = view(io.out.data, dt, dims(io.out.shape), dims(io.out.strides), elem, out_writeable);
   views["mask"] = py::none();
   if (!io.mask.empty()) {
@@ -332,6 +364,23 @@ unsigned declared_dtypes(const py::object& module) {
                               printable(name)));
     }
     bits |= dtype_bit(*dtype);
+  }
+  return bits;
+}
+
+// ENCODINGS, optional: the quantised encodings (format version 4) a backend
+// reads; none when absent.
+unsigned declared_encodings(const py::object& module) {
+  if (!py::hasattr(module, "ENCODINGS")) return 0;
+  unsigned bits = 0;
+  for (py::handle item : module.attr("ENCODINGS")) {
+    const std::string name = py::str(item);
+    const std::optional<Encoding> encoding = parse_encoding(name);
+    if (!encoding || *encoding == Encoding::none) {
+      throw Error(fmt::format("ENCODINGS names '{}', which is not an encoding ({})", printable(name),
+                              encoding_names(kAllEncodings)));
+    }
+    bits |= encoding_bit(*encoding);
   }
   return bits;
 }
@@ -381,6 +430,7 @@ class PythonBackend final : public Backend, private BackendExtensions {
     name_ = py::str(module.attr("NAME"));
     description_ = py::str(module.attr("DESCRIPTION"));
     dtypes_ = declared_dtypes(module);
+    encodings_ = declared_encodings(module);
     has_lse_ = py::hasattr(module, "HAS_LSE") && py::bool_(module.attr("HAS_LSE"));
     has_backward_ = py::hasattr(module, "prepare_backward");
     nondeterministic_dq_ = py::hasattr(module, "NONDETERMINISTIC_DQ") && py::bool_(module.attr("NONDETERMINISTIC_DQ"));
@@ -400,7 +450,8 @@ class PythonBackend final : public Backend, private BackendExtensions {
             .lse = has_lse_,
             .backward = has_backward_,
             .nondeterministic_dq = nondeterministic_dq_,
-            .uses_threads = uses_threads_};
+            .uses_threads = uses_threads_,
+            .encodings = encodings_};
   }
   const BackendExtensions* extensions() const override { return this; }
   std::string thread_dependent_gradients() const override { return thread_dependent_; }
@@ -574,6 +625,7 @@ class PythonBackend final : public Backend, private BackendExtensions {
   bool uses_threads_ = true;
   std::string thread_dependent_;
   bool runs_layers_ = false;
+  unsigned encodings_ = 0;
   std::unique_ptr<py::object> module_;
 };
 
@@ -600,6 +652,23 @@ py::object problem_object(const Problem& p) {
   d["bias"] = shape(p.bias);
   d["kv_len"] = p.kv_len;
   d["text"] = p.to_string();
+  // Format version 4: how each of q, k, v is stored, None when as the dtype.
+  for (const char t : {'q', 'k', 'v'}) {
+    const QuantSpec& spec = p.quant(t);
+    py::object quant = py::none();
+    if (spec.quantised()) {
+      py::dict q;
+      q["encoding"] = std::string(encoding_name(spec.encoding));
+      q["descale"] = spec.descale == Descale::none ? py::object(py::none())
+                     : spec.descale == Descale::tensor ? py::object(py::str("tensor"))
+                                                       : py::object(py::str("entry_head"));
+      q["scale"] = spec.has_scale() ? py::object(py::make_tuple(spec.scale[0], spec.scale[1], spec.scale[2], spec.scale[3]))
+                                    : py::object(py::none());
+      q["zero_point"] = spec.zero_point;
+      quant = py::module_::import("types").attr("SimpleNamespace")(**q);
+    }
+    d[(std::string(1, t) + "_quant").c_str()] = quant;
+  }
   return py::module_::import("types").attr("SimpleNamespace")(**d);
 }
 

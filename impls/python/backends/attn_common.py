@@ -48,6 +48,21 @@ paged KV) is not passed to Python backends: the bridge declares none of it, so a
 reports every version 2 case as SKIP for them ("does not implement ... (format version
 2)") before supports() is asked.
 
+Format version 4 (docs/format/v4.md: quantised q, k, v) reaches a backend that declares
+    ENCODINGS = ("float8_e4m3fn", ...)  optional: the encodings it reads (float8_e4m3fn,
+                                         float8_e5m2, int8, uint8, int4, uint4, q8_0, q4_0);
+                                         quantised cases with any other are SKIP, naming it
+Then problem.q_quant, k_quant and v_quant are None or (encoding, descale: None, "tensor" or
+"entry_head", scale: None or the scale's [batch, heads, seq, groups] shape as stored,
+zero_point: bool), and for a quantised tensor io.q (k, v) is None and io.q_codes (k_codes,
+v_codes) holds read-only views: codes (uint8 [batch, heads, seq, row_bytes], the stored
+bytes), scale (float32 [batch, heads, seq, groups], stride 0 on broadcast axes, or None),
+zero_point (int32, likewise, or None), descale (float32 [batch, heads_kv], stride 0 when
+one per tensor, or None; the query's is indexed by kv head) and group (elements a scale
+covers). A value is (decode(code) - zero_point) * scale * descale; tensor(problem, io,
+"k") gives the values exactly, in float64, with decoders of this file's own. Quantised
+cases have no backward.
+
 The fixture format's rules hold: hidden keys are mask 0, bias -inf, j >= kv_len[b] and
 the causal rule; query head h reads kv head h // (heads_q // heads_kv); a row with no
 visible key is exactly 0.
@@ -122,6 +137,77 @@ def load(problem, array):
     if problem.dtype == "bfloat16":
         return bf16_to_f32(array)
     return np.asarray(array)
+
+
+ENCODINGS_KNOWN = ("float8_e4m3fn", "float8_e5m2", "int8", "uint8", "int4", "uint4", "q8_0", "q4_0")
+
+
+def _fp8(codes, mantissa_bits, bias, e4m3):
+    """fp8 codes -> float64: sign, exponent, mantissa as the OCP formats define them."""
+    c = codes.astype(np.int64)
+    e = (c & 0x7F) >> mantissa_bits
+    m = (c & ((1 << mantissa_bits) - 1)).astype(np.float64) / (1 << mantissa_bits)
+    x = np.where(e == 0, np.ldexp(m, 1 - bias), np.ldexp(1.0 + m, e - bias))
+    if e4m3:  # no infinity; S.1111.111 is NaN
+        x = np.where((c & 0x7F) == 0x7F, np.nan, x)
+    else:  # exponent 31: infinity (mantissa 0) or NaN, as IEEE
+        x = np.where(e == 31, np.where(m == 0, np.inf, np.nan), x)
+    return np.where(c & 0x80, -x, x)
+
+
+def _ggml_d(blocks):
+    """A ggml block's d: the little-endian float16 at its first two bytes."""
+    bits = blocks[..., 0].astype(np.uint16) | (blocks[..., 1].astype(np.uint16) << 8)
+    return bits.view(np.float16).astype(np.float64)
+
+
+def decode(encoding, rows, dim):
+    """Stored rows (uint8 [..., row_bytes]) -> float64 [..., dim]: the fp8 values, the
+    integers, or a ggml block's d * q; no zero point, scale or descale."""
+    rows = np.asarray(rows, dtype=np.uint8)
+    lead = rows.shape[:-1]
+    if encoding == "float8_e4m3fn":
+        return _fp8(rows[..., :dim], 3, 7, True)
+    if encoding == "float8_e5m2":
+        return _fp8(rows[..., :dim], 2, 15, False)
+    if encoding == "int8":
+        return rows[..., :dim].view(np.int8).astype(np.float64)
+    if encoding == "uint8":
+        return rows[..., :dim].astype(np.float64)
+    if encoding in ("int4", "uint4"):  # element 2n in the low nibble of byte n, 2n + 1 in the high
+        nibbles = np.stack([rows & 0x0F, rows >> 4], axis=-1).reshape(lead + (2 * rows.shape[-1],))[..., :dim]
+        x = nibbles.astype(np.int64)
+        return (((x ^ 8) - 8) if encoding == "int4" else x).astype(np.float64)
+    if encoding in ("q8_0", "q4_0"):
+        size = 34 if encoding == "q8_0" else 18
+        blocks = rows[..., : dim // 32 * size].reshape(lead + (dim // 32, size))
+        if encoding == "q8_0":
+            q = blocks[..., 2:].view(np.int8).astype(np.float64)
+        else:  # byte n: element n in the low nibble, n + 16 in the high one
+            q = np.concatenate([blocks[..., 2:] & 0x0F, blocks[..., 2:] >> 4], axis=-1).astype(np.float64) - 8
+        return (_ggml_d(blocks)[..., None] * q).reshape(lead + (dim,))
+    raise ValueError(f"unknown encoding {encoding!r} (known: {', '.join(ENCODINGS_KNOWN)})")
+
+
+def tensor(problem, io, name):
+    """q, k or v ("q", "k", "v") as values: load() of the view, or, when quantised (format
+    version 4), the codes dequantised exactly in float64, descales included."""
+    quant = getattr(problem, name + "_quant", None)
+    if quant is None:
+        return load(problem, getattr(io, name))
+    c = getattr(io, name + "_codes")
+    dim = problem.head_dim_v if name == "v" else problem.head_dim
+    x = decode(quant.encoding, c.codes, dim)
+    if c.zero_point is not None:
+        x = x - np.repeat(np.asarray(c.zero_point, dtype=np.float64), c.group, axis=-1)[..., :dim]
+    if c.scale is not None:
+        x = x * np.repeat(np.asarray(c.scale, dtype=np.float64), c.group, axis=-1)[..., :dim]
+    if c.descale is not None:
+        d = np.asarray(c.descale, dtype=np.float64)  # [batch, heads_kv]
+        if name == "q":
+            d = np.repeat(d, problem.heads_q // problem.heads_kv, axis=1)
+        x = x * d[:, :, None, None]
+    return x
 
 
 def store(problem, out, values):

@@ -30,6 +30,9 @@ DESCRIPTION = "NumPy, the design document's textbook scaled_dot_product_attentio
 # `threads` reaches nothing here (NumPy's own BLAS threads do not change a float64 result rounded
 # to the dtype's): the same run at every thread count.
 USES_THREADS = False
+# Quantised q, k and v of format version 4 (docs/format/v4.md), dequantised exactly in
+# float64 by attn_common's own decoders before the textbook function runs.
+ENCODINGS = ac.ENCODINGS_KNOWN
 
 
 def available():
@@ -70,9 +73,9 @@ def scaled_dot_product_attention(Q, K, V, mask=None):
 def prepare(problem, io, threads):
     # Untimed: the inputs as the document's arrays (float64, kv heads repeated) and the mask.
     dtype = np.float64
-    Q = ac.load(problem, io.q).astype(dtype)
-    K = ac.repeat_kv(problem, ac.load(problem, io.k).astype(dtype))
-    V = ac.repeat_kv(problem, ac.load(problem, io.v).astype(dtype))
+    Q = ac.tensor(problem, io, "q").astype(dtype)
+    K = ac.repeat_kv(problem, ac.tensor(problem, io, "k").astype(dtype))
+    V = ac.repeat_kv(problem, ac.tensor(problem, io, "v").astype(dtype))
     mask = ac.attend(problem, io).astype(np.uint8) if ac.hides_anything(problem) else None
 
     def run():

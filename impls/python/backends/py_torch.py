@@ -26,6 +26,11 @@ DESCRIPTION = "PyTorch, torch.nn.functional.scaled_dot_product_attention (CPU)"
 # No version 2 addition here: SDPA has no window, softcap, sink, varlen or paged arguments
 # (FlexAttention has them but compiles through triton).
 
+# fp8 K, V (and Q) of format version 4, decoded by torch's own float8 dtypes (torch 2.1 or
+# later) and dequantised as vLLM's and SGLang's torch paths do: codes.to(dtype) times the
+# scale and descale, here computed in float64 and rounded once to the case's dtype.
+ENCODINGS = ("float8_e4m3fn", "float8_e5m2")
+
 _torch = None
 
 
@@ -61,7 +66,30 @@ def supports(problem):
     torch = _import()
     if problem.heads_kv != problem.heads_q and _version(torch) < (2, 5):
         return f"torch {torch.__version__}'s SDPA has no enable_gqa (2.5 or later needed for GQA)"
+    quantised = [q.encoding for q in (problem.q_quant, problem.k_quant, problem.v_quant) if q is not None]
+    if quantised and not hasattr(torch, "float8_e4m3fn"):
+        return f"torch {torch.__version__} has no float8 dtypes (2.1 or later needed for {quantised[0]})"
     return None
+
+
+def _input(torch, problem, io, name):
+    """q, k or v as SDPA takes it: the view, or (format version 4) fp8 codes viewed as torch's
+    float8 dtype, widened exactly, times the scale and descale in float64, rounded once."""
+    quant = getattr(problem, name + "_quant", None)
+    if quant is None:
+        return _tensor(torch, problem, getattr(io, name))
+    c = getattr(io, name + "_codes")
+    dim = problem.head_dim_v if name == "v" else problem.head_dim
+    fp8 = getattr(torch, quant.encoding)
+    x = torch.from_numpy(np.ascontiguousarray(c.codes[..., :dim])).view(fp8).to(torch.float64)
+    if c.scale is not None:
+        x = x * torch.from_numpy(np.repeat(np.asarray(c.scale, dtype=np.float64), c.group, axis=-1)[..., :dim])
+    if c.descale is not None:
+        d = torch.from_numpy(np.asarray(c.descale, dtype=np.float64))
+        if name == "q":
+            d = d.repeat_interleave(problem.heads_q // problem.heads_kv, dim=1)
+        x = x * d[:, :, None, None]
+    return x.to(getattr(torch, _DTYPES[problem.dtype]))
 
 
 def _version(torch):
@@ -110,7 +138,7 @@ def prepare(problem, io, threads):
     torch = _import()
     if threads > 0:
         torch.set_num_threads(threads)
-    q, k, v = (_tensor(torch, problem, a) for a in (io.q, io.k, io.v))
+    q, k, v = (_input(torch, problem, io, name) for name in ("q", "k", "v"))
     out = _tensor(torch, problem, io.out)
     kwargs, attend = _sdpa_arguments(torch, problem, io)
     if attend is not None:
