@@ -195,6 +195,40 @@ TEST_F(Outside, PyNumpyReadsQuantisedCodesAndADroppedDescaleFails) {
   EXPECT_NE(r.output.find("v_descale"), std::string::npos) << r.output;
 }
 
+// ggml's CPU attention over Q8_0 and Q4_0 caches (ggml-python, optional):
+// ggml's own to_float of every K and V row equals the format's decoders (or
+// prepare raises, an ERROR), and ggml_flash_attn_ext then runs as llama.cpp
+// runs it: Q rounded to Q8_0 for the products, about 1% off the truth, which a
+// float32 case's bound does not allow (FAIL, measured on the dated results
+// page). A patched py-ggml that reads the nibbles of Q4_0 in the other order
+// disagrees with ggml's decoder and says where.
+TEST_F(Outside, PyGgmlDecodesAsTheFormatSaysAndShowsLlamaCppsArithmetic) {
+  const std::string venv = venv_or_skip("ggml");
+  if (venv.empty()) GTEST_SKIP() << "ggml is not importable: set ATTN_PYTHON_VENV (scripts/install-python-peers)";
+  const std::string env = "ATTN_PYTHON_VENV=" + venv;
+  const fs::path json = dir_ / "ggml.json";
+  auto r = run_attn_env(env, "verify -b py-ggml -q --json " + json.string() + " " + kGolden + "/quantised/q8_0_kv_decode_gqa_f32.h5 " +
+                                 kGolden + "/quantised/q4_0_kv_prefill_causal_f32.h5 " + kGolden + "/quantised/e4m3_kv_decode_gqa_bf16.h5");
+  std::ifstream in(json);
+  const auto doc = nlohmann::json::parse(in);
+  for (const auto& result : doc.at("results")) {
+    const std::string fixture = result.at("fixture");
+    if (fixture.find("e4m3") != std::string::npos) {
+      EXPECT_EQ(result.at("verdict"), "SKIP") << result.dump();
+      continue;
+    }
+    EXPECT_EQ(result.at("verdict"), "FAIL") << result.dump();  // judged: the decoding agreed
+    EXPECT_NE(result.at("reason").get<std::string>().find("RMS error"), std::string::npos) << result.dump();
+  }
+  const std::string source = read_text(kAdapters + "/py_ggml.py");
+  std::string swapped = patched(source, "NAME = \"py-ggml\"", "NAME = \"py-ggml-swapped\"");
+  swapped = patched(swapped, "ours = ac.decode(quant.encoding, codes, dim).reshape(-1)",
+                    "ours = ac.decode(quant.encoding, (codes >> 4) | ((codes & 15) << 4), dim).reshape(-1)");
+  r = run_attn_env(env, "verify --plugin " + write("ggml_swapped.py", swapped).string() + " -b py-ggml-swapped " + kGolden +
+                            "/quantised/q4_0_kv_prefill_causal_f32.h5");
+  EXPECT_NE(r.output.find("ggml decodes k's q4_0 codes differently from the format"), std::string::npos) << r.output;
+}
+
 // Gradients another tool wrote (dq, dk, dv beside out) are judged too.
 TEST_F(Outside, RecordedGradientsAreJudged) {
   const std::string fixture = "backward/basic_q17_k33_f32";
@@ -223,7 +257,7 @@ TEST_F(Outside, RecordedGradientsAreJudged) {
 TEST_F(Outside, ListShowsThePythonBackends) {
   auto r = run_attn_env("ATTN_PYTHON_VENV=", "list");
   ASSERT_EQ(r.code, 0) << r.output;
-  for (const char* name : {"py-numpy", "py-torch", "py-tensorflow"}) {
+  for (const char* name : {"py-numpy", "py-torch", "py-tensorflow", "py-ggml"}) {
     EXPECT_NE(r.output.find(std::string("\n") + name), std::string::npos) << name << "\n" << r.output;
   }
   EXPECT_NE(r.output.find("py-numpy       yes"), std::string::npos) << r.output;
