@@ -176,7 +176,9 @@ TEST_F(Outside, PyNumpyReadsQuantisedCodesAndADroppedDescaleFails) {
       EXPECT_NE(result.at("reason").get<std::string>().find("format version 2"), std::string::npos) << result.dump();
       continue;
     }
-    EXPECT_EQ(verdict, "PASS") << result.dump();
+    // Rows with no visible key: its declared mean of V, in the case and in
+    // its scale probe alike (DIFFERS, not FAIL).
+    EXPECT_EQ(verdict, problem.find("kv_len=[0,") != std::string::npos ? "DIFFERS" : "PASS") << result.dump();
     for (const char* e : {"enc=e4m3", "enc=e5m2", "enc=s8", "enc=u8", "enc=s4", "enc=u4", "enc=q8_0", "enc=q4_0"}) {
       if (problem.find(e) != std::string::npos && verdict == "PASS") encodings_passed.insert(e);
     }

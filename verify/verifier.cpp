@@ -387,6 +387,13 @@ void verify_sdpa(const Fixture& fixture, const BackendRefs& backends, const Veri
             for (std::size_t n = 0; n < scale_probed.size(); ++n) {
               const ScaleProbe& scaled = scale_probed[n];
               BackendRun run = run_backend(backend, scaled_data[n], run_options);
+              // The conventions the backend declares hold for the probe's
+              // rows with no visible key too (the case's own run reports them).
+              const std::vector<Convention> conventions = conventions_of(backend, scaled_data[n].problem);
+              if (!conventions.empty()) {
+                const std::string failure = apply_conventions(conventions, scaled_data[n], run.out, nullptr).failure;
+                if (!failure.empty()) c.fail(fmt::format("scale probe ({}): {}", scaled.what, failure));
+              }
               judge_scale_probe(c, scaled, run.out);
               if (!run.guard_damage.empty()) c.fail(fmt::format("scale probe ({}): {}", scaled.what, run.guard_damage));
             }
