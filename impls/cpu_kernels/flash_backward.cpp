@@ -1,6 +1,7 @@
 #include "impls/cpu_kernels/flash_backward.hpp"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <limits>
@@ -30,6 +31,7 @@ std::size_t size(std::int64_t n) { return static_cast<std::size_t>(n); }
 // dQ, V^T for dP), its dK and dV sums, and one tile's scores.
 struct Worker {
   LineVector<float> kt, kr, vt, v_row, dk, dv, s, dp, raw, t, row_max;
+  LineVector<float> qd;  // a tile's scaled Q rows at stride head_dim, for the in-place kernel
   // The bfloat16 path's: K as pairs of dims per key (S) and as pairs of keys
   // per column (dQ), V as pairs of dims per key (dP); a 64-row chunk of P^T
   // or dS^T, of Q or dO as pairs of rows per column, and dS of a tile.
@@ -38,7 +40,8 @@ struct Worker {
 
 class FlashBackwardPlan final : public BackwardPlan {
  public:
-  FlashBackwardPlan(const Problem& p, const BackwardIO& io, const RunOptions& options, std::int64_t max_tile_rows)
+  FlashBackwardPlan(const Problem& p, const BackwardIO& io, const RunOptions& options, std::int64_t max_tile_rows,
+                    bool forward_in_place)
       : p_(p), io_(io), kernels_(best_kernels()), g_(Geometry::of(p, max_tile_rows, kernels_)) {
     if (p.ragged || p.paged()) throw Unsupported("the flash backward takes dense problems (packed ones run per entry)");
     if (!io.forward.lse) throw Unsupported("the flash backward needs the forward's lse");
@@ -54,6 +57,11 @@ class FlashBackwardPlan final : public BackwardPlan {
     // (a very negative bias) is a part in a thousand of P.
     g_.bf16_kernels = false;
     g_.q_prescaled = !bf16_;
+    // A forward that read K in place (streaming's decode tiles) summed Q K^T
+    // in its in-place kernel's order: recomputed in another order, a score of
+    // magnitude |s| is off by its rounding and P = exp2(s - lse) misses 1 by
+    // about |s| * 2^-24 even where one key takes all the weight.
+    direct_scores_ = forward_in_place && !bf16_;
     g_.scratch_rows = g_.tile_rows;
     threads_ = resolve_threads(options.threads);
     d_pad_ = round_up(p.head_dim, 16);
@@ -105,6 +113,7 @@ class FlashBackwardPlan final : public BackwardPlan {
         w.vt.assign(size(g_.dv_pad * kKeyBlock), 0.0f);
       }
       w.kr.assign(size(kKeyBlock * d_pad_), 0.0f);  // dQ's float32 product in both paths
+      if (direct_scores_) w.qd.assign(size(g_.tile_rows * p.head_dim), 0.0f);
       w.v_row.assign(size(g_.dv_pad), 0.0f);
       w.dk.assign(size(kKeyBlock * d_pad_), 0.0f);
       w.dv.assign(size(kKeyBlock * g_.dv_pad), 0.0f);
@@ -282,6 +291,20 @@ class FlashBackwardPlan final : public BackwardPlan {
     for (std::int64_t block = first; block < last; ++block) key_block(unit, block, partial, w);
   }
 
+  // S of tile t's rows that see a key of block j0, as the forward's in-place
+  // decode path computed them (Kernels::qk_direct over those rows, the keys'
+  // rows widened to float32 exactly as its loads widen them), so P meets the
+  // forward's lse to the last bit; the other rows are hidden by finish_scores.
+  void in_place_scores(const QueryTile& t, std::int64_t j0, std::int64_t keys, const float* qs, Worker& w) const {
+    const QueryTile seen = rows_seeing_block(p_, io_.forward, t, j0);
+    if (seen.queries == 0) return;
+    const std::int64_t s0 = (seen.first_query - t.first_query) * g_.group, live = seen.rows();
+    for (std::int64_t r = 0; r < live; ++r) std::copy_n(qs + (s0 + r) * d_pad_, p_.head_dim, w.qd.data() + r * p_.head_dim);
+    std::array<const void*, kKeyBlock> rows{};
+    for (std::int64_t jj = 0; jj < keys; ++jj) rows[size(jj)] = w.kr.data() + jj * d_pad_;
+    kernels_.qk_direct(w.qd.data(), live, p_.head_dim, rows.data(), DType::f32, keys, w.s.data() + s0 * kKeyBlock, Ahead{});
+  }
+
   // Every query tile of `unit` that sees keys [j0, j0 + 64): their
   // contributions to this block's dK and dV (written at the end) and to dQ.
   void key_block(std::int64_t unit, std::int64_t block, float* partial, Worker& w) {
@@ -306,7 +329,8 @@ class FlashBackwardPlan final : public BackwardPlan {
       const float* qs = qs_.data() + row_of(unit, r0) * d_pad_;
       const float* dout = dout_.data() + row_of(unit, r0) * g_.dv_pad;
       // P from the recomputed scores and the forward's lse.
-      kernels_.qk_f32(qs, rows, d_pad_, w.kt.data(), w.s.data(), w.row_max.data(), kKeyBlock);
+      if (direct_scores_) in_place_scores(t, j0, keys, qs, w);
+      else kernels_.qk_f32(qs, rows, d_pad_, w.kt.data(), w.s.data(), w.row_max.data(), kKeyBlock);
       if (p_.softcap != 0) std::copy_n(w.s.begin(), rows * kKeyBlock, w.raw.begin());
       finish_scores(p_, g_, f, kernels_, t, j0, w.s.data(), w.row_max.data(), true);
       for (std::int64_t r = 0; r < rows; ++r) probabilities_from_lse(kernels_, w.s.data() + r * kKeyBlock, kKeyBlock, lse_hi[r], lse_lo[r]);
@@ -456,13 +480,15 @@ class FlashBackwardPlan final : public BackwardPlan {
   std::vector<double> dbias_, delta64_;  // D in float64 for dsinks
   std::vector<std::pair<std::int64_t, std::int64_t>> tile_keys_;
   std::vector<Worker> workers_;
+  bool direct_scores_ = false;  // S recomputed by the in-place kernel, as the forward's
 };
 
 }  // namespace
 
 std::unique_ptr<BackwardPlan> make_flash_backward_plan(const Problem& p, const BackwardIO& io,
-                                                       const RunOptions& options, std::int64_t max_tile_rows) {
-  return std::make_unique<FlashBackwardPlan>(p, io, options, max_tile_rows);
+                                                       const RunOptions& options, std::int64_t max_tile_rows,
+                                                       bool forward_in_place) {
+  return std::make_unique<FlashBackwardPlan>(p, io, options, max_tile_rows, forward_in_place);
 }
 
 }  // namespace attn::cpu

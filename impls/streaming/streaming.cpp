@@ -35,6 +35,22 @@ struct BlockRows {
   std::int64_t n = 0;
 };
 
+// K or V can be read in place: unit-stride rows, or codes the kernels
+// decode on load, without a scale array.
+bool readable_in_place(const TensorView& view, const QuantView& codes) {
+  if (codes.empty()) return view.strides[3] == 1;
+  return cpu::decodes_in_place(codes.encoding) && codes.scale == nullptr && codes.zero_point == nullptr;
+}
+
+// Whether every tile reads K and V in place (decode shapes): few rows a tile,
+// and rows the kernels can read (the backward asks too, to recompute the
+// scores in the same order).
+bool reads_in_place(const Problem& p, const AttentionIO& io, const Geometry& g) {
+  const bool codes = !io.k_codes.empty() || !io.v_codes.empty();
+  return g.tile_rows <= kDirectRows && p.dtype != DType::f64 && readable_in_place(io.k, io.k_codes) &&
+         readable_in_place(io.v, io.v_codes) && (codes || io.k.dtype == io.v.dtype);
+}
+
 class StreamingPlan final : public Plan {
  public:
   StreamingPlan(const Problem& p, const AttentionIO& io, const RunOptions& options)
@@ -50,9 +66,7 @@ class StreamingPlan final : public Plan {
     // score scale (or Q's float32 rows), V's into the output. With a scale
     // array (integer encodings) they are dequantised block by block into the
     // pack.
-    const bool codes = !io.k_codes.empty() || !io.v_codes.empty();
-    direct_ = g_.tile_rows <= kDirectRows && p.dtype != DType::f64 && readable_in_place(io.k, io.k_codes) &&
-              readable_in_place(io.v, io.v_codes) && (codes || io.k.dtype == io.v.dtype);
+    direct_ = reads_in_place(p, io, g_);
     if (direct_ && p.dtype != DType::bf16) g_ = g_.with_float32_products();
     if (!io.k_codes.empty()) k_format_ = io.k_codes.encoding;
     else k_format_ = io.k.dtype;
@@ -282,12 +296,7 @@ class StreamingPlan final : public Plan {
   static std::int64_t step(const TensorView& view, const QuantView& codes) {
     return codes.empty() ? view.strides[2] * static_cast<std::int64_t>(dtype_size(view.dtype)) : codes.strides[2];
   }
-  // K or V can be read in place: unit-stride rows, or codes the kernels
-  // decode on load, without a scale array.
-  static bool readable_in_place(const TensorView& view, const QuantView& codes) {
-    if (codes.empty()) return view.strides[3] == 1;
-    return cpu::decodes_in_place(codes.encoding) && codes.scale == nullptr && codes.zero_point == nullptr;
-  }
+
 
   // Folds the scores of rows [r0, r0 + live) of the current block (times
   // `pending`) into their running max, sum and output; the block's
@@ -394,7 +403,10 @@ class StreamingBackend final : public Backend {
   std::unique_ptr<BackwardPlan> prepare_backward(const Problem& p, const BackwardIO& io, const RunOptions& options) const override {
     require_float32_scores(p, io.forward);
     if (p.ragged) return plan_backward_per_entry(p, io, options, *this);
-    return cpu::make_flash_backward_plan(p, io, options, kMaxTileRows);
+    // A float32-product forward that read K in place summed Q K^T in the
+    // in-place kernel's order: the backward recomputes S in it too.
+    const bool in_place = p.dtype != DType::bf16 && reads_in_place(p, io.forward, Geometry::of(p, kMaxTileRows, cpu::best_kernels()));
+    return cpu::make_flash_backward_plan(p, io, options, kMaxTileRows, in_place);
   }
 
  private:
