@@ -141,6 +141,11 @@ struct BackwardIoV3 {
   std::int64_t dbias_strides[4];
   double* dsinks;
 };
+// Version 3's attn_io ended at seq_lens, with nothing after it; its backward
+// io puts dout right after it, as version 4's does after the longer one.
+static_assert(sizeof(IoV3) == offsetof(attn_io, seq_lens) + sizeof(const std::int64_t*));
+static_assert(offsetof(BackwardIoV3, dout) == sizeof(IoV3) && offsetof(attn_backward_io, dout) == sizeof(attn_io));
+static_assert(sizeof(attn_backward_io) - sizeof(attn_io) == sizeof(BackwardIoV3) - sizeof(IoV3));
 
 // The size of attn_backend in each version this attn speaks (0: not one).
 std::size_t backend_size(std::uint32_t version) {
