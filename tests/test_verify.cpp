@@ -17,6 +17,7 @@
 #include "fixtures/h5.hpp"
 #include "fixtures/suite.hpp"
 #include "impls/naive/naive.hpp"
+#include "verify/conventions.hpp"
 #include "verify/backward.hpp"
 #include "verify/backward_baseline.hpp"
 #include "verify/baseline.hpp"
@@ -881,4 +882,26 @@ TEST(BiasTest, TruncationLeansTowardZeroAndNearestDoesNot) {
   EXPECT_FALSE(rounding_bias(truth, truncated, baseline, width, some).biased);
   // The same lean in the baseline is the data's, not the backend's.
   EXPECT_FALSE(rounding_bias(truth, truncated, truncated, width, counts).biased);
+}
+
+// A row with no visible key that follows a declared convention is told apart
+// from other values, not held to the last bit; its tolerance includes the
+// dtype's subnormal spacing, since the mean of V of tiny float16 values rounds
+// on that grid (py-numpy, attn fuzz --seed 4 case 383: V near 1e-6 in float16).
+TEST(Verifier, AConventionalMeanOfVRoundedToTheSubnormalGridFollowsTheConvention) {
+  CaseData data;
+  data.problem = Problem::parse("dtype=f16,b=1,hq=1,hkv=1,sq=1,sk=4,d=2,dv=1,kv_len");
+  data.q = {0.5, 0.5};
+  data.k = {1, 0, 0, 1, 1, 1, 0, 0};
+  const double q = std::ldexp(1.0, -24);  // float16's subnormal spacing
+  data.v = {16 * q, 17 * q, 16 * q, 17 * q};
+  data.kv_len = {0};  // the row sees no key
+  std::vector<double> out = {16 * q};  // the mean, 16.5 q, rounded to float16 (ties to even)
+  const ConventionOutcome o = apply_conventions({{ConventionKind::empty_rows_mean_v, "a test's"}}, data, out, nullptr);
+  EXPECT_TRUE(o.failure.empty()) << o.failure;
+  EXPECT_EQ(o.rows_followed, 1);
+  EXPECT_EQ(out[0], 0.0);  // followed rows are set to the format's 0 for the rest of the comparison
+  // A value a grid step further off still follows neither.
+  std::vector<double> wrong = {18 * q};
+  EXPECT_FALSE(apply_conventions({{ConventionKind::empty_rows_mean_v, "a test's"}}, data, wrong, nullptr).failure.empty());
 }
