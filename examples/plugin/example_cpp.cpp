@@ -31,10 +31,10 @@ class ExamplePlan final : public attn::Plan {
     double top = -std::numeric_limits<double>::infinity();
     // Causal, the sliding window and kv_len leave keys [lo, hi).
     const attn::Problem::KeyRange keys = p_.key_range(i, p_.seq_q, p_.seq_k, kv_len);
+    const std::vector<double>& q = values(io_.q, io_.q_codes, b, h, i, q_row_);  // once a row
     for (std::int64_t j = 0; j < p_.seq_k; ++j) {
       double s = -std::numeric_limits<double>::infinity();
       if (j >= keys.lo && j < keys.hi && (io_.mask.empty() || io_.mask.at(b, h, i, j) != 0)) {
-        const std::vector<double>& q = values(io_.q, io_.q_codes, b, h, i, q_row_);
         const std::vector<double>& k = values(io_.k, io_.k_codes, b, g, j, k_row_);
         double dot = 0;
         for (std::int64_t d = 0; d < p_.head_dim; ++d) dot += q[static_cast<std::size_t>(d)] * k[static_cast<std::size_t>(d)];

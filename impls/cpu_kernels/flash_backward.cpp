@@ -32,6 +32,7 @@ std::size_t size(std::int64_t n) { return static_cast<std::size_t>(n); }
 struct Worker {
   LineVector<float> kt, kr, vt, v_row, dk, dv, s, dp, raw, t, row_max;
   LineVector<float> qd;  // a tile's scaled Q rows at stride head_dim, for the in-place kernel
+  std::array<const void*, kKeyBlock> kr_rows{};  // kr's rows, as the in-place kernel reads keys
   // The bfloat16 path's: K as pairs of dims per key (S) and as pairs of keys
   // per column (dQ), V as pairs of dims per key (dP); a 64-row chunk of P^T
   // or dS^T, of Q or dO as pairs of rows per column, and dS of a tile.
@@ -113,7 +114,10 @@ class FlashBackwardPlan final : public BackwardPlan {
         w.vt.assign(size(g_.dv_pad * kKeyBlock), 0.0f);
       }
       w.kr.assign(size(kKeyBlock * d_pad_), 0.0f);  // dQ's float32 product in both paths
-      if (direct_scores_) w.qd.assign(size(g_.tile_rows * p.head_dim), 0.0f);
+      if (direct_scores_) {
+        w.qd.assign(size(g_.tile_rows * p.head_dim), 0.0f);
+        for (std::int64_t jj = 0; jj < kKeyBlock; ++jj) w.kr_rows[size(jj)] = w.kr.data() + jj * d_pad_;
+      }
       w.v_row.assign(size(g_.dv_pad), 0.0f);
       w.dk.assign(size(kKeyBlock * d_pad_), 0.0f);
       w.dv.assign(size(kKeyBlock * g_.dv_pad), 0.0f);
@@ -300,9 +304,7 @@ class FlashBackwardPlan final : public BackwardPlan {
     if (seen.queries == 0) return;
     const std::int64_t s0 = (seen.first_query - t.first_query) * g_.group, live = seen.rows();
     for (std::int64_t r = 0; r < live; ++r) std::copy_n(qs + (s0 + r) * d_pad_, p_.head_dim, w.qd.data() + r * p_.head_dim);
-    std::array<const void*, kKeyBlock> rows{};
-    for (std::int64_t jj = 0; jj < keys; ++jj) rows[size(jj)] = w.kr.data() + jj * d_pad_;
-    kernels_.qk_direct(w.qd.data(), live, p_.head_dim, rows.data(), DType::f32, keys, w.s.data() + s0 * kKeyBlock, Ahead{});
+    kernels_.qk_direct(w.qd.data(), live, p_.head_dim, w.kr_rows.data(), DType::f32, keys, w.s.data() + s0 * kKeyBlock, Ahead{});
   }
 
   // Every query tile of `unit` that sees keys [j0, j0 + 64): their

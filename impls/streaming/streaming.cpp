@@ -42,6 +42,11 @@ bool readable_in_place(const TensorView& view, const QuantView& codes) {
   return cpu::decodes_in_place(codes.encoding) && codes.scale == nullptr && codes.zero_point == nullptr;
 }
 
+// What the rows of K or V in place hold.
+cpu::RowFormat format_of(const TensorView& view, const QuantView& codes) {
+  return codes.empty() ? cpu::RowFormat(view.dtype) : cpu::RowFormat(codes.encoding);
+}
+
 // Whether every tile reads K and V in place (decode shapes): few rows a tile,
 // and rows the kernels can read (the backward asks too, to recompute the
 // scores in the same order).
@@ -68,10 +73,8 @@ class StreamingPlan final : public Plan {
     // pack.
     direct_ = reads_in_place(p, io, g_);
     if (direct_ && p.dtype != DType::bf16) g_ = g_.with_float32_products();
-    if (!io.k_codes.empty()) k_format_ = io.k_codes.encoding;
-    else k_format_ = io.k.dtype;
-    if (!io.v_codes.empty()) v_format_ = io.v_codes.encoding;
-    else v_format_ = io.v.dtype;
+    k_format_ = format_of(io.k, io.k_codes);
+    v_format_ = format_of(io.v, io.v_codes);
     narrow_rows_ = !g_.bf16_kernels || kernels_.bf16_rows_align == 1;
     tiles_ = p.batch * p.heads_kv * g_.query_tiles;
     // Few tiles and long rows (decode): split the keys so every thread works.
