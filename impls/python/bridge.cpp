@@ -12,6 +12,7 @@
 #include <xmmintrin.h>
 #endif
 
+#include <algorithm>
 #include <cfenv>
 #include <cstdlib>
 #include <filesystem>
@@ -343,6 +344,25 @@ py::dict input_views(const Problem& p, const AttentionIO& io, bool out_writeable
     views["kv_len"] = view(io.kv_len, py::dtype::of<std::int64_t>(), {static_cast<py::ssize_t>(p.batch)}, {1},
                            sizeof(std::int64_t), false);
   }
+  // Format version 2: ALiBi slopes and sinks [heads_q] (float32), cu_seqlens
+  // [batch + 1], the page table [batch, pages per entry] and seq_lens [batch]
+  // (int64), or None.
+  auto vector = [&](const auto* data, const py::object& type, std::size_t size, std::int64_t n) -> py::object {
+    if (data == nullptr) return py::none();
+    return view(data, type, {static_cast<py::ssize_t>(n)}, {1}, size, false);
+  };
+  py::object f32 = py::dtype::of<float>(), i64 = py::dtype::of<std::int64_t>();
+  views["alibi_slopes"] = vector(io.alibi_slopes, f32, sizeof(float), p.heads_q);
+  views["sinks"] = vector(io.sinks, f32, sizeof(float), p.heads_q);
+  views["cu_seqlens_q"] = vector(io.cu_seqlens_q, i64, sizeof(std::int64_t), p.batch + 1);
+  views["cu_seqlens_k"] = vector(io.cu_seqlens_k, i64, sizeof(std::int64_t), p.batch + 1);
+  views["seq_lens"] = vector(io.seq_lens, i64, sizeof(std::int64_t), p.batch);
+  views["page_table"] = py::none();
+  if (io.page_table != nullptr) {
+    const auto pages = static_cast<py::ssize_t>(p.pages_per_entry());
+    views["page_table"] = view(io.page_table, i64, {static_cast<py::ssize_t>(p.batch), pages}, {pages, 1},
+                               sizeof(std::int64_t), false);
+  }
   views["lse"] = py::none();
   if (io.lse != nullptr && with_lse) {
     views["lse"] = view(io.lse, py::dtype::of<double>(), {static_cast<py::ssize_t>(p.rows())}, {1}, sizeof(double),
@@ -364,6 +384,26 @@ unsigned declared_dtypes(const py::object& module) {
                               printable(name)));
     }
     bits |= dtype_bit(*dtype);
+  }
+  return bits;
+}
+
+// FEATURES, optional: the format version 2 additions a backend implements
+// (window, softcap, alibi, sinks, ragged, paged); none when absent.
+unsigned declared_features(const py::object& module) {
+  if (!py::hasattr(module, "FEATURES")) return 0;
+  static const std::pair<const char*, unsigned> names[] = {{"window", kFeatureWindow}, {"softcap", kFeatureSoftcap},
+                                                           {"alibi", kFeatureAlibi},   {"sinks", kFeatureSinks},
+                                                           {"ragged", kFeatureRagged}, {"paged", kFeaturePaged}};
+  unsigned bits = 0;
+  for (py::handle item : module.attr("FEATURES")) {
+    const std::string name = py::str(item);
+    auto it = std::find_if(std::begin(names), std::end(names), [&](const auto& n) { return name == n.first; });
+    if (it == std::end(names)) {
+      throw Error(fmt::format("FEATURES names '{}', which is not a format version 2 addition (window, softcap, "
+                              "alibi, sinks, ragged, paged)", printable(name)));
+    }
+    bits |= it->second;
   }
   return bits;
 }
@@ -431,6 +471,7 @@ class PythonBackend final : public Backend, private BackendExtensions {
     description_ = py::str(module.attr("DESCRIPTION"));
     dtypes_ = declared_dtypes(module);
     encodings_ = declared_encodings(module);
+    features_ = declared_features(module);
     has_lse_ = py::hasattr(module, "HAS_LSE") && py::bool_(module.attr("HAS_LSE"));
     has_backward_ = py::hasattr(module, "prepare_backward");
     nondeterministic_dq_ = py::hasattr(module, "NONDETERMINISTIC_DQ") && py::bool_(module.attr("NONDETERMINISTIC_DQ"));
@@ -444,9 +485,9 @@ class PythonBackend final : public Backend, private BackendExtensions {
  public:
   std::string_view name() const override { return name_; }
   std::string_view description() const override { return description_; }
-  // No format version 2 addition: the bridge passes none of their fields.
   Capabilities capabilities() const override {
     return {.dtypes = dtypes_,
+            .features = features_,
             .lse = has_lse_,
             .backward = has_backward_,
             .nondeterministic_dq = nondeterministic_dq_,
@@ -592,6 +633,10 @@ class PythonBackend final : public Backend, private BackendExtensions {
       views["dbias"] = io.dbias.empty() ? py::object(py::none())
                                         : py::object(view(io.dbias.data, dt, dims(io.dbias.shape), dims(io.dbias.strides),
                                                           elem, true));
+      views["dsinks"] = io.dsinks == nullptr ? py::object(py::none())
+                                             : py::object(view(io.dsinks, py::dtype::of<double>(),
+                                                               {static_cast<py::ssize_t>(p.heads_q)}, {1},
+                                                               sizeof(double), true));
       py::object io_object = py::module_::import("types").attr("SimpleNamespace")(**views);
       py::object run = module_->attr("prepare_backward")(problem_object(p), io_object, options.threads);
       return std::make_unique<PythonRun<BackwardPlan>>(std::move(run), std::move(io_object), name_);
@@ -626,6 +671,7 @@ class PythonBackend final : public Backend, private BackendExtensions {
   std::string thread_dependent_;
   bool runs_layers_ = false;
   unsigned encodings_ = 0;
+  unsigned features_ = 0;
   std::unique_ptr<py::object> module_;
 };
 
@@ -652,6 +698,18 @@ py::object problem_object(const Problem& p) {
   d["bias"] = shape(p.bias);
   d["kv_len"] = p.kv_len;
   d["text"] = p.to_string();
+  // Format version 2: the diagonal's alignment (the causal rule's, or the
+  // window's and ALiBi's without one), the window (-1: unbounded), softcap
+  // (0: none), whether ALiBi slopes and sinks come, packed sequences and pages.
+  d["align"] = std::string(align_name(p.alignment()));
+  d["window_left"] = p.window_left;
+  d["window_right"] = p.window_right;
+  d["softcap"] = p.softcap;
+  d["alibi"] = p.alibi;
+  d["sinks"] = p.sinks;
+  d["ragged"] = p.ragged;
+  d["page_size"] = p.page_size;
+  d["num_pages"] = p.num_pages;
   // Format version 4: how each of q, k, v is stored, None when as the dtype.
   for (const char t : {'q', 'k', 'v'}) {
     const QuantSpec& spec = p.quant(t);

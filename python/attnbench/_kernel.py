@@ -7,10 +7,13 @@ code: a backend file loaded by attn itself may use it too.
 
 The function is called as
 
-    fn(q, k, v, *, scale, causal, mask, bias, kv_len, out, threads) -> out | (out, lse) | None
+    fn(q, k, v, *, scale, causal, align, mask, bias, kv_len, window_size, softcap, alibi_slopes,
+       sinks, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table, cache_seqlens,
+       out, threads) -> out | (out, lse) | None
 
 with only the keyword arguments its signature names (or all of them with **kwargs). An argument
 it does not take is a feature it does not have: the cases that need it are SKIP, with the reason.
+docs/python.md is the full text; in short:
 
 - q [batch, heads_q, seq_q, head_dim], k [batch, heads_kv, seq_k, head_dim],
   v [batch, heads_kv, seq_k, head_dim_v] and the result [batch, heads_q, seq_q, head_dim_v]
@@ -19,19 +22,34 @@ it does not take is a feature it does not have: the cases that need it are SKIP,
   h // (heads_q // heads_kv) (GQA); gqa=False leaves such cases out.
 - scale: multiplies q.k; a kernel without `scale` runs only the cases at 1/sqrt(head_dim).
 - causal: a bool with causal="top_left" (query i sees keys j <= i, PyTorch's is_causal) or
-  causal="bottom_right" (j <= i + seq_k - seq_q, FlashAttention 2.1 and later): the other
-  alignment runs where seq_q == seq_k and is SKIP elsewhere; causal="both" passes the alignment
-  as a string ("none", "top_left", "bottom_right").
+  causal="bottom_right" (j <= i + seq_k - seq_q, FlashAttention 2.1 and later); causal="both"
+  passes the alignment as a string ("none", "top_left", "bottom_right").
+- align: "top_left" or "bottom_right", the diagonal that the causal rule, the window and ALiBi
+  are measured from. A kernel without it is given only the cases of its declared alignment, or
+  those where both alignments coincide (every entry with as many queries as keys).
 - mask: bool [batch, heads_q, seq_q, seq_k], True = attend (a broadcast view), or None.
 - bias: additive, in the dtype, [batch, heads_q, seq_q, seq_k] (a broadcast view; -inf hides a
   key), or None.
 - kv_len: int64 [batch]: keys j >= kv_len[b] are hidden, or None.
+- window_size: (left, right): query i sees keys diag - left .. diag + right, -1 unbounded.
+- softcap: scores s become softcap * tanh(s / softcap) (s already scaled); 0.0: none.
+- alibi_slopes: float32 [heads_q]: adds -slope[h] * |diag - j|, or None.
+- sinks: float32 [heads_q]: a logit per head that joins each row's softmax denominator, with no
+  value, or None.
+- cu_seqlens_q, cu_seqlens_k: int64 [batch + 1] for packed (ragged) batches, where q and out
+  are [heads_q, total_q, dim] ([total_q, heads_q, dim] with bshd) and k, v likewise; entry b
+  holds rows cu_seqlens[b] .. cu_seqlens[b + 1]; max_seqlen_q, max_seqlen_k their longest
+  entries. None otherwise.
+- block_table: int64 [batch, pages per entry] for paged K and V, which are then
+  [num_pages, heads_kv, page_size, dim] ([num_pages, page_size, heads_kv, dim] with bshd);
+  cache_seqlens int64 [batch], the keys each entry holds. None otherwise.
 - out: the output buffer (writeable, the result's shape): a kernel that takes it writes into it
   and may return None (zero-copy both ways); None with jax, on a torch device and in the
   backward's forward, where the kernel returns its result.
 - threads: the thread count asked for (0: the kernel's default).
-- With lse=True it returns (out, lse), lse [batch, heads_q, seq_q], the natural log of each
-  row's softmax denominator (scaled scores), -inf for a row without a visible key.
+- With lse=True it returns (out, lse), lse [batch, heads_q, seq_q] (any shape of that many
+  values; [heads_q, total_q] when packed), the natural log of each row's softmax denominator
+  (scaled scores, sinks included), -inf for a row without a visible key.
 
 A row whose keys are all hidden is exactly 0 in the fixture format; a kernel that gives NaN
 there (or treats the row as unmasked) declares it with empty_rows="nan" (or "unmasked",
@@ -39,11 +57,11 @@ there (or treats the row as unmasked) declares it with empty_rows="nan" (or "unm
 
 Backward (format version 3 cases, which hold dout and the float64 dq, dk, dv): with
 backward="autograd" (the default for torch and jax) the gradients of sum(dout * out) come from
-the framework's autograd through fn; with a function, it is called as
-bwd(q, k, v, out, dout, **the same keywords) and returns (dq, dk, dv) or (dq, dk, dv, dbias)
-(dbias [batch, heads_q, seq_q, seq_k], which attnbench sums over the bias's broadcast axes, or
-already in the bias's stored shape); backward=None
-leaves the backward out (SKIP).
+the framework's autograd through fn (sinks a leaf too); with a function, it is called as
+bwd(q, k, v, out, dout, **the same keywords) and returns (dq, dk, dv[, dbias[, dsinks]]) or a
+dict of those names: dbias [batch, heads_q, seq_q, seq_k] (which attnbench sums over the bias's
+broadcast axes) or already in the bias's stored shape, None where the case has no bias
+gradient; dsinks [heads_q] where the case has sinks. backward=None leaves the backward out (SKIP).
 """
 
 import inspect
@@ -58,8 +76,17 @@ from ._contract import bf16_to_f32 as _bf16_to_f32, f32_to_bf16 as _f32_to_bf16,
 __all__ = ["Kernel", "kernel"]
 
 DTYPES = ("float64", "float32", "float16", "bfloat16")
-FEATURES = ("mask", "bias", "kv_len", "causal", "gqa")
-_KEYWORDS = ("scale", "causal", "mask", "bias", "kv_len", "out", "threads")
+# Format version 2's additions, by the names the backend contract's FEATURES uses.
+V2_FEATURES = ("window", "softcap", "alibi", "sinks", "ragged", "paged")
+FEATURES = ("mask", "bias", "kv_len", "causal", "gqa") + V2_FEATURES
+# The keyword arguments each feature is passed in (all of them required to declare it).
+_FEATURE_KEYWORDS = {"mask": ("mask",), "bias": ("bias",), "kv_len": ("kv_len",), "causal": ("causal",),
+                     "gqa": (), "window": ("window_size",), "softcap": ("softcap",),
+                     "alibi": ("alibi_slopes",), "sinks": ("sinks",),
+                     "ragged": ("cu_seqlens_q", "cu_seqlens_k"), "paged": ("block_table", "cache_seqlens")}
+_KEYWORDS = ("scale", "causal", "align", "mask", "bias", "kv_len", "window_size", "softcap", "alibi_slopes",
+             "sinks", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "block_table",
+             "cache_seqlens", "out", "threads")
 _EMPTY_ROWS = {"zero": None, "nan": "empty_rows_nan", "mean_v": "empty_rows_mean_v",
                "unmasked": "empty_rows_unmasked"}
 
@@ -237,6 +264,21 @@ def _store(dtype, view, result, what):
         view[...] = result
 
 
+def _uses(problem, feature):
+    """Whether a problem uses a format version 2 addition (the problem object of the bridge)."""
+    if feature == "window":
+        return problem.window_left >= 0 or problem.window_right >= 0
+    if feature == "softcap":
+        return problem.softcap != 0
+    if feature == "paged":
+        return problem.page_size > 0
+    return bool(getattr(problem, feature))
+
+
+def _longest(cu_seqlens):
+    return int(np.max(np.diff(cu_seqlens))) if len(cu_seqlens) > 1 else 0
+
+
 def _framework(name, device):
     if name == "numpy":
         if device != "cpu":
@@ -278,15 +320,25 @@ class Kernel:
         self.empty_rows = empty_rows
         self.framework = _framework(framework, device)
         self.keywords = self._keywords(fn)
+        if isinstance(features, str):
+            features = (features,)
         declared = set(features) if features is not None else self._features_from_signature()
         unknown = declared - set(FEATURES)
         if unknown:
             raise ValueError(f"features {sorted(unknown)} are not among {', '.join(FEATURES)}")
+        for f in sorted(declared):
+            missing = [kw for kw in _FEATURE_KEYWORDS[f] if kw not in self.keywords]
+            if missing:
+                raise ValueError(f"{self.NAME} declares the feature '{f}' but its signature takes no "
+                                 f"{', '.join('`' + m + '`' for m in missing)} argument: attnbench passes "
+                                 f"'{f}' in {', '.join(_FEATURE_KEYWORDS[f])}")
         if gqa:
             declared.add("gqa")
         else:
             declared.discard("gqa")
         self.features = frozenset(declared)
+        # The backend contract's FEATURES: the format version 2 additions it implements.
+        self.FEATURES = tuple(f for f in V2_FEATURES if f in declared)
         self.HAS_LSE = bool(lse)
         # A function without `threads` is never told the count: the same run at every one.
         self.USES_THREADS = "threads" in self.keywords
@@ -322,7 +374,7 @@ class Kernel:
         return {p.name for p in params if p.name in _KEYWORDS and p.kind != p.POSITIONAL_ONLY}
 
     def _features_from_signature(self):
-        return {f for f in ("mask", "bias", "kv_len", "causal") if f in self.keywords}
+        return {f for f, kws in _FEATURE_KEYWORDS.items() if kws and all(kw in self.keywords for kw in kws)}
 
     # The backend contract.
     def available(self):
@@ -343,46 +395,103 @@ class Kernel:
             needs.append("causal")
         if problem.heads_kv != problem.heads_q:
             needs.append("gqa")
+        needs += [f for f in V2_FEATURES if _uses(problem, f)]
         for f in needs:
             if f not in self.features:
                 if f == "gqa":
                     return f"{self.NAME} declares no GQA (heads_kv {problem.heads_kv} != heads_q {problem.heads_q})"
-                return f"{self.NAME} takes no {f} (its signature has no `{f}` argument, or features leaves it out)"
-        if problem.causal != "none" and self.causal != "both" and problem.causal != self.causal \
-                and problem.seq_q != problem.seq_k:
-            return (f"{self.NAME} aligns causal masks {self.causal}; this case is {problem.causal} "
-                    f"with seq_q {problem.seq_q} != seq_k {problem.seq_k}")
+                kws = " and ".join(f"`{kw}`" for kw in _FEATURE_KEYWORDS[f])
+                return f"{self.NAME} takes no {f} (its signature has no {kws} argument, or features leaves it out)"
+        why = self._alignment_reason(problem)
+        if why:
+            return why
         if "scale" not in self.keywords:
             default = 1.0 / math.sqrt(problem.head_dim) if problem.head_dim > 0 else 1.0
             if abs(problem.scale - default) > 1e-12 * default:
                 return f"{self.NAME} takes no scale and this case's is {problem.scale:.6g}, not 1/sqrt(head_dim)"
         return None
 
+    def _alignment_reason(self, problem):
+        """Why the kernel cannot be told this case's diagonal (causal rule, window, ALiBi), or None."""
+        if problem.causal == "none" and not _uses(problem, "window") and not _uses(problem, "alibi"):
+            return None
+        if "align" in self.keywords or problem.align == self.causal:
+            return None
+        if self.causal == "both" and problem.causal != "none":
+            return None  # the causal string says it
+        # Both alignments put the diagonal at key i when every entry has as many keys as queries;
+        # packed and paged entries have lengths of their own.
+        if problem.seq_q == problem.seq_k and not problem.ragged and not problem.page_size:
+            return None
+        what = f"causal masks" if problem.causal != "none" else "windows and ALiBi"
+        declared = "by the causal string only" if self.causal == "both" else self.causal
+        return (f"{self.NAME} aligns {what} {declared} and takes no `align`; this case's diagonal is "
+                f"{problem.align} with entries of other lengths (seq_q {problem.seq_q}, seq_k {problem.seq_k}"
+                f"{', packed' if problem.ragged else ''}{', paged' if problem.page_size else ''})")
+
     def conventions(self, problem):
         code = _EMPTY_ROWS[self.empty_rows]
         if code is None:
             return []
-        hides = problem.mask is not None or problem.kv_len or problem.causal != "none" or problem.bias is not None
+        hides = (problem.mask is not None or problem.kv_len or problem.causal != "none" or problem.bias is not None
+                 or _uses(problem, "window") or problem.ragged or problem.page_size > 0)
         return [(code, f"{self.NAME} declares empty_rows='{self.empty_rows}'")] if hides else []
 
-    def _kernel_axes(self, x):
-        return x if self.layout == "bhsd" else self.framework.swap(x)
+    # Packed (ragged) cases hold q, out (and k, v) as [1, heads, total, dim]: the kernel sees them
+    # without that batch axis of one, as FlashAttention's varlen functions take them.
+    def _kernel_axes(self, x, ragged=False):
+        x = x if self.layout == "bhsd" else self.framework.swap(x)
+        return x[0] if ragged else x
+
+    def _kernel_axes_numpy(self, a, ragged=False):
+        """A result in the kernel's axes as attnbench's logical [batch, heads, seq, dim]."""
+        if ragged:
+            a = _BF16Bits(a.bits[None]) if isinstance(a, _BF16Bits) else np.asarray(a)[None]
+        if self.layout == "bhsd":
+            return a
+        return a.swapped() if isinstance(a, _BF16Bits) else np.swapaxes(a, 1, 2)
 
     def _arguments(self, problem, io):
         """q, k, v in the kernel's axes and its keyword arguments (untimed: made in prepare)."""
         fw = self.framework
-        q, k, v = (self._kernel_axes(fw.array(a, problem.dtype)) for a in (io.q, io.k, io.v))
+        q, k, v = (self._kernel_axes(fw.array(a, problem.dtype), problem.ragged) for a in (io.q, io.k, io.v))
         kw = {}
-        if "scale" in self.keywords:
+        wants = self.keywords
+
+        def small(name, dtype):
+            view = getattr(io, name, None)
+            return None if view is None else fw.array(np.asarray(view), dtype)
+
+        if "scale" in wants:
             kw["scale"] = problem.scale
-        if "causal" in self.keywords:
+        if "causal" in wants:
             kw["causal"] = problem.causal if self.causal == "both" else problem.causal != "none"
-        if "mask" in self.keywords:
+        if "align" in wants:
+            kw["align"] = problem.align
+        if "mask" in wants:
             kw["mask"] = None if io.mask is None else fw.array(np.asarray(io.mask) != 0, "bool")
-        if "bias" in self.keywords:
+        if "bias" in wants:
             kw["bias"] = None if io.bias is None else fw.array(io.bias, problem.dtype)
-        if "kv_len" in self.keywords:
+        if "kv_len" in wants:
             kw["kv_len"] = None if io.kv_len is None else fw.array(np.array(io.kv_len), "int64")
+        if "window_size" in wants:
+            kw["window_size"] = (int(problem.window_left), int(problem.window_right))
+        if "softcap" in wants:
+            kw["softcap"] = float(problem.softcap)
+        if "alibi_slopes" in wants:
+            kw["alibi_slopes"] = small("alibi_slopes", "float32")
+        if "sinks" in wants:
+            kw["sinks"] = small("sinks", "float32")
+        for name in ("cu_seqlens_q", "cu_seqlens_k"):
+            if name in wants:
+                kw[name] = small(name, "int64")
+        for name, cu in (("max_seqlen_q", "cu_seqlens_q"), ("max_seqlen_k", "cu_seqlens_k")):
+            if name in wants:
+                kw[name] = _longest(np.asarray(getattr(io, cu))) if problem.ragged else None
+        if "block_table" in wants:
+            kw["block_table"] = small("page_table", "int64")
+        if "cache_seqlens" in wants:
+            kw["cache_seqlens"] = small("seq_lens", "int64")
         return q, k, v, kw
 
     def _threads(self, kw, threads):
@@ -413,11 +522,12 @@ class Kernel:
             kw["out"] = None
         if writes_out:
             out_view = np.asarray(io.out)
-            out_target = self._kernel_axes(fw.array(out_view, problem.dtype))  # writeable: attnbench's out
+            out_target = self._kernel_axes(fw.array(out_view, problem.dtype), problem.ragged)  # attnbench's out
             kw["out"] = out_target
-        dtype, fn, name = problem.dtype, self.fn, self.NAME
+        dtype, fn, name, ragged = problem.dtype, self.fn, self.NAME, problem.ragged
         lse_view = io.lse
-        lse_size = problem.batch * problem.heads_q * problem.seq_q
+        lse_size = None if lse_view is None else lse_view.size
+        lse_shape = "[heads_q, total_q]" if ragged else "[batch, heads_q, seq_q]"
 
         def run():
             result = fn(q, k, v, **kw)
@@ -426,113 +536,138 @@ class Kernel:
                 if not writes_out:
                     raise TypeError(f"{name} returned None and takes no `out` to write into")
             elif out is not out_target:
-                _store(dtype, io.out, self._kernel_axes_numpy(fw.to_numpy(out)), f"{name}'s output")
+                _store(dtype, io.out, self._kernel_axes_numpy(fw.to_numpy(out), ragged), f"{name}'s output")
             if lse is not None and lse_view is not None:
                 lse_np = np.asarray(fw.to_numpy(lse), dtype=np.float64)
                 if lse_np.size != lse_size:
                     raise ValueError(f"{name}'s lse has {lse_np.size} values; the case needs "
-                                     f"[batch, heads_q, seq_q] = {lse_size}")
+                                     f"{lse_shape} = {lse_size}")
                 lse_view[...] = lse_np.reshape(-1)
 
         return run
 
-    def _kernel_axes_numpy(self, a):
-        if self.layout == "bhsd":
-            return a
-        return a.swapped() if isinstance(a, _BF16Bits) else np.swapaxes(a, 1, 2)
-
     # Backward (format version 3).
     def _prepare_backward(self, problem, io, threads):
         fw = self.framework
-        dtype = problem.dtype
+        dtype, ragged = problem.dtype, problem.ragged
         bias_stored = None
         if problem.bias is not None:
             bb, bh, bq = problem.bias
             bias_stored = np.ascontiguousarray(io.bias[:bb, :bh, :bq, :])  # the stored broadcast shape
         shape = (problem.batch, problem.heads_q, problem.seq_q, problem.seq_k)
-        dout = self._kernel_axes(fw.array(np.asarray(io.dout), dtype))
+        dout = self._kernel_axes(fw.array(np.asarray(io.dout), dtype), ragged)
         q, k, v, kw = self._arguments(problem, io)
         if "out" in self.keywords:
             kw["out"] = None  # the backward's forward returns its result
         self._threads(kw, threads)
-        wants_dbias = io.dbias is not None
-        if wants_dbias and "bias" not in self.keywords:
-            raise TypeError(f"{self.NAME} takes no bias, so it has no dbias")
+        # The gradients the case asks for beyond dq, dk, dv, in the order a function returns them.
+        extras = []
+        if io.dbias is not None:
+            if "bias" not in self.keywords:
+                raise TypeError(f"{self.NAME} takes no bias, so it has no dbias")
+            extras.append("dbias")
+        if getattr(io, "dsinks", None) is not None:
+            extras.append("dsinks")
+        names = ("dq", "dk", "dv") + tuple(extras)
 
         if callable(self.backward):
-            out = self._kernel_axes(fw.array(np.asarray(io.out), dtype))
+            out = self._kernel_axes(fw.array(np.asarray(io.out), dtype), ragged)
             bwd, name = self.backward, self.NAME
 
             def run():
                 grads = bwd(q, k, v, out, dout, **kw)
-                if not isinstance(grads, (tuple, list)) or len(grads) not in (3, 4):
-                    raise TypeError(f"{name}'s backward returns (dq, dk, dv) or (dq, dk, dv, dbias)")
-                if wants_dbias and (len(grads) < 4 or grads[3] is None):
-                    raise TypeError(f"{name}'s backward returned no dbias for a case with a bias gradient")
-                self._store_gradients(dtype, io, grads[:4] if wants_dbias else grads[:3])
+                if isinstance(grads, (tuple, list)) and 3 <= len(grads) <= 5:
+                    grads = dict(zip(("dq", "dk", "dv", "dbias", "dsinks"), grads))
+                if not isinstance(grads, dict):
+                    raise TypeError(f"{name}'s backward returns (dq, dk, dv[, dbias[, dsinks]]) or a dict of "
+                                    f"them, not {_described(grads)}")
+                missing = [n for n in names if grads.get(n) is None]
+                if missing:
+                    raise TypeError(f"{name}'s backward returned no {', '.join(missing)}, which this case needs")
+                self._store_gradients(problem, io, {n: grads[n] for n in names})
 
             return run
 
         if fw.name == "torch":
-            return self._torch_autograd(problem, io, q, k, v, dout, kw, bias_stored, wants_dbias, shape)
-        return self._jax_autograd(problem, io, q, k, v, dout, kw, bias_stored, wants_dbias, shape)
+            return self._torch_autograd(problem, io, q, k, v, dout, kw, bias_stored, extras, shape)
+        return self._jax_autograd(problem, io, q, k, v, dout, kw, bias_stored, extras, shape)
 
-    def _store_gradients(self, dtype, io, grads):
-        """dq, dk, dv (in the kernel's axes) and, when given, dbias (its stored shape, or the full
-        one, which is summed over the broadcast axes) into attnbench's buffers."""
-        for g, what in zip(grads, ("dq", "dk", "dv", "dbias")):
+    def _store_gradients(self, problem, io, grads):
+        """dq, dk, dv (in the kernel's axes), dbias (its stored shape, or the full one, which is
+        summed over the broadcast axes) and dsinks into attnbench's buffers."""
+        for what, g in grads.items():
             g = self.framework.to_numpy(g)
             if what == "dbias":
-                _store(dtype, io.dbias, _fold_bias(g, io.dbias.shape), f"{self.NAME}'s dbias")
+                _store(problem.dtype, io.dbias, _fold_bias(g, io.dbias.shape), f"{self.NAME}'s dbias")
+            elif what == "dsinks":
+                g = np.asarray(g, dtype=np.float64)
+                if g.size != io.dsinks.size:
+                    raise ValueError(f"{self.NAME}'s dsinks has {g.size} values; the case has "
+                                     f"{io.dsinks.size} heads")
+                io.dsinks[...] = g.reshape(-1)
             else:
-                _store(dtype, getattr(io, what), self._kernel_axes_numpy(g), f"{self.NAME}'s {what}")
+                _store(problem.dtype, getattr(io, what), self._kernel_axes_numpy(g, problem.ragged),
+                       f"{self.NAME}'s {what}")
 
-    def _torch_autograd(self, problem, io, q, k, v, dout, kw, bias_stored, wants_dbias, shape):
+    def _torch_autograd(self, problem, io, q, k, v, dout, kw, bias_stored, extras, shape):
         torch = self.framework.torch()
-        dtype, name, fn = problem.dtype, self.NAME, self.fn
-        leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
+        name, fn = self.NAME, self.fn
+        inputs = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
         bias_leaf = None
         if bias_stored is not None and "bias" in self.keywords:
-            bias_leaf = self.framework.array(bias_stored, dtype).detach().clone()
-            if wants_dbias:
+            bias_leaf = self.framework.array(bias_stored, problem.dtype).detach().clone()
+            if "dbias" in extras:
                 bias_leaf.requires_grad_(True)
-        inputs = leaves + ([bias_leaf] if wants_dbias else [])
+                inputs.append(bias_leaf)
+        if "dsinks" in extras:
+            inputs.append(kw["sinks"].detach().clone().requires_grad_(True))
 
         def forward(*xs):
             args = dict(kw)
             if bias_leaf is not None:
-                args["bias"] = (xs[3] if wants_dbias else bias_leaf).expand(shape)
+                args["bias"] = (xs[3] if "dbias" in extras else bias_leaf).expand(shape)
+            if "dsinks" in extras:
+                args["sinks"] = xs[-1]
             out, _ = self._split(fn(*xs[:3], **args))
             return out
 
         def run():
             grads = _torch_gradients(torch, forward, inputs, dout, name,
                                      " (pass backward=a function, or backward=None)")
-            self._store_gradients(dtype, io, grads)
+            self._store_gradients(problem, io, dict(zip(("dq", "dk", "dv") + tuple(extras), grads)))
 
         return run
 
-    def _jax_autograd(self, problem, io, q, k, v, dout, kw, bias_stored, wants_dbias, shape):
+    def _jax_autograd(self, problem, io, q, k, v, dout, kw, bias_stored, extras, shape):
         jax = self.framework.jax()
-        dtype, fn = problem.dtype, self.fn
+        fn = self.fn
         bias_leaf = None
         if bias_stored is not None and "bias" in self.keywords:
-            bias_leaf = self.framework.array(bias_stored, dtype)
-        primals = [q, k, v] + ([bias_leaf] if wants_dbias else [])
+            bias_leaf = self.framework.array(bias_stored, problem.dtype)
+        primals = [q, k, v] + ([bias_leaf] if "dbias" in extras else []) + \
+                  ([kw["sinks"]] if "dsinks" in extras else [])
 
         def forward(*xs):
             args = dict(kw)
             if bias_leaf is not None:
-                b = xs[3] if wants_dbias else bias_leaf
+                b = xs[3] if "dbias" in extras else bias_leaf
                 args["bias"] = jax.numpy.broadcast_to(b, shape)
+            if "dsinks" in extras:
+                args["sinks"] = xs[-1]
             out, _ = self._split(fn(xs[0], xs[1], xs[2], **args))
             return out
 
         def run():
             _, vjp = jax.vjp(forward, *primals)
-            self._store_gradients(dtype, io, vjp(dout))
+            self._store_gradients(problem, io, dict(zip(("dq", "dk", "dv") + tuple(extras), vjp(dout))))
 
         return run
+
+
+def _described(x):
+    if isinstance(x, (tuple, list)):
+        return f"a {type(x).__name__} of {len(x)}"
+    return type(x).__name__
 
 
 def _fold_bias(g, stored):

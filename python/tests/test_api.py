@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import attnbench
-from kernels import plain, reference
+from kernels import plain, plain_backward, reference
 
 FULL = attnbench.cases("full")
 BY_NAME = {c.name: c for c in FULL}
@@ -72,7 +72,9 @@ def test_a_missing_fixture_is_a_clear_error(tmp_path):
     ({"layout": "sbhd"}, "layout 'sbhd'"),
     ({"causal": "diagonal"}, "causal 'diagonal'"),
     ({"framework": "mxnet"}, "framework 'mxnet'"),
-    ({"features": ("window",)}, "features"),
+    ({"features": ("flash",)}, "features"),
+    ({"features": ("window",)}, "declares the feature 'window' but its signature takes no `window_size`"),
+    ({"features": ("paged",)}, "takes no `block_table`, `cache_seqlens` argument"),
     ({"backward": "autograd"}, "NumPy has no autograd"),
     ({"empty_rows": "inf"}, "empty_rows 'inf'"),
 ])
@@ -223,10 +225,8 @@ def test_gradients_are_judged():
     assert cases
 
     def backward(q, k, v, out, dout, *, scale, causal, mask, bias, kv_len, factor=1.0):
-        sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples", "python"))
-        import numpy_kernel
-        dq, dk, dv, ds = numpy_kernel._backward(q, k, v, out, dout, scale=scale, causal=causal, mask=mask,
-                                                 bias=bias, kv_len=kv_len)
+        dq, dk, dv, ds = plain_backward(q, k, v, out, dout, scale=scale, causal=causal, mask=mask, bias=bias,
+                                        kv_len=kv_len)
         return dq * factor, dk, dv, ds
 
     good = attnbench.kernel(plain, causal="both", backward=backward)
@@ -305,3 +305,41 @@ def test_the_pytest_plugin_makes_one_test_per_case(tmp_path):
     props = {p.get("name") for c in ours for p in c.findall(".//property")}
     assert {"attnbench_verdict", "attnbench_max_abs_error"} <= props
     assert run.returncode == 1 and "takes no mask" in run.stdout
+
+
+# --- format version 2 through the kernel's keywords ---------------------------------------------
+
+V2 = {"window", "softcap", "alibi", "sinks", "ragged", "paged"}
+
+
+def _numpy_example():
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples", "python"))
+    import numpy_kernel
+    return numpy_kernel
+
+
+def test_declared_features_need_their_arguments():
+    def causal_free(q, k, v, *, scale):
+        return plain(q, k, v, scale=scale, causal=False, mask=None, bias=None, kv_len=None)
+
+    with pytest.raises(ValueError, match="declares the feature 'causal' but its signature takes no `causal`"):
+        attnbench.kernel(causal_free, features=("causal",))
+    with pytest.raises(ValueError, match="`cu_seqlens_k`"):
+        attnbench.kernel(lambda q, k, v, *, cu_seqlens_q: q, features=("ragged",))
+    # **kwargs takes everything; the signature's arguments declare the features by themselves.
+    assert attnbench.kernel(lambda q, k, v, **kw: q, features=("ragged", "paged")).FEATURES == ("ragged", "paged")
+    assert set(attnbench.kernel(_numpy_example().attention.fn).FEATURES) == V2
+
+
+def test_every_version_2_case_reaches_a_complete_kernel():
+    """The NumPy example implements every feature: no version 2 case, forward or backward, is
+    SKIP for it (bfloat16 aside, without ml_dtypes) and none fails."""
+    cases = [c for c in FULL if set(c.features) & V2 and c.dtype != "bfloat16"
+             and not any(getattr(c.problem, t + "_quant") for t in "qkv")]
+    assert {f for c in cases for f in c.features} >= V2
+    assert any(c.gradients for c in cases) and any("paged" in c.features for c in cases)
+    report = attnbench.verify(_numpy_example().attention, cases, directions=["forward", "backward"])
+    for c, v in zip(cases, report.verdicts):
+        assert v.verdict in ("PASS", "MISTRUSTED"), f"{c.name}: {v.report()}"
+        directions = {r.direction for r in v.results if r.verdict != "SKIP"}
+        assert directions == ({"forward", "backward"} if c.gradients else {"forward"}), f"{c.name}: {directions}"
