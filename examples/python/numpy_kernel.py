@@ -28,7 +28,8 @@ def _entries(q, k, v, kv_len, cu_seqlens_q, cu_seqlens_k, block_table, cache_seq
         if block_table is not None:
             n = int(cache_seqlens[b])
             used = block_table[b, :-(-n // k.shape[2])]  # the pages that hold the entry's n keys
-            gather = lambda x: np.concatenate([x[page] for page in used] + [x[0, :, :0]], axis=1)[:, :n]
+            gather = lambda x: (np.concatenate([x[page] for page in used], axis=1)[:, :n] if n
+                                else np.zeros((x.shape[1], 0, x.shape[3]), x.dtype))
             yield (b,), q[b], gather(k), gather(v), n
         else:
             limit = k.shape[2] if kv_len is None else min(int(kv_len[b]), k.shape[2])

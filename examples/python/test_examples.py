@@ -27,6 +27,12 @@ def test_torch_sdpa(attnbench_check):
     attnbench_check(torch_kernels.sdpa)
 
 
+# Every paged case of the suite (the smoke tier holds one).
+@pytest.mark.attnbench(tier="full", tags=["paged"])
+def test_torch_paged_decode(attnbench_check):
+    attnbench_check(torch_kernels.paged_decode)
+
+
 # The broken kernel must fail where its softmax overflows, and only there: the test passes when
 # attnbench's verdict is FAIL on such a case and PASS on a case whose logits stay small.
 @pytest.mark.parametrize("name, expected", [("large_logits/scores_300_f32", "FAIL"), ("mha/b2_h4_q17_k33_d64_f32", "PASS")])
