@@ -14,6 +14,34 @@ from setuptools.command.build_ext import build_ext
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def _builder_reason():
+    """Why this interpreter cannot build the wheel with pip --no-build-isolation, or None: setuptools
+    before 70.1 builds wheels only with the `wheel` package, which Debian's Python has
+    (python3-wheel) and a venv of another Python (pyenv's, a venv without system site packages)
+    lacks."""
+    import setuptools
+
+    try:
+        import wheel  # noqa: F401
+        return None
+    except ImportError:
+        pass
+    version = tuple(int(x) for x in setuptools.__version__.split(".")[:2] if x.isdigit())
+    if version >= (70, 1):
+        return None
+    return (f"attnbench: {sys.executable} (Python {sys.version.split()[0]}, setuptools {setuptools.__version__}) "
+            "has no `wheel` package, so pip cannot build attnbench's wheel with it ('invalid command "
+            "bdist_wheel'). Make the venv from Debian's Python, which has it and which attn embeds: "
+            "/usr/bin/python3 -m venv --system-site-packages V && V/bin/pip install --no-build-isolation . "
+            "(docs/python.md), or first: V/bin/pip install wheel")
+
+
+if {"bdist_wheel", "dist_info", "build_ext", "install"} & set(sys.argv[1:]):
+    _why = _builder_reason()
+    if _why:
+        sys.exit(_why)
+
+
 class CMakeExtension(Extension):
     def __init__(self, name):
         super().__init__(name, sources=[])

@@ -17,10 +17,10 @@ makes one test per case. The docs page "From Python" has the rest.
 
 from ._kernel import DTYPES, FEATURES, Kernel, kernel
 from ._api import (TIERS, Case, Report, Result, Verdict, backends, case, cases, check, default_fixtures,
-                   verify)
+                   load_kernel, verify)
 
 __all__ = ["DTYPES", "FEATURES", "TIERS", "Kernel", "kernel", "Case", "Result", "Verdict", "Report", "cases",
-           "case", "check", "verify", "backends", "default_fixtures", "assert_passes"]
+           "case", "check", "verify", "backends", "default_fixtures", "assert_passes", "load_kernel"]
 
 
 def __getattr__(name):

@@ -349,7 +349,46 @@ def _name_of(backend):
     return backend if isinstance(backend, str) else str(backend.NAME)
 
 
-def _python_reproduce(backend, case_path, threads, layouts, direction):
+def load_kernel(path, name):
+    """The object `name` of the Python file `path` (its folder first on sys.path, so that it imports
+    its neighbours): how a verdict's reproduce line names a kernel defined in a module."""
+    import importlib.util
+    import sys
+
+    path = os.path.abspath(path)
+    module_name = os.path.splitext(os.path.basename(path))[0]
+    module = sys.modules.get(module_name)
+    if module is None or os.path.abspath(getattr(module, "__file__", "") or "") != path:
+        folder = os.path.dirname(path)
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+    found = module
+    for part in name.split("."):
+        found = getattr(found, part)
+    return found
+
+
+def _kernel_expression(kernel, backend):
+    """Python that evaluates to the object the user passed: attnbench.load_kernel(file, name) when a
+    module-level name holds it, else None."""
+    import sys
+
+    fn = getattr(backend, "fn", kernel)
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    path = getattr(module, "__file__", None)
+    if not path:
+        return None
+    for name, value in list(vars(module).items()):
+        if value is kernel:
+            return f"attnbench.load_kernel({os.path.abspath(path)!r}, {name!r})"
+    return None
+
+
+def _python_reproduce(kernel, backend, case_path, threads, layouts, direction):
     args = [f"attnbench.case({case_path!r})"]
     if threads != [0]:
         args.append(f"threads={threads}")
@@ -357,7 +396,11 @@ def _python_reproduce(backend, case_path, threads, layouts, direction):
         args.append(f"layouts={layouts}")
     if direction == "backward":
         args.append(f"directions=[{direction!r}]")
-    return f"attnbench.check({_name_of(backend)}, {', '.join(args)})"
+    expression = _kernel_expression(kernel, backend)
+    if expression is None:  # defined inside a function, a lambda: only the caller can name it
+        return (f"attnbench.check(<the kernel object {_name_of(backend)!r}>, {', '.join(args)})  "
+                f"# not a module-level name, so this line cannot load it")
+    return f"import attnbench; attnbench.check({expression}, {', '.join(args)})"
 
 
 def _run(kernels, case_list, *, threads, layouts, directions, json=None, junit=None):
@@ -378,12 +421,12 @@ def _run(kernels, case_list, *, threads, layouts, directions, json=None, junit=N
     if json is not None:
         with open(json, "w") as f:
             f.write(text)
-    by_name = {_name_of(b): b for b in backends}
+    by_name = {_name_of(b): (k, b) for k, b in zip(kernels, backends)}
     grouped = {}
     for r, reproduce in zip(data["results"], raw["reproduce"]):
-        backend = by_name.get(r["backend"])
+        kernel, backend = by_name.get(r["backend"], (None, None))
         if backend is not None and not isinstance(backend, str):
-            reproduce = _python_reproduce(backend, r["file"], threads, layouts, r.get("direction"))
+            reproduce = _python_reproduce(kernel, backend, r["file"], threads, layouts, r.get("direction"))
         result = Result(backend=r["backend"], fixture=r["fixture"], file=r["file"], problem=r["problem"],
                         verdict=r["verdict"], reason=r["reason"], threads=r["threads"], layout=r["layout"],
                         direction=r.get("direction", "forward"), reproduce=reproduce, data=r)

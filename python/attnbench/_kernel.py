@@ -93,6 +93,19 @@ _EMPTY_ROWS = {"zero": None, "nan": "empty_rows_nan", "mean_v": "empty_rows_mean
 
 # --- frameworks: views in, results out -------------------------------------------------------
 
+_SAID = set()
+
+
+class MissingPeerWarning(UserWarning):
+    """A missing optional package makes a whole class of cases SKIP (said once per process)."""
+
+
+def _say_once(text):
+    if text not in _SAID:
+        _SAID.add(text)
+        warnings.warn(text, MissingPeerWarning, stacklevel=2)
+
+
 def _ml_dtypes():
     try:
         import ml_dtypes
@@ -109,6 +122,8 @@ class _NumPy:
 
     def dtype_reason(self, dtype):
         if dtype == "bfloat16" and _ml_dtypes() is None:
+            _say_once("ml_dtypes is not installed: every bfloat16 case of a NumPy kernel is SKIP "
+                      "(pip install ml_dtypes, or attnbench[bfloat16])")
             return "NumPy has no bfloat16: install ml_dtypes for bfloat16 arrays (ml_dtypes.bfloat16)"
         return None
 

@@ -198,7 +198,9 @@ def test_a_wrong_kernel_fails_with_figures_and_a_reproduce_line():
     assert v.worst_tensor == "out" and len(v.worst_index) == 4
     worst = v.results[0].worst
     assert worst["name"] == "out" and worst["worst_index"] == v.worst_index and worst["error_over_bound"] > 1
-    assert "attnbench.check(dropped_tail" in v.reproduce and c.path in v.reproduce
+    # Defined inside this function, no line can load it: the reproduce line says so.
+    assert "<the kernel object 'dropped_tail'>" in v.reproduce and "not a module-level name" in v.reproduce
+    assert c.path in v.reproduce
     text = v.report()
     assert "FAIL" in text and "reproduce:" in text and c.problem.text in text
     with pytest.raises(AssertionError, match="FAIL"):
@@ -300,8 +302,13 @@ def test_the_pytest_plugin_makes_one_test_per_case(tmp_path):
     ours = [c for c in cases if "test_kernel[" in c.get("name")]
     assert not any(c.find("failure") is not None for c in ours), run.stdout
     broken = [c for c in cases if "test_broken[" in c.get("name") and c.find("failure") is not None]
-    assert broken and "reproduce: attnbench.check(dropped_tail" in broken[0].find("failure").get("message", "") + \
-        (broken[0].find("failure").text or "")
+    message = broken[0].find("failure").get("message", "") + (broken[0].find("failure").text or "") if broken else ""
+    line = next((l.split("reproduce: ", 1)[1] for l in message.splitlines() if "reproduce: " in l), "")
+    assert line.startswith("import attnbench; attnbench.check(attnbench.load_kernel("), message
+    # Pasted as printed, in a fresh interpreter elsewhere, it runs and gives the same verdict.
+    again = subprocess.run([sys.executable, "-c", line.replace("attnbench.check(", "print(attnbench.check(", 1)
+                            + ".verdict)"], capture_output=True, text=True, env=env, cwd="/")
+    assert again.returncode == 0 and again.stdout.strip() == "FAIL", again.stdout + again.stderr
     props = {p.get("name") for c in ours for p in c.findall(".//property")}
     assert {"attnbench_verdict", "attnbench_max_abs_error"} <= props
     assert run.returncode == 1 and "takes no mask" in run.stdout
@@ -343,3 +350,61 @@ def test_every_version_2_case_reaches_a_complete_kernel():
         assert v.verdict in ("PASS", "MISTRUSTED"), f"{c.name}: {v.report()}"
         directions = {r.direction for r in v.results if r.verdict != "SKIP"}
         assert directions == ({"forward", "backward"} if c.gradients else {"forward"}), f"{c.name}: {directions}"
+
+
+def test_a_missing_ml_dtypes_is_said_once(monkeypatch):
+    import attnbench._kernel as kernel_module
+
+    monkeypatch.setattr(kernel_module, "_ml_dtypes", lambda: None)
+    monkeypatch.setattr(kernel_module, "_SAID", set())
+    bf16 = [c for c in attnbench.cases("smoke", features=("mask", "bias", "kv_len", "causal", "gqa"))
+            if c.dtype == "bfloat16" and not c.problem.k_quant]
+    assert len(bf16) >= 2
+    with pytest.warns(kernel_module.MissingPeerWarning, match="ml_dtypes is not installed") as said:
+        verdicts = attnbench.verify(plain, bf16).verdicts
+    assert all(v.verdict == "SKIP" and "ml_dtypes" in v.reason for v in verdicts)
+    assert len([w for w in said if issubclass(w.category, kernel_module.MissingPeerWarning)]) == 1
+
+
+def test_the_plugin_loads_by_its_entry_point_and_by_name(tmp_path):
+    """As pip installs it: pytest registers the plugin from the package's entry point (read from
+    pyproject.toml here, in a dist-info of its own), and `-p attnbench.pytest_plugin` on top of
+    that must not load it a second time ("Plugin already registered")."""
+    import tomllib
+
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+        points = tomllib.load(f)["project"]["entry-points"]["pytest11"]
+    info = tmp_path / "site" / "attnbench-0.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: attnbench\nVersion: 0.0\n")
+    (info / "entry_points.txt").write_text("[pytest11]\n" + "".join(f"{k} = {v}\n" for k, v in points.items()))
+    (tmp_path / "test_one.py").write_text(
+        "import numpy as np, attnbench\n"
+        "@attnbench.kernel(dtypes=('float64',), gqa=False)\n"
+        "def k(q, k, v, *, scale):\n"
+        "    s = scale * q @ np.swapaxes(k, -1, -2)\n"
+        "    p = np.exp(s - s.max(-1, keepdims=True)) if s.shape[-1] else s\n"
+        "    return (p / p.sum(-1, keepdims=True)) @ v if s.shape[-1] else np.zeros(q.shape)\n"
+        "def test_k(attnbench_check):\n"
+        "    attnbench_check(k)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path / "site")] + sys.path))
+    for extra in ([], ["-p", "attnbench.pytest_plugin"]):
+        run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *extra,
+                              str(tmp_path / "test_one.py")], capture_output=True, text=True, env=env, cwd=tmp_path)
+        assert run.returncode == 0 and " passed" in run.stdout, run.stdout + run.stderr
+
+
+def test_a_builder_without_wheel_is_named_with_the_fix(tmp_path):
+    """pip --no-build-isolation from a venv of another Python (no `wheel`) used to die with
+    "invalid command 'bdist_wheel'"; setup.py now says which interpreter and what to run."""
+    setuptools = pytest.importorskip("setuptools")
+    if tuple(int(x) for x in setuptools.__version__.split(".")[:2]) >= (70, 1):
+        pytest.skip(f"setuptools {setuptools.__version__} builds wheels without the wheel package")
+    (tmp_path / "wheel").mkdir()
+    (tmp_path / "wheel" / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    run = subprocess.run([sys.executable, "setup.py", "dist_info", "--output-dir", str(tmp_path)], cwd=root,
+                         capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(tmp_path)))
+    assert run.returncode != 0
+    assert sys.executable in run.stderr and "/usr/bin/python3 -m venv --system-site-packages" in run.stderr, run.stderr
