@@ -46,6 +46,23 @@ def test_torch_tensors_in_their_dtype_zero_copy_and_autograd():
     assert dtypes == {"dtype=f64", "dtype=f32", "dtype=f16", "dtype=bf16"}
 
 
+def test_a_torch_kernel_takes_every_version_2_case():
+    """The hand-written torch kernel declares every feature: no version 2 case (quantised ones
+    aside) is SKIP for it, forward or backward, and autograd gives dsinks."""
+    pytest.importorskip("torch")
+    import torch_kernels
+
+    v2 = {"window", "softcap", "alibi", "sinks", "ragged", "paged"}
+    cases = [c for c in attnbench.cases("full") if set(c.features) & v2
+             and not any(getattr(c.problem, t + "_quant") for t in "qkv")]
+    report = attnbench.verify(torch_kernels.handwritten, cases, directions=["forward", "backward"])
+    for c, v in zip(cases, report.verdicts):
+        assert v.verdict in ("PASS", "MISTRUSTED"), v.report()
+        ran = {r.direction for r in v.results if r.verdict != "SKIP"}
+        assert ran == ({"forward", "backward"} if c.gradients else {"forward"}), (c.name, ran)
+    assert any(c.gradients and "sinks" in c.features for c in cases)
+
+
 def test_torch_autograd_catches_a_wrong_gradient():
     torch = pytest.importorskip("torch")
 

@@ -44,9 +44,18 @@ query heads of a group) and dbias (None, or write it: the bias's stored shape
 [bb, bh, bq, seq_k], summed over its broadcast axes).
 
 Format version 2 (docs/format/v2.md: windows, softcap, ALiBi, sinks, packed and
-paged KV) is not passed to Python backends: the bridge declares none of it, so attn
-reports every version 2 case as SKIP for them ("does not implement ... (format version
-2)") before supports() is asked.
+paged KV) reaches a backend that declares
+    FEATURES = ("window", ...)         optional: the additions it implements (window, softcap,
+                                         alibi, sinks, ragged, paged); a case using any other is
+                                         SKIP, naming it, before supports() is asked
+Then problem also has align (the diagonal: "top_left" or "bottom_right"), window_left and
+window_right (-1: unbounded), softcap (0: none), alibi, sinks and ragged (bools), page_size
+and num_pages (0 when not paged), and io holds read-only views alibi_slopes and sinks (float32
+[heads_q]), cu_seqlens_q and cu_seqlens_k (int64 [batch + 1]: q, out are then
+[1, heads_q, seq_q, dim], k, v [1, heads_kv, seq_k, dim], seq_q and seq_k the packed
+capacities), page_table (int64 [batch, seq_k / page_size]: k, v are then
+[num_pages, heads_kv, page_size, dim]) and seq_lens (int64 [batch]), each None when absent.
+The backward's io adds dsinks (float64 [heads_q], write it) when the case has sinks.
 
 Format version 4 (docs/format/v4.md: quantised q, k, v) reaches a backend that declares
     ENCODINGS = ("float8_e4m3fn", ...)  optional: the encodings it reads (float8_e4m3fn,
