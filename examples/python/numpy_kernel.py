@@ -1,8 +1,10 @@
 """A NumPy attention kernel, forward and backward, declared to attnbench.
 
 Everything the fixture format asks of attention: scale, both causal alignments, masks, an
-additive bias, kv_len, GQA, and format version 2's sliding windows, softcap, ALiBi, sinks,
-packed (ragged) batches and paged K/V; the log-sum-exp; a row whose keys are all hidden is 0.
+additive bias, kv_len, GQA, format version 2's sliding windows, softcap, ALiBi, sinks, packed
+(ragged) batches and paged K/V, and format version 4's quantised q, k and v in every encoding
+(dequantised exactly, descales per entry and kv head); the log-sum-exp; a row whose keys are
+all hidden is 0.
 It computes in float64 whatever the dtype, one batch entry at a time, and rounds once, on the
 way out. bfloat16 needs ml_dtypes (NumPy has no bfloat16); without it those cases are SKIP.
 
@@ -79,6 +81,26 @@ def _weights(b, qe, ke, limit, o):
     return e / safe, lse, (e_sink / safe)[..., 0], t
 
 
+def _descaled(b, qe, ke, ve, quant):
+    """An entry's tensors times their descales (format version 4: one per (entry, kv head); the
+    query's indexed by kv head)."""
+    if not quant:
+        return qe, ke, ve
+    out = []
+    for t, x in zip("qkv", (qe, ke, ve)):
+        spec = quant[t]
+        if spec is not None and spec.descale is not None:
+            d = np.asarray(spec.descale, dtype=np.float64)[b]  # [heads_kv]
+            x = x * np.repeat(d, x.shape[0] // len(d))[:, None, None]
+        out.append(x)
+    return out
+
+
+def _values(x, t, quant):
+    """A tensor's values: itself, or its codes dequantised (zero point, scale; not the descale)."""
+    return attnbench.dequantize(x, quant[t]) if quant and quant[t] is not None else x
+
+
 def _keywords(scale, causal, align, mask, bias, window_size, softcap, alibi_slopes, sinks):
     causal = causal if isinstance(causal, str) else ("top_left" if causal else "none")
     return dict(scale=scale, causal=causal, align=align, mask=mask, bias=bias, window_size=window_size,
@@ -86,23 +108,26 @@ def _keywords(scale, causal, align, mask, bias, window_size, softcap, alibi_slop
 
 
 def _attention(q, k, v, *, scale, causal, align, mask, bias, kv_len, window_size, softcap, alibi_slopes, sinks,
-               cu_seqlens_q, cu_seqlens_k, block_table, cache_seqlens):
+               cu_seqlens_q, cu_seqlens_k, block_table, cache_seqlens, quant=None):
     """Attention in float64 NumPy, every feature of the fixture format."""
     o = _keywords(scale, causal, align, mask, bias, window_size, softcap, alibi_slopes, sinks)
+    dtype = q.dtype if not (quant and quant["q"]) else np.float64  # the verifier rounds float64 once
+    q, k, v = (_values(x, t, quant) for x, t in zip((q, k, v), "qkv"))
     out = np.zeros(q.shape[:-1] + (v.shape[-1],))
     lse = np.full(q.shape[:-1], -np.inf if sinks is None else 0.0)
     if sinks is not None:  # rows of no entry (past a packed batch's last) hold the sink's lse
         lse[...] = np.asarray(sinks, dtype=np.float64).reshape((-1, 1) if q.ndim == 3 else (1, -1, 1))
     for b, (at, qe, ke, ve, limit) in enumerate(_entries(q, k, v, kv_len, cu_seqlens_q, cu_seqlens_k,
                                                          block_table, cache_seqlens)):
+        qe, ke, ve = _descaled(b, qe, ke, ve, quant)
         p, lse[at], _, _ = _weights(b, qe, ke, limit, o)
         v64 = np.repeat(np.asarray(ve, dtype=np.float64), q.shape[-3] // ve.shape[0], axis=0)
         out[at] = np.einsum("hqk,hkd->hqd", p, v64)
-    return out.astype(q.dtype), lse
+    return out.astype(dtype), lse
 
 
 def _backward(q, k, v, out, dout, *, scale, causal, align, mask, bias, kv_len, window_size, softcap, alibi_slopes,
-              sinks, cu_seqlens_q, cu_seqlens_k, block_table, cache_seqlens):
+              sinks, cu_seqlens_q, cu_seqlens_k, block_table, cache_seqlens, quant=None):
     """The gradients of sum(dout * out): dq, dk, dv (dk, dv summed over each kv head's query
     heads), dbias ([batch, heads_q, seq_q, seq_k], or None) and dsinks (or None)."""
     o = _keywords(scale, causal, align, mask, bias, window_size, softcap, alibi_slopes, sinks)
@@ -138,7 +163,9 @@ def _backward(q, k, v, out, dout, *, scale, causal, align, mask, bias, kv_len, w
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dbias, dsinks
 
 
-attention = attnbench.kernel(_attention, name="numpy-attention", causal="both", lse=True, backward=_backward)
+attention = attnbench.kernel(_attention, name="numpy-attention", causal="both", lse=True, backward=_backward,
+                             encodings=("float8_e4m3fn", "float8_e5m2", "int8", "uint8", "int4", "uint4", "q8_0",
+                                        "q4_0"))
 
 # attn verify --plugin examples/python/numpy_kernel.py loads the same kernel.
 BACKEND = attention

@@ -97,22 +97,57 @@ def sdpa(q, k, v, *, scale, causal):
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale, is_causal=causal, **gqa)
 
 
+def _dequantized(x, encoding, dim):
+    """Codes as float32 in torch: fp8 through torch's float8 types, ggml Q8_0 and Q4_0 blocks (an
+    IEEE half d, then 32 int8, or 16 bytes of nibbles: element j low, j + 16 high) as d * q."""
+    import torch
+
+    if encoding in ("float8_e4m3fn", "float8_e5m2"):
+        return x.to(torch.float32)
+    size = 34 if encoding == "q8_0" else 18
+    blocks = x.reshape(*x.shape[:-1], -1, size)
+    d = blocks[..., :2].contiguous().view(torch.float16).to(torch.float32)
+    if encoding == "q8_0":
+        q = blocks[..., 2:].contiguous().view(torch.int8).to(torch.float32)
+    else:
+        nibbles = blocks[..., 2:]
+        q = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1).to(torch.float32) - 8
+    return (d * q).reshape(*x.shape[:-1], -1)[..., :dim]
+
+
 @attnbench.kernel(name="torch-paged-decode", framework="torch", layout="bshd", causal="bottom_right",
-                  dtypes=("float32", "float16", "bfloat16", "float64"))
+                  dtypes=("float32", "float16", "bfloat16", "float64"),
+                  encodings=("float8_e4m3fn", "float8_e5m2", "q8_0", "q4_0"))
 def paged_decode(q, k_cache, v_cache, *, scale, causal, window_size, softcap, alibi_slopes, sinks, block_table,
-                 cache_seqlens):
+                 cache_seqlens, quant):
     """Paged attention over a block table, batched: q [batch, seq_q, heads_q, d], caches
-    [num_pages, page_size, heads_kv, d]; causal and windows from the bottom-right diagonal."""
+    [num_pages, page_size, heads_kv, d], plain or quantised (fp8 with descales per (entry, kv
+    head), as vLLM's and FlashAttention-3's; ggml blocks, as llama.cpp's); causal and windows from
+    the bottom-right diagonal."""
     import torch
 
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     b, sq, hq, _ = q.shape
-    k = k_cache[block_table].flatten(1, 2)  # [batch, pages * page_size, heads_kv, d]
+    if quant["q"] is not None:
+        q = _dequantized(q, quant["q"].encoding, quant["q"].dim)
+    k = k_cache[block_table].flatten(1, 2)  # [batch, pages * page_size, heads_kv, d or bytes]
     v = v_cache[block_table].flatten(1, 2)
+    k, v = ((x if quant[t] is None else _dequantized(x, quant[t].encoding, quant[t].dim)).to(acc)
+            for t, x in (("k", k), ("v", v)))
     group = hq // k.shape[2]
-    k = k.repeat_interleave(group, dim=2).to(acc)
-    v = v.repeat_interleave(group, dim=2).to(acc)
-    s = scale * torch.einsum("bqhd,bkhd->bhqk", q.to(acc), k)
+    q = q.to(acc)
+    for t in "qkv":  # the descales: one per (entry, kv head); the query's indexed by kv head
+        if quant[t] is not None and quant[t].descale is not None:
+            d = quant[t].descale.to(acc)
+            if t == "q":
+                q = q * d.repeat_interleave(group, dim=1)[:, None, :, None]
+            elif t == "k":
+                k = k * d[:, None, :, None]
+            else:
+                v = v * d[:, None, :, None]
+    k = k.repeat_interleave(group, dim=2)
+    v = v.repeat_interleave(group, dim=2)
+    s = scale * torch.einsum("bqhd,bkhd->bhqk", q, k)
     if softcap:
         s = softcap * torch.tanh(s / softcap)
     n = cache_seqlens[:, None, None, None]
@@ -129,7 +164,9 @@ def paged_decode(q, k_cache, v_cache, *, scale, causal, window_size, softcap, al
         visible = visible & (j - diag <= right)
     if alibi_slopes is not None:
         s = s - alibi_slopes.to(acc)[None, :, None, None] * (diag - j).abs().to(acc)
+    # Keys past an entry's length may hold huge codes: their products are never used.
     s = s.masked_fill(~visible, float("-inf"))
+    v = v.masked_fill(~(torch.arange(k.shape[1])[None, :, None, None] < cache_seqlens[:, None, None, None]), 0)
     if sinks is not None:  # one more logit per head, without a value
         s = torch.cat([s, sinks.to(acc)[None, :, None, None].expand(b, hq, sq, 1)], dim=-1)
         v = torch.cat([v, v.new_zeros(b, 1, hq, v.shape[-1])], dim=1)
@@ -138,4 +175,4 @@ def paged_decode(q, k_cache, v_cache, *, scale, causal, window_size, softcap, al
     e = torch.exp(s - m)
     total = e.sum(dim=-1, keepdim=True)
     p = e / torch.where(total > 0, total, torch.ones_like(total))
-    return torch.einsum("bhqk,bkhd->bqhd", p, v).to(q.dtype)
+    return torch.einsum("bhqk,bkhd->bqhd", p, v)  # float32 (float64): attnbench rounds it once

@@ -15,12 +15,12 @@ JUnit), kernel() declares what a function supports; the pytest plugin (attnbench
 makes one test per case. The docs page "From Python" has the rest.
 """
 
-from ._kernel import DTYPES, FEATURES, Kernel, kernel
+from ._kernel import DTYPES, FEATURES, Kernel, dequantize, kernel
 from ._api import (TIERS, Case, Report, Result, Verdict, backends, case, cases, check, default_fixtures,
                    load_kernel, verify)
 
 __all__ = ["DTYPES", "FEATURES", "TIERS", "Kernel", "kernel", "Case", "Result", "Verdict", "Report", "cases",
-           "case", "check", "verify", "backends", "default_fixtures", "assert_passes", "load_kernel"]
+           "case", "check", "verify", "backends", "default_fixtures", "assert_passes", "load_kernel", "dequantize"]
 
 
 def __getattr__(name):

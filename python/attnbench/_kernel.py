@@ -9,7 +9,7 @@ The function is called as
 
     fn(q, k, v, *, scale, causal, align, mask, bias, kv_len, window_size, softcap, alibi_slopes,
        sinks, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table, cache_seqlens,
-       out, threads) -> out | (out, lse) | None
+       q_descale, k_descale, v_descale, quant, out, threads) -> out | (out, lse) | None
 
 with only the keyword arguments its signature names (or all of them with **kwargs). An argument
 it does not take is a feature it does not have: the cases that need it are SKIP, with the reason.
@@ -43,6 +43,11 @@ docs/python.md is the full text; in short:
 - block_table: int64 [batch, pages per entry] for paged K and V, which are then
   [num_pages, heads_kv, page_size, dim] ([num_pages, page_size, heads_kv, dim] with bshd);
   cache_seqlens int64 [batch], the keys each entry holds. None otherwise.
+- q_descale, k_descale, v_descale, quant: format version 4, for a kernel declaring
+  encodings=(...): a quantised tensor's codes come in its place (fp8 as the framework's float8
+  type, int8 as int8, others as raw uint8 bytes), its descale as float32 [batch, heads_kv], and
+  quant[t] says how it dequantises (encoding, dim, group, scale, zero_point, descale); see
+  dequantize().
 - out: the output buffer (writeable, the result's shape): a kernel that takes it writes into it
   and may return None (zero-copy both ways); None with jax, on a torch device and in the
   backward's forward, where the kernel returns its result.
@@ -71,7 +76,8 @@ import warnings
 import numpy as np
 
 # The Python backend contract's own file (impls/python/backends/attn_common.py, linked here).
-from ._contract import bf16_to_f32 as _bf16_to_f32, f32_to_bf16 as _f32_to_bf16, torch_gradients as _torch_gradients
+from ._contract import ENCODINGS_KNOWN, bf16_to_f32 as _bf16_to_f32, decode as _decode, f32_to_bf16 as _f32_to_bf16, \
+    torch_gradients as _torch_gradients
 
 __all__ = ["Kernel", "kernel"]
 
@@ -86,7 +92,10 @@ _FEATURE_KEYWORDS = {"mask": ("mask",), "bias": ("bias",), "kv_len": ("kv_len",)
                      "ragged": ("cu_seqlens_q", "cu_seqlens_k"), "paged": ("block_table", "cache_seqlens")}
 _KEYWORDS = ("scale", "causal", "align", "mask", "bias", "kv_len", "window_size", "softcap", "alibi_slopes",
              "sinks", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "block_table",
-             "cache_seqlens", "out", "threads")
+             "cache_seqlens", "q_descale", "k_descale", "v_descale", "quant", "out", "threads")
+# Format version 4: the dtype a quantised tensor's codes arrive in, by encoding (fp8 as the
+# framework's float8 type where it has one, else uint8; packed and block encodings as raw bytes).
+_FP8 = {"float8_e4m3fn", "float8_e5m2"}
 _EMPTY_ROWS = {"zero": None, "nan": "empty_rows_nan", "mean_v": "empty_rows_mean_v",
                "unmasked": "empty_rows_unmasked"}
 
@@ -132,6 +141,11 @@ class _NumPy:
             return view.view(_ml_dtypes().bfloat16)
         return view
 
+    def codes(self, view, encoding):
+        if encoding in _FP8 and _ml_dtypes() is not None:
+            return view.view(getattr(_ml_dtypes(), encoding))
+        return view.view(np.int8) if encoding == "int8" else view
+
     def to_numpy(self, x):
         return np.asarray(x)
 
@@ -175,6 +189,15 @@ class _Torch:
                 t = torch.from_numpy(view.view(np.int16)).view(torch.bfloat16)
             else:
                 t = torch.from_numpy(view)
+        return t if self.device == "cpu" else t.to(self.device)
+
+    def codes(self, view, encoding):
+        torch = self.torch()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            t = torch.from_numpy(view.view(np.int8) if encoding == "int8" else view)
+        if encoding in _FP8 and hasattr(torch, encoding):
+            t = t.view(getattr(torch, encoding))
         return t if self.device == "cpu" else t.to(self.device)
 
     def to_numpy(self, x):
@@ -230,6 +253,9 @@ class _Jax:
             return jnp.asarray(view.view(_ml_dtypes().bfloat16))
         return jnp.asarray(view)
 
+    def codes(self, view, encoding):
+        return self.jax().numpy.asarray(_NumPy().codes(view, encoding))
+
     def to_numpy(self, x):
         return np.asarray(x)  # a JAX array on the CPU: its buffer, without a copy (bfloat16: ml_dtypes)
 
@@ -279,6 +305,39 @@ def _store(dtype, view, result, what):
         view[...] = result
 
 
+class _Quant:
+    """How one quantised tensor dequantises (format version 4): encoding, dim (elements a row
+    holds), group (elements one scale covers), scale and zero_point ([.., groups] beside the codes'
+    axes, in the kernel's axes, or None) and descale ([batch, heads_kv], or None; the query's is
+    indexed by kv head). A value is (decode(code) - zero_point) * scale * descale."""
+
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+    def __repr__(self):
+        return f"attnbench quantised {self.encoding} (group {self.group}, " \
+               f"scale {'yes' if self.scale is not None else 'no'}, " \
+               f"zero point {'yes' if self.zero_point is not None else 'no'}, " \
+               f"descale {'yes' if self.descale is not None else 'no'})"
+
+
+def dequantize(codes, quant):
+    """The codes a kernel receives for a quantised tensor, as float64 NumPy values in the same axes:
+    decode(code), minus the zero point, times the scale (the descale, per (entry, kv head), is
+    the kernel's to apply). Exact: attn_common.py's decoders, written apart from the C++ ones."""
+    as_numpy = lambda x: x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
+    raw = as_numpy(codes)
+    if raw.dtype.itemsize == 1 and raw.dtype != np.uint8:
+        raw = raw.view(np.uint8)
+    x = _decode(quant.encoding, raw, quant.dim)
+    repeat = lambda a: np.repeat(np.asarray(as_numpy(a), dtype=np.float64), quant.group, axis=-1)[..., :quant.dim]
+    if quant.zero_point is not None:
+        x = x - repeat(quant.zero_point)
+    if quant.scale is not None:
+        x = x * repeat(quant.scale)
+    return x
+
+
 def _uses(problem, feature):
     """Whether a problem uses a format version 2 addition (the problem object of the bridge)."""
     if feature == "window":
@@ -316,7 +375,8 @@ class Kernel:
 
     def __init__(self, fn, *, name=None, description=None, framework="numpy", dtypes=DTYPES,
                  layout="bhsd", features=None, gqa=True, causal="top_left", lse=False,
-                 backward="default", empty_rows="zero", device="cpu", thread_dependent_gradients=None):
+                 backward="default", empty_rows="zero", device="cpu", thread_dependent_gradients=None,
+                 encodings=()):
         self.fn = fn
         self.NAME = name or getattr(fn, "__name__", "kernel")
         self.DESCRIPTION = description or (inspect.getdoc(fn) or "").split("\n")[0] or f"Python kernel {self.NAME}"
@@ -354,6 +414,17 @@ class Kernel:
         self.features = frozenset(declared)
         # The backend contract's FEATURES: the format version 2 additions it implements.
         self.FEATURES = tuple(f for f in V2_FEATURES if f in declared)
+        if isinstance(encodings, str):
+            encodings = (encodings,)
+        for e in encodings:
+            if e not in ENCODINGS_KNOWN:
+                raise ValueError(f"encoding '{e}' is none of {', '.join(ENCODINGS_KNOWN)}")
+        if encodings and not {"quant", "q_descale", "k_descale", "v_descale"} & self.keywords:
+            raise ValueError(f"{self.NAME} declares encodings but its signature takes neither `quant` nor a "
+                             "descale (`q_descale`, `k_descale`, `v_descale`): it could not be told how its "
+                             "codes dequantise")
+        # The backend contract's ENCODINGS (format version 4): the quantised inputs it reads.
+        self.ENCODINGS = tuple(encodings)
         self.HAS_LSE = bool(lse)
         # A function without `threads` is never told the count: the same run at every one.
         self.USES_THREADS = "threads" in self.keywords
@@ -417,13 +488,25 @@ class Kernel:
                     return f"{self.NAME} declares no GQA (heads_kv {problem.heads_kv} != heads_q {problem.heads_q})"
                 kws = " and ".join(f"`{kw}`" for kw in _FEATURE_KEYWORDS[f])
                 return f"{self.NAME} takes no {f} (its signature has no {kws} argument, or features leaves it out)"
-        why = self._alignment_reason(problem)
+        why = self._alignment_reason(problem) or self._quant_reason(problem)
         if why:
             return why
         if "scale" not in self.keywords:
             default = 1.0 / math.sqrt(problem.head_dim) if problem.head_dim > 0 else 1.0
             if abs(problem.scale - default) > 1e-12 * default:
                 return f"{self.NAME} takes no scale and this case's is {problem.scale:.6g}, not 1/sqrt(head_dim)"
+        return None
+
+    def _quant_reason(self, problem):
+        """Why the kernel cannot be told how this case's quantised tensors dequantise, or None."""
+        for t in "qkv":
+            quant = getattr(problem, t + "_quant", None)
+            if quant is None:
+                continue
+            if (quant.scale is not None or quant.zero_point) and "quant" not in self.keywords:
+                return f"{self.NAME} takes no `quant`, which carries {t}'s scales and zero points"
+            if quant.descale is not None and "quant" not in self.keywords and f"{t}_descale" not in self.keywords:
+                return f"{self.NAME} takes neither `{t}_descale` nor `quant`, and {t} has a descale"
         return None
 
     def _alignment_reason(self, problem):
@@ -469,9 +552,31 @@ class Kernel:
     def _arguments(self, problem, io):
         """q, k, v in the kernel's axes and its keyword arguments (untimed: made in prepare)."""
         fw = self.framework
-        q, k, v = (self._kernel_axes(fw.array(a, problem.dtype), problem.ragged) for a in (io.q, io.k, io.v))
+        quant = {}
+        arrays = []
+        for t in "qkv":
+            spec = getattr(problem, t + "_quant", None)
+            if spec is None:
+                arrays.append(self._kernel_axes(fw.array(getattr(io, t), problem.dtype), problem.ragged))
+                quant[t] = None
+                continue
+            # Format version 4: the codes in the tensor's place, and what dequantises them.
+            c = getattr(io, t + "_codes")
+            arrays.append(self._kernel_axes(fw.codes(np.asarray(c.codes), spec.encoding), problem.ragged))
+            per_row = lambda x, kind: None if x is None else self._kernel_axes(fw.array(np.asarray(x), kind),
+                                                                              problem.ragged)
+            quant[t] = _Quant(encoding=spec.encoding, dim=problem.head_dim_v if t == "v" else problem.head_dim,
+                              group=int(c.group), scale=per_row(c.scale, "float32"),
+                              zero_point=per_row(c.zero_point, "int32"),
+                              descale=None if c.descale is None else fw.array(np.asarray(c.descale), "float32"))
+        q, k, v = arrays
         kw = {}
         wants = self.keywords
+        for t in "qkv":
+            if f"{t}_descale" in wants:
+                kw[f"{t}_descale"] = None if quant[t] is None else quant[t].descale
+        if "quant" in wants:
+            kw["quant"] = quant
 
         def small(name, dtype):
             view = getattr(io, name, None)

@@ -408,3 +408,38 @@ def test_a_builder_without_wheel_is_named_with_the_fix(tmp_path):
                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(tmp_path)))
     assert run.returncode != 0
     assert sys.executable in run.stderr and "/usr/bin/python3 -m venv --system-site-packages" in run.stderr, run.stderr
+
+
+# --- format version 4 through the kernel's keywords ---------------------------------------------
+
+def _quantised(c):
+    return any(getattr(c.problem, t + "_quant") for t in "qkv")
+
+
+def test_quantised_codes_reach_a_kernel_and_a_dropped_descale_fails():
+    nk = _numpy_example()
+    cases = [c for c in FULL if _quantised(c) and c.dtype != "bfloat16"]
+    encodings = {getattr(c.problem, t + "_quant").encoding for c in cases for t in "qkv"
+                 if getattr(c.problem, t + "_quant")}
+    assert len(encodings) >= 6 and encodings <= set(nk.attention.ENCODINGS)
+    report = attnbench.verify(nk.attention, cases)
+    for c, v in zip(cases, report.verdicts):
+        assert v.verdict == "PASS", v.report()
+
+    def no_k_descale(q, k, v, *, quant, **kw):
+        """Reads K's codes but forgets K's descale (FlashInfer #4979's bug)."""
+        if quant["k"] is not None:
+            quant = dict(quant, k=attnbench._kernel._Quant(**dict(vars(quant["k"]), descale=None)))
+        return nk._attention(q, k, v, quant=quant, **kw)
+
+    dropped = attnbench.kernel(no_k_descale, name="no_k_descale", causal="both", lse=True,
+                               encodings=nk.attention.ENCODINGS,
+                               features=[f for f in attnbench.FEATURES if f != "gqa"])
+    with_descale = [c for c in cases if c.problem.k_quant and c.problem.k_quant.descale]
+    assert with_descale
+    for c in with_descale:
+        assert attnbench.check(dropped, c).verdict == "FAIL", c.name
+    with pytest.raises(ValueError, match="neither `quant` nor a descale"):
+        attnbench.kernel(plain, encodings=("q8_0",))
+    with pytest.raises(ValueError, match="encoding 'nf4'"):
+        attnbench.kernel(nk._attention, encodings=("nf4",))
