@@ -272,20 +272,66 @@ class PythonRun : public Base {
     }
   }
 
+ protected:
+  const py::object& run_object() const { return run_; }
+
  private:
   py::object run_;
   py::object io_;  // the views, alive as long as the plan
   std::string name_;
 };
 
+// A forward plan. A run() whose results stay on a device (a torch kernel on
+// "cuda") carries two attributes: read_output() brings them to attnbench's
+// buffers once, after the runs, and run_timed() times the kernel alone on
+// the device's clock, so that no benchmark counts the copies.
 class PythonPlan final : public PythonRun<Plan> {
  public:
   PythonPlan(py::object run, py::object io, bool has_lse, std::string name)
-      : PythonRun<Plan>(std::move(run), std::move(io), std::move(name)), has_lse_(has_lse) {}
+      : PythonRun<Plan>(std::move(run), std::move(io), name), has_lse_(has_lse), name_(std::move(name)) {
+    read_output_ = optional_attribute("read_output");
+    run_timed_ = optional_attribute("run_timed");
+  }
+  ~PythonPlan() override {
+    py::gil_scoped_acquire gil;
+    read_output_ = py::object();
+    run_timed_ = py::object();
+  }
   bool has_lse() const override { return has_lse_; }
+  void read_output() override {
+    if (read_output_) call(read_output_, "read_output");
+  }
+  double run_timed() override {
+    if (!run_timed_) return Plan::run_timed();
+    return call(run_timed_, "run_timed");
+  }
 
  private:
+  py::object optional_attribute(const char* attribute) {
+    py::gil_scoped_acquire gil;
+    return py::hasattr(run_object(), attribute) ? py::object(run_object().attr(attribute)) : py::object();
+  }
+  // f(), its result as seconds (0 for None), every Python object released under the GIL.
+  double call(const py::object& f, const char* what) {
+    FloatStateGuard floats;
+    py::gil_scoped_acquire gil;
+    try {
+      py::object result = f();
+      if (result.is_none()) return 0;
+      try {
+        return result.cast<double>();
+      } catch (const py::cast_error&) {
+        throw Error(fmt::format("{}: {}() returned {}, not seconds", name_, what,
+                                printable(std::string(py::str(result)))));
+      }
+    } catch (py::error_already_set& e) {
+      throw Error(fmt::format("{}: {}() failed: {}", name_, what, python_error(e)));
+    }
+  }
+
   bool has_lse_;
+  std::string name_;
+  py::object read_output_, run_timed_;
 };
 
 // A quantised tensor's codes and what dequantises them as read-only numpy

@@ -71,6 +71,7 @@ gradient; dsinks [heads_q] where the case has sinks. backward=None leaves the ba
 
 import inspect
 import math
+import time
 import warnings
 
 import numpy as np
@@ -129,6 +130,9 @@ class _NumPy:
     def available(self):
         return None
 
+    def staged(self):
+        return False
+
     def dtype_reason(self, dtype):
         if dtype == "bfloat16" and _ml_dtypes() is None:
             _say_once("ml_dtypes is not installed: every bfloat16 case of a NumPy kernel is SKIP "
@@ -181,6 +185,21 @@ class _Torch:
     def dtype_reason(self, dtype):
         return None
 
+    def staged(self):
+        """Whether results stay on a device until read_output (any device but the CPU)."""
+        return self.device != "cpu"
+
+    def synchronize(self):
+        torch = self.torch()
+        kind = self.device.split(":")[0]
+        backend = getattr(torch, kind, None)
+        if backend is not None and hasattr(backend, "synchronize"):
+            backend.synchronize()
+
+    def upload(self, t):
+        """A host tensor on the kernel's device: one copy per case, made in prepare (untimed)."""
+        return t if self.device == "cpu" else t.to(self.device)
+
     def array(self, view, dtype):
         torch = self.torch()
         with warnings.catch_warnings():
@@ -189,7 +208,7 @@ class _Torch:
                 t = torch.from_numpy(view.view(np.int16)).view(torch.bfloat16)
             else:
                 t = torch.from_numpy(view)
-        return t if self.device == "cpu" else t.to(self.device)
+        return self.upload(t)
 
     def codes(self, view, encoding):
         torch = self.torch()
@@ -198,7 +217,7 @@ class _Torch:
             t = torch.from_numpy(view.view(np.int8) if encoding == "int8" else view)
         if encoding in _FP8 and hasattr(torch, encoding):
             t = t.view(getattr(torch, encoding))
-        return t if self.device == "cpu" else t.to(self.device)
+        return self.upload(t)
 
     def to_numpy(self, x):
         torch = self.torch()
@@ -217,7 +236,8 @@ class _Torch:
     def note(self):
         if self.device == "cpu":
             return None
-        return f"inputs copied to {self.device} and results back to the host"
+        return (f"inputs copied to {self.device} once per case, results back once after the runs "
+                "(neither timed)")
 
 
 class _Jax:
@@ -255,6 +275,9 @@ class _Jax:
 
     def codes(self, view, encoding):
         return self.jax().numpy.asarray(_NumPy().codes(view, encoding))
+
+    def staged(self):
+        return False
 
     def to_numpy(self, x):
         return np.asarray(x)  # a JAX array on the CPU: its buffer, without a copy (bfloat16: ml_dtypes)
@@ -649,8 +672,7 @@ class Kernel:
         lse_size = None if lse_view is None else lse_view.size
         lse_shape = "[heads_q, total_q]" if ragged else "[batch, heads_q, seq_q]"
 
-        def run():
-            result = fn(q, k, v, **kw)
+        def store(result):
             out, lse = self._split(result)
             if out is None:
                 if not writes_out:
@@ -664,6 +686,32 @@ class Kernel:
                                      f"{lse_shape} = {lse_size}")
                 lse_view[...] = lse_np.reshape(-1)
 
+        if not fw.staged():
+            def run():
+                store(fn(q, k, v, **kw))
+            return run
+
+        # On a device: inputs went up once (in _arguments, untimed); run() leaves the results there,
+        # read_output() brings the last ones back once, and run_timed() times the kernel alone.
+        latest = []
+
+        def run():
+            latest[:] = [fn(q, k, v, **kw)]
+
+        def read_output():
+            if not latest:
+                raise RuntimeError(f"{name}: read_output() before any run()")
+            store(latest[0])
+
+        def run_timed():
+            fw.synchronize()
+            start = time.perf_counter()
+            run()
+            fw.synchronize()
+            return time.perf_counter() - start
+
+        run.read_output = read_output
+        run.run_timed = run_timed
         return run
 
     # Backward (format version 3).

@@ -443,3 +443,72 @@ def test_quantised_codes_reach_a_kernel_and_a_dropped_descale_fails():
         attnbench.kernel(plain, encodings=("q8_0",))
     with pytest.raises(ValueError, match="encoding 'nf4'"):
         attnbench.kernel(nk._attention, encodings=("nf4",))
+
+
+STAGED_PLUGIN = '''
+import json
+import numpy as np
+import attnbench
+import attnbench._kernel as K
+
+COUNTS = {COUNTS!r}
+
+
+class StandIn(K._NumPy):
+    """A device whose memory is the host's: uploads copy, synchronize and downloads are counted."""
+    counts = {"upload": 0, "sync": 0, "download": 0, "calls": 0}
+
+    def staged(self):
+        return True
+
+    def synchronize(self):
+        self.counts["sync"] += 1
+        self._save()
+
+    def array(self, view, dtype):
+        self.counts["upload"] += 1
+        self._save()
+        return np.array(super().array(view, dtype))
+
+    def to_numpy(self, x):
+        self.counts["download"] += 1
+        self._save()
+        return np.asarray(x)
+
+    def _save(self):
+        with open(COUNTS, "w") as f:
+            json.dump(self.counts, f)
+
+
+def staged(q, k, v, *, scale):
+    StandIn.counts["calls"] += 1
+    s = scale * np.einsum("bhqd,bhkd->bhqk", q.astype(np.float64), k.astype(np.float64))
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return np.einsum("bhqk,bhkd->bhqd", p / p.sum(-1, keepdims=True), v.astype(np.float64))
+
+
+BACKEND = attnbench.kernel(staged, name="staged", dtypes=("float32",), gqa=False)
+BACKEND.framework = StandIn()
+'''
+
+
+def test_a_device_kernel_uploads_once_and_times_only_its_runs(tmp_path):
+    """The path of a torch kernel on a GPU (device="cuda"), proven without one: a stand-in device
+    that copies on upload. Verified, the results come back through read_output; benchmarked,
+    attn times run_timed (between two synchronizations) and brings results back once."""
+    counts = tmp_path / "counts.json"
+    plugin = tmp_path / "staged_plugin.py"
+    plugin.write_text(STAGED_PLUGIN.replace("{COUNTS!r}", repr(str(counts))))
+    kernel = attnbench.load_kernel(str(plugin), "BACKEND")
+    v = attnbench.check(kernel, named("mha/b2_h4_q17_k33_d64_f32"))
+    assert v.verdict == "PASS", v.report()
+    seen = json.loads(counts.read_text())
+    assert seen["upload"] == 3 * 2 and seen["download"] == seen["calls"] == 2, seen  # the case and its V = 1 probe
+    run = subprocess.run([os.environ["ATTN_CLI"], "bench", "--plugin", str(plugin), "-b", "staged", "--no-peak",
+                          "--problem", "dtype=f32,b=1,hq=2,hkv=2,sq=16,sk=16,d=32"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    seen = json.loads(counts.read_text())
+    assert seen["calls"] >= 20 and seen["sync"] >= 2 * (seen["calls"] - 2), seen  # every timed call synchronized
+    # Inputs up once per plan, results back at most once per plan, never once per call.
+    plans = seen["upload"] // 3
+    assert seen["upload"] == 3 * plans and seen["download"] <= plans and 50 * seen["download"] < seen["calls"], seen

@@ -11,7 +11,10 @@ BACKEND, one object that has them as attributes (an attnbench.kernel from the Py
     conventions(problem) -> list         optional: [(code, why)], the framework's known
                                          differences from the fixture format on this problem;
                                          codes: empty_rows_mean_v, empty_rows_nan, empty_rows_unmasked
-    prepare(problem, io, threads) -> run everything untimed; run() computes io.out (timed)
+    prepare(problem, io, threads) -> run everything untimed; run() computes io.out (timed); a run
+                                         whose results stay on a device may carry two attributes:
+                                         run.read_output() writes io.out (and lse) after the runs,
+                                         and run.run_timed() -> seconds times one run alone
     HAS_LSE = False                      optional; True when run() also fills io.lse
     prepare_backward(problem, io, threads) -> run
                                          optional, format version 3 (docs/format/v3.md): the
