@@ -15,6 +15,17 @@ JUnit), kernel() declares what a function supports; the pytest plugin (attnbench
 makes one test per case. The docs page "From Python" has the rest.
 """
 
+import sys as _sys
+
+try:
+    import numpy as _numpy  # noqa: F401
+except ImportError as _e:
+    raise ImportError(
+        f"attnbench needs NumPy, which {_sys.executable} (Python {_sys.version.split()[0]}) cannot import ({_e}). "
+        "attnbench is built for Debian's /usr/bin/python3 (python3-numpy): run /usr/bin/python3, or a venv made "
+        "from it: /usr/bin/python3 -m venv --system-site-packages V (another python3 first on the PATH, "
+        "pyenv's or conda's, is not it)") from _e
+
 from ._kernel import DTYPES, FEATURES, Kernel, dequantize, kernel
 from ._api import (TIERS, Case, Report, Result, Verdict, backends, case, cases, check, default_fixtures,
                    load_kernel, verify)

@@ -22,7 +22,16 @@ _native = None
 def _c():
     global _native
     if _native is None:
-        from . import _attnbench
+        try:
+            from . import _attnbench
+        except ImportError as e:
+            built = sorted(f for f in os.listdir(_PACKAGE_DIR) if f.startswith("_attnbench"))
+            import sys
+            raise ImportError(
+                f"attnbench's compiled module ({', '.join(built) or 'none here'}) cannot be loaded by "
+                f"{sys.executable} (Python {sys.version.split()[0]}): {e}. It is built for the interpreter "
+                "CMake found (Debian's /usr/bin/python3): run that one, or a venv made from it "
+                "(/usr/bin/python3 -m venv --system-site-packages V)") from e
         _native = _attnbench
     return _native
 

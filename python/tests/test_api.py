@@ -512,3 +512,13 @@ def test_a_device_kernel_uploads_once_and_times_only_its_runs(tmp_path):
     # Inputs up once per plan, results back at most once per plan, never once per call.
     plans = seen["upload"] // 3
     assert seen["upload"] == 3 * plans and seen["download"] <= plans and 50 * seen["download"] < seen["calls"], seen
+
+
+def test_an_interpreter_without_numpy_is_told_which_to_use():
+    """Another python3 first on the PATH (pyenv's) has no NumPy: the import says which interpreter
+    attnbench is built for instead of a bare ModuleNotFoundError (-S hides site-packages here)."""
+    package = os.path.dirname(os.path.dirname(attnbench.__file__))
+    run = subprocess.run([sys.executable, "-S", "-c", "import attnbench"], capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=package))
+    assert run.returncode != 0
+    assert "attnbench needs NumPy" in run.stderr and "/usr/bin/python3 -m venv" in run.stderr, run.stderr
