@@ -797,7 +797,8 @@ class Kernel:
             if "dsinks" in extras:
                 args["sinks"] = xs[-1]
             out, _ = self._split(fn(*xs[:3], **args))
-            return out
+            # A kernel may return a wider type than the case's; the forward rounds it to the case's.
+            return out.to(dout.dtype) if isinstance(out, torch.Tensor) and out.dtype != dout.dtype else out
 
         def run():
             grads = _torch_gradients(torch, forward, inputs, dout, name,
@@ -823,7 +824,8 @@ class Kernel:
             if "dsinks" in extras:
                 args["sinks"] = xs[-1]
             out, _ = self._split(fn(xs[0], xs[1], xs[2], **args))
-            return out
+            # A kernel may return a wider type than the case's; the forward rounds it to the case's.
+            return out.astype(dout.dtype) if out.dtype != dout.dtype else out
 
         def run():
             _, vjp = jax.vjp(forward, *primals)
