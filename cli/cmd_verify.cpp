@@ -29,6 +29,8 @@ struct VerifyArgs {
   std::string shard;
   std::string outputs, outputs_name = "outputs";
   std::vector<std::string> directions;
+  std::vector<std::string> problems;
+  std::vector<std::string> skip_checks;
 };
 }  // namespace
 
@@ -79,12 +81,28 @@ Runner add_verify_command(CLI::App& app) {
       ->delimiter(',')
       ->check(CLI::IsMember({"forward", "backward"}));
   cmd->add_option("--outputs-name", args->outputs_name, "The name the --outputs results carry (default: outputs)");
+  cmd->add_option("--problem", args->problems,
+                  "Judge this problem instead of fixtures (repeatable; the fixture catalogue's syntax, e.g. "
+                  "b=1,hq=8,hkv=1,sq=1,sk=131072,d=128,dtype=bf16): inputs drawn by the suite's generator, no golden, "
+                  "only the checks that need none (batch invariance, the metamorphic relations), at any size")
+      ->allow_extra_args(false);
+  cmd->add_option("--skip-check", args->skip_checks,
+                  "Leave out the checks that need no golden: invariance (batch invariance), relations (the metamorphic "
+                  "relations); comma-separated")
+      ->allow_extra_args(false)
+      ->delimiter(',')
+      ->check(CLI::IsMember({"invariance", "relations"}));
   cmd->footer("Exit status: 0 when at least one case ran and nothing failed; 1 when something FAILED, when every "
               "case was skipped (unless --allow-all-skipped) or, with --fail-on-mistrusted, when a result was "
               "MISTRUSTED; 2 on a usage error or an input error (an unreadable or hostile fixture, a golden that is "
               "not the attention of its inputs), which every output still records.");
   return [args, argv0 = std::string("attn")]() {
     std::vector<std::filesystem::path> roots(args->paths.begin(), args->paths.end());
+    if (!args->problems.empty() && (!roots.empty() || !args->outputs.empty())) {
+      throw Error("--problem judges problems without fixtures: give no fixture paths and no --outputs with it");
+    }
+    std::vector<Problem> problems;
+    for (const auto& text : args->problems) problems.push_back(Problem::parse(text));  // InputError: exit 2
     if (roots.empty()) roots.emplace_back(default_fixtures());
     check_outputs({args->json, args->junit}, roots);
     // An earlier run's results go now: a run that is interrupted leaves none that look current.
@@ -92,8 +110,8 @@ Runner add_verify_command(CLI::App& app) {
       if (!out.empty()) remove_stale_output(out);
     }
     RunInfo run = this_run(ATTN_VERSION, ATTN_GIT_COMMIT);
-    auto files = find_fixture_files(roots);
-    if (files.empty()) {
+    auto files = problems.empty() ? find_fixture_files(roots) : std::vector<std::filesystem::path>{};
+    if (files.empty() && problems.empty()) {
       std::vector<std::string> where;
       for (const auto& root : roots) where.push_back(printable(root.string()));
       throw Error(fmt::format("no fixture files (*.h5, *.hdf5) in {}", fmt::join(where, ", ")));
@@ -122,13 +140,17 @@ Runner add_verify_command(CLI::App& app) {
       options.forward = std::find(d.begin(), d.end(), "forward") != d.end();
       options.backward = std::find(d.begin(), d.end(), "backward") != d.end();
     }
+    for (const auto& check : args->skip_checks) (check == "invariance" ? options.invariance : options.relations) = false;
+    if (!problems.empty()) options.check_budget = 0;  // asked for by name, at any size
     options.thread_counts = args->threads;
     for (const auto& layout : args->layouts) options.layouts.push_back(layout == "bshd" ? Layout::bshd : Layout::bhsd);
     if (!args->quiet) print_outcome_header(stdout);
-    VerifySummary summary = verify(files, backends, options, [&](const CaseOutcome& o) {
+    const OutcomeCallback show = [&](const CaseOutcome& o) {
       if (!args->quiet || o.comparison.verdict == Verdict::fail) print_outcome(stdout, o);
       std::fflush(stdout);
-    });
+    };
+    VerifySummary summary =
+        problems.empty() ? verify(files, backends, options, show) : verify_problems(problems, backends, options, show);
     std::string self = "build/bin/attn";
     char exe[4096];
     if (ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1); n > 0) self.assign(exe, static_cast<std::size_t>(n));

@@ -21,6 +21,31 @@ std::string describe_capabilities(const Capabilities& c) {
   if (c.backward) text += "; backward";
   if (c.encodings) text += fmt::format("; quantised {}", encoding_names(c.encodings));
   if (!c.uses_threads) text += "; single-threaded";
+  if (c.batch_invariant) text += "; batch-invariant";
+  if (c.bitwise_relations) text += fmt::format("; bitwise {}", relation_names(c.bitwise_relations));
+  return text;
+}
+
+std::string_view relation_name(unsigned relation) {
+  switch (relation) {
+    case kRelationVScale: return "v_scale";
+    case kRelationQScale: return "q_scale";
+    case kRelationHeadPermutation: return "head_permutation";
+    case kRelationKeyPermutation: return "key_permutation";
+    case kRelationScoreShift: return "score_shift";
+    case kRelationLayout: return "layout";
+    case kRelationDoutScale: return "dout_scale";
+    default: return "";
+  }
+}
+
+std::string relation_names(unsigned relations) {
+  std::string text;
+  for (unsigned bit = 1; bit <= kAllRelations; bit <<= 1) {
+    if (!(relations & bit)) continue;
+    if (!text.empty()) text += ", ";
+    text += relation_name(bit);
+  }
   return text;
 }
 

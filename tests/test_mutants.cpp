@@ -71,7 +71,7 @@ TEST(Catalogue, TheFuzzerFindsEveryMutantAndShrinksItToAMinimalCaseThatReproduce
     EXPECT_TRUE(f.shrunk.minimal) << "shrink budget spent after " << f.shrunk.evaluations << " cases";
     // Nothing one step simpler still fails: no size is larger than the failure needs.
     for (const FuzzCase& simpler : simpler_fuzz_cases(f.shrunk.smallest)) {
-      EXPECT_FALSE(judge_fuzz_case(mutant, simpler).failed)
+      EXPECT_FALSE(judge_fuzz_case(mutant, simpler, &f.check).failed)
           << "shrunk case " << f.shrunk.smallest.describe() << " could still become " << simpler.describe();
     }
     // The file is a standard fixture that reproduces the failure, and the real backend passes it.
@@ -79,7 +79,9 @@ TEST(Catalogue, TheFuzzerFindsEveryMutantAndShrinksItToAMinimalCaseThatReproduce
     VerifyOptions config;
     config.thread_counts = {f.shrunk.smallest.threads};
     config.layouts = {f.shrunk.smallest.layout};
-    EXPECT_EQ(verify_fixture(read_fixture(f.file), {&mutant}, config).failed(), 1) << f.file;
+    // (the golden comparison's unit, or the check that found it; a relation
+    // or the invariance check may catch the same bug again on the file)
+    EXPECT_GE(verify_fixture(read_fixture(f.file), {&mutant}, config).failed(), 1) << f.file;
     std::vector<std::string> real = {m.target == "flash" ? "streaming" : std::string(m.target)};
     const VerifySummary by_real = verify({f.file}, make_backends(real), config);
     EXPECT_TRUE(by_real.input_errors.empty());

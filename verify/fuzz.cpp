@@ -576,25 +576,29 @@ std::vector<FuzzCase> simpler_fuzz_cases(const FuzzCase& c) {
 
 namespace {
 
-VerifyOptions options_of(const FuzzCase& c) {
+VerifyOptions options_of(const FuzzCase& c, const std::string* only = nullptr) {
   VerifyOptions options;
   options.thread_counts = {c.threads};
   options.layouts = {c.layout};
+  if (only) {
+    options.invariance = *only == "batch invariance";
+    options.relations = only->rfind("relation", 0) == 0;
+  }
   return options;
 }
 
 }  // namespace
 
-FuzzJudgement judge_fuzz_case(const Backend& backend, const FuzzCase& c) {
-  const VerifySummary summary = verify_fixture(fuzz_fixture(c), {&backend}, options_of(c), true);
+FuzzJudgement judge_fuzz_case(const Backend& backend, const FuzzCase& c, const std::string* only) {
+  const VerifySummary summary = verify_fixture(fuzz_fixture(c), {&backend}, options_of(c, only), true);
   for (const auto& o : summary.outcomes) {
-    if (o.comparison.verdict == Verdict::fail) return {true, o.comparison.reason};
+    if (o.comparison.verdict == Verdict::fail && (!only || o.check == *only)) return {true, o.comparison.reason, o.check};
   }
   return {};
 }
 
 ShrinkResult shrink_fuzz_case(const Backend& backend, const FuzzCase& failing, std::string reason,
-                              int max_evaluations) {
+                              int max_evaluations, const std::string& check) {
   ShrinkResult r{failing, std::move(reason)};
   for (;;) {
     bool simpler = false, exhausted = true;
@@ -604,7 +608,7 @@ ShrinkResult shrink_fuzz_case(const Backend& backend, const FuzzCase& failing, s
         break;
       }
       ++r.evaluations;
-      FuzzJudgement j = judge_fuzz_case(backend, candidate);
+      FuzzJudgement j = judge_fuzz_case(backend, candidate, &check);
       if (j.failed) {
         r.smallest = candidate;
         r.reason = std::move(j.reason);
@@ -665,8 +669,8 @@ FuzzSummary run_fuzz(const std::vector<std::unique_ptr<Backend>>& backends, cons
       }
       failed[b] = true;
       say(fmt::format("FAIL  {}  case {}: {}\n      {}", o.backend, index, c.describe(), o.comparison.reason));
-      FuzzFailure f{o.backend, index, c, shrink_fuzz_case(*backends[b], c, o.comparison.reason,
-                                                          options.max_shrink_evaluations)};
+      FuzzFailure f{o.backend, index, c, o.check,
+                    shrink_fuzz_case(*backends[b], c, o.comparison.reason, options.max_shrink_evaluations, o.check)};
       std::filesystem::create_directories(options.out_dir);
       f.file = options.out_dir / fmt::format("{}_s{}_c{}.h5", o.backend, options.seed, index);
       Fixture shrunk = fuzz_fixture(f.shrunk.smallest);

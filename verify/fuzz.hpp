@@ -42,12 +42,17 @@ Fixture fuzz_fixture(const FuzzCase& c);
 // a shrunk case has no size larger than its failure needs.
 std::vector<FuzzCase> simpler_fuzz_cases(const FuzzCase& c);
 
-// Whether `backend` fails case c (FAIL under verify's checks; SKIP is not a failure).
+// Whether `backend` fails case c (FAIL under verify's checks; SKIP is not a
+// failure), and in which check ("" the golden comparison, "batch
+// invariance", "relation NAME"). With `only`, only that check's failures
+// count and the golden-free checks of other kinds are not run (a shrink keeps
+// the failure it started from, at the cost of that check alone).
 struct FuzzJudgement {
   bool failed = false;
   std::string reason;
+  std::string check;
 };
-FuzzJudgement judge_fuzz_case(const Backend& backend, const FuzzCase& c);
+FuzzJudgement judge_fuzz_case(const Backend& backend, const FuzzCase& c, const std::string* only = nullptr);
 
 struct ShrinkResult {
   FuzzCase smallest;
@@ -57,7 +62,7 @@ struct ShrinkResult {
   bool minimal = false;    // stopped because nothing simpler fails (not for lack of budget)
 };
 ShrinkResult shrink_fuzz_case(const Backend& backend, const FuzzCase& failing, std::string reason,
-                              int max_evaluations = 400);
+                              int max_evaluations = 400, const std::string& check = "");
 
 struct FuzzOptions {
   std::uint64_t seed = 1;
@@ -71,6 +76,7 @@ struct FuzzFailure {
   std::string backend;
   std::int64_t index = 0;  // the case that first failed
   FuzzCase found;
+  std::string check;  // the check that failed ("" the golden comparison)
   ShrinkResult shrunk;
   std::filesystem::path file;  // the shrunk case as a fixture
 };

@@ -64,6 +64,7 @@ CaseOutcome outcome_of(const nlohmann::json& r, const std::filesystem::path& pat
   const std::string layout = r.value("layout", "bhsd");
   if (layout_given || layout != "bhsd") o.config.layout = layout == "bshd" ? Layout::bshd : Layout::bhsd;
   o.direction = r.value("direction", "forward") == "backward" ? Direction::backward : Direction::forward;
+  if (const std::string check = r.value("check", "golden"); check != "golden") o.check = check;
   if (const auto it = r.find("tensors"); it != r.end() && it->is_array()) {
     for (const auto& t : *it) o.comparison.tensors.push_back(tensor_from_json(t));
   }

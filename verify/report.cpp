@@ -71,7 +71,8 @@ std::string dtype_of(const std::string& problem) {
 // The fixture's name, with the run's threads and layout when not the defaults.
 std::string fixture_label(const CaseOutcome& o) {
   const std::string config = o.config.label();
-  const std::string name = o.direction == Direction::backward ? o.fixture + " backward" : o.fixture;
+  std::string name = o.direction == Direction::backward ? o.fixture + " backward" : o.fixture;
+  if (!o.check.empty()) name += fmt::format(" [{}]", o.check);
   return config.empty() ? name : fmt::format("{} @{}", name, config);
 }
 
@@ -339,7 +340,8 @@ std::string verify_json(const VerifySummary& summary, const RunInfo& run) {
                         {"seconds", o.seconds},
                         {"threads", o.config.threads},
                         {"layout", o.config.layout ? layout_name(*o.config.layout) : "bhsd"},
-                        {"direction", direction_name(o.direction)}};
+                        {"direction", direction_name(o.direction)},
+                        {"check", o.check.empty() ? std::string("golden") : o.check}};
     // Nothing was measured when it was skipped or the backend threw: no tensor.
     r["tensors"] = nlohmann::json::array();
     for (const TensorScore& t : c.tensors) r["tensors"].push_back(tensor_json(t));

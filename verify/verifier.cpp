@@ -14,9 +14,12 @@
 #include "core/text.hpp"
 #include "fixtures/fixture.hpp"
 #include "fixtures/layer.hpp"
+#include "fixtures/suite.hpp"
 #include "reference/layer.hpp"
 #include "verify/backward.hpp"
 #include "verify/baseline.hpp"
+#include "verify/invariance.hpp"
+#include "verify/relations.hpp"
 #include "verify/layer.hpp"
 #include "reference/reference.hpp"
 #include "verify/recorded.hpp"
@@ -334,6 +337,81 @@ void check_golden_gradients(const Fixture& fixture, const GradientTruth& truth) 
   }
 }
 
+// The checks that need no golden, rows of their own per backend at
+// `config`: batch invariance (a case with more than one entry) and each
+// metamorphic relation the case admits, forward, and backward where
+// `gradients` and their a-priori bounds are given.
+void verify_golden_free(const FixtureHeader& header, const CaseData& case_data, const FixtureGradients* gradients,
+                        const GradientTruth* gradient_truth, const BackendRefs& backends, const VerifyOptions& options,
+                        const RunConfig& config, const std::string& warning, const OutcomeCallback& on_outcome,
+                        VerifySummary& summary) {
+  CaseData data = case_data;
+  data.problem = laid_out_as(case_data.problem, config);
+  const Problem& problem = data.problem;
+  RunOptions run_options = options.run;
+  run_options.threads = config.threads;
+  const std::vector<Status> forward_support = support_of(backends, problem, Direction::forward);
+  const std::vector<double>* dout =
+      gradients && gradient_truth && options.backward && !gradients->dout.empty() ? &gradients->dout : nullptr;
+  const std::vector<Status> backward_support =
+      dout ? support_of(backends, problem, Direction::backward) : std::vector<Status>{};
+  auto row = [&](std::size_t b, const std::string& check, Direction direction, const std::vector<Status>& support,
+                 auto&& work) {
+    const Backend& backend = *backends[b];
+    CaseOutcome outcome = outcome_of(backend, header, problem.to_string(), config, warning, direction);
+    outcome.check = check;
+    const auto start = std::chrono::steady_clock::now();
+    if (!support[b].ok) {
+      outcome.comparison = skipped(support[b].reason);
+    } else if (recorded_outputs_of(backend)) {
+      outcome.comparison = skipped("recorded outputs: nothing to run on other inputs");
+    } else {
+      outcome.comparison = judged(work);
+    }
+    outcome.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    record(std::move(outcome), on_outcome, summary);
+  };
+  if (options.invariance && options.forward && problem.batch > 1 && !problem.quantised()) {
+    const std::vector<InvarianceRun> others = invariance_runs(data, options.check_budget);
+    for (std::size_t b = 0; b < backends.size(); ++b) {
+      row(b, "batch invariance", Direction::forward, forward_support,
+          [&] { return judge_batch_invariance(*backends[b], data, others, run_options); });
+    }
+  }
+  if (!options.relations) return;
+  // Each backend's own results on the case, once for every relation.
+  std::vector<std::optional<BackendRun>> own(backends.size());
+  std::vector<std::optional<BackwardRun>> own_backward(backends.size());
+  auto own_of = [&](std::size_t b) -> const BackendRun& {
+    if (!own[b]) own[b] = run_backend(*backends[b], data, run_options);
+    return *own[b];
+  };
+  auto own_backward_of = [&](std::size_t b) -> const BackwardRun& {
+    if (!own_backward[b]) own_backward[b] = run_backward(*backends[b], data, *dout, gradients->bias_requires_grad, run_options);
+    return *own_backward[b];
+  };
+  // One relation at a time: one transformed copy of the case in memory.
+  for (unsigned relation = 1; relation <= kAllRelations; relation <<= 1) {
+    for (const RelationRun& run : relation_runs(data, dout, options.check_budget, nullptr, relation)) {
+      const std::string check = fmt::format("relation {}", relation_name(relation));
+      if (run.forward && options.forward) {
+        for (std::size_t b = 0; b < backends.size(); ++b) {
+          row(b, check, Direction::forward, forward_support,
+              [&] { return judge_relation(*backends[b], data, own_of(b), run, run_options); });
+        }
+      }
+      if (run.backward && dout) {
+        for (std::size_t b = 0; b < backends.size(); ++b) {
+          row(b, check, Direction::backward, backward_support, [&] {
+            return judge_relation_backward(*backends[b], data, *dout, gradients->bias_requires_grad, own_backward_of(b),
+                                           *gradient_truth, run, run_options);
+          });
+        }
+      }
+    }
+  }
+}
+
 // One fixture: its truth once, then every (run configuration, direction,
 // backend) unit, each judged by the direction's judge.
 void verify_sdpa(const Fixture& fixture, const BackendRefs& backends, const VerifyOptions& options,
@@ -410,6 +488,12 @@ void verify_sdpa(const Fixture& fixture, const BackendRefs& backends, const Veri
         record(std::move(outcome), on_outcome, summary);
       }
     }
+  }
+  const GradientTruth* gradient_truth =
+      backward && backward->beyond().empty() ? &backward->a_priori() : nullptr;
+  if (runs) {
+    verify_golden_free(fixture.header, fixture.data, fixture.gradients ? &*fixture.gradients : nullptr, gradient_truth,
+                       backends, options, configs.front(), warning, on_outcome, summary);
   }
 }
 
@@ -559,6 +643,25 @@ VerifySummary verify(const std::vector<std::filesystem::path>& files,
     }
   }
   note_unmatched_tags(options, seen_tags, matched, summary);
+  return summary;
+}
+
+VerifySummary verify_problems(const std::vector<Problem>& problems, const std::vector<std::unique_ptr<Backend>>& backends,
+                              const VerifyOptions& options, const OutcomeCallback& on_outcome) {
+  VerifySummary summary;
+  const BackendRefs all = refs_of(backends);
+  const RunConfig config = run_configs(options).front();
+  for (const Problem& problem : problems) {
+    CaseSpec spec;
+    spec.problem = problem.to_string();
+    spec.name = "problem " + spec.problem;  // the generator's seed
+    FixtureHeader header;
+    header.name = spec.problem;
+    header.problem = problem;
+    header.path = "--problem";
+    const CaseData data = generate_inputs(spec);
+    verify_golden_free(header, data, nullptr, nullptr, all, options, config, "", on_outcome, summary);
+  }
   return summary;
 }
 

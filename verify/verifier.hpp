@@ -35,6 +35,13 @@ struct VerifyOptions {
   // y) and backward (the gradients of version 3 cases). The golden files are
   // checked either way.
   bool forward = true, backward = true;
+  // The checks that need no golden, each a row of its own per backend at the
+  // first run configuration: batch invariance (verify/invariance.hpp), each
+  // case's entries run again in other batches, and the metamorphic relations
+  // (verify/relations.hpp), the case transformed. A run whose q, k or v
+  // exceeds `check_budget` elements is left out (0: no limit).
+  bool invariance = true, relations = true;
+  std::int64_t check_budget = std::int64_t{1} << 22;
 };
 
 // One (threads, layout) pair of a run.
@@ -57,6 +64,9 @@ struct CaseOutcome {
   RunConfig config;     // the threads and layout it ran with
   std::string arguments;  // more attn verify options that select the backend again (recorded outputs: --outputs DIR)
   Direction direction = Direction::forward;  // backward: the gradients of a version 3 case
+  // Which check the row is: empty for the comparison with the golden, else a
+  // check of its own that needs none ("batch invariance"), never mixed into it.
+  std::string check;
   // Format version 4 with original values: the quantisation's own error
   // (reported beside the verdict, never in it).
   std::optional<QuantisationError> quantisation;
@@ -96,5 +106,12 @@ VerifySummary verify(const std::vector<std::filesystem::path>& files,
 VerifySummary verify_fixture(const Fixture& fixture, const std::vector<const Backend*>& backends,
                              const VerifyOptions& options, bool trusted_golden = false,
                              const OutcomeCallback& on_outcome = {});
+
+// Problems given on the command line (attn verify --problem): inputs drawn
+// by the standard suite's generator (seeded by the problem's text), no
+// golden, only the checks that need none (batch invariance and the forward
+// relations) for every backend; a problem no backend runs is SKIP.
+VerifySummary verify_problems(const std::vector<Problem>& problems, const std::vector<std::unique_ptr<Backend>>& backends,
+                              const VerifyOptions& options, const OutcomeCallback& on_outcome = {});
 
 }  // namespace attn

@@ -134,7 +134,8 @@ class BlockedBackend final : public Backend {
   // Not float64: the kernels accumulate in float32.
   Capabilities capabilities() const override {
     return {.dtypes = dtype_bit(DType::f32) | dtype_bit(DType::f16) | dtype_bit(DType::bf16), .features = kAllFeatures, .lse = true, .backward = true,
-            .encodings = kAllEncodings};
+            .encodings = kAllEncodings, .batch_invariant = true,
+            .bitwise_relations = kRelationLayout | kRelationDoutScale};
   }
   Status supports(const Problem&) const override { return Status::yes(); }
   std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& options) const override {

@@ -218,7 +218,8 @@ class NaiveBackend final : public Backend {
   }
   Capabilities capabilities() const override {
     return {.dtypes = kAllDTypes, .features = kAllFeatures, .lse = true, .backward = true, .uses_threads = false,
-            .encodings = kAllEncodings};
+            .encodings = kAllEncodings, .batch_invariant = true,
+            .bitwise_relations = kRelationVScale | kRelationLayout | kRelationDoutScale};
   }
   Status supports(const Problem&) const override { return Status::yes(); }
   std::unique_ptr<Plan> prepare(const Problem& problem, const AttentionIO& io, const RunOptions&) const override {

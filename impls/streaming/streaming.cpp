@@ -24,7 +24,7 @@ using cpu::QueryTile;
 
 constexpr std::int64_t kMaxTileRows = 96;
 constexpr std::int64_t kDirectRows = 8;
-constexpr std::int64_t kSplitChunks = 8;  // key chunks of a split (decode) tile: enough for 8 threads
+constexpr std::int64_t kSplitChunks = 8;  // an entry with fewer tiles than this splits its long rows in 8
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 using Scratch = cpu::TileScratch;
@@ -77,11 +77,15 @@ class StreamingPlan final : public Plan {
     v_format_ = format_of(io.v, io.v_codes);
     narrow_rows_ = !g_.bf16_kernels || kernels_.bf16_rows_align == 1;
     tiles_ = p.batch * p.heads_kv * g_.query_tiles;
-    // Few tiles and long rows (decode): split the keys so every thread works.
-    // The split is fixed by the problem, never by the thread count, so out
-    // and lse are bitwise the same at any number of threads (the backward
-    // starts from them, and its gradients must be).
-    if (tiles_ < kSplitChunks && g_.key_blocks >= 2 * kSplitChunks) chunks_ = kSplitChunks;
+    // Few tiles an entry and long rows (decode): split a tile's keys so every
+    // thread works. Whether and how a tile splits is fixed by its entry alone
+    // (its heads and query tiles, its own visible keys), never by the batch
+    // around it nor the thread count: an entry's out and lse are the same bits
+    // alone, in any batch and at any number of threads (batch invariance; the
+    // backward starts from them). chunks_ is the most a tile splits into.
+    // A tile splits in kSplitChunks when its entry has fewer tiles than that
+    // and the tile itself sees at least 2 * kSplitChunks key blocks.
+    if (p.heads_kv * g_.query_tiles < kSplitChunks && g_.key_blocks >= 2 * kSplitChunks) chunks_ = kSplitChunks;
     require_workspace(threads_ * Scratch::bytes_for(p, g_, !direct_, 1) +
                           (chunks_ > 1 ? 4.0 * static_cast<double>(tiles_ * chunks_ * g_.tile_rows) * static_cast<double>(g_.dv_pad + 2) : 0.0),
                       "streaming's tile scratch and split-K partials");
@@ -102,6 +106,17 @@ class StreamingPlan final : public Plan {
   void run() override {
     for (Scratch& s : scratch_) s.pack.forget();  // K and V as they are now
     ThreadPool& pool = ThreadPool::get(threads_);
+    if (chunks_ > 1 && tiles_ >= threads_) {
+      // Tiles enough to keep the threads busy: each task computes a tile's
+      // chunks one after the other and merges them, the same bits as chunks
+      // spread over threads, without a second pass.
+      pool.parallel_for(tiles_, [&](std::int64_t tile, int worker) {
+        Scratch& s = scratch_[static_cast<std::size_t>(worker)];
+        for (std::int64_t c = 0; c < chunks_; ++c) compute(tile, c, s);
+        merge(tile, s);
+      });
+      return;
+    }
     pool.parallel_for(tiles_ * chunks_, [&](std::int64_t task, int worker) {
       compute(task / chunks_, task % chunks_, scratch_[static_cast<std::size_t>(worker)]);
     });
@@ -131,8 +146,12 @@ class StreamingPlan final : public Plan {
     // blocks past the causal diagonal are.
     const std::int64_t begin_block = cpu::visible_key_begin(p_, io_, t) / kKeyBlock;
     // A split tile's chunks share out its own visible blocks (a paged entry's,
-    // not the table's capacity): fixed by the tile, whatever the threads.
-    const std::int64_t per_chunk = (end_block - begin_block + chunks_ - 1) / chunks_;
+    // not the table's capacity): fixed by the tile, whatever the threads and
+    // the batch. A tile that does not split is chunk 0's alone.
+    const std::int64_t parts = parts_of(begin_block, end_block);
+    if (chunk >= parts) return;  // a tile of fewer chunks than the plan's most
+    const bool split = parts > 1;
+    const std::int64_t per_chunk = (end_block - begin_block + parts - 1) / parts;
     const std::int64_t first = std::min(begin_block + chunk * per_chunk, end_block);
     const std::int64_t last = std::min(first + per_chunk, end_block);
     const bool direct = direct_;
@@ -254,7 +273,7 @@ class StreamingPlan final : public Plan {
       const float descale = io_.v_codes.descale_of(t.b, t.kv_head);
       if (descale != 1.0f) std::for_each(s.o.begin(), s.o.begin() + rows * g_.dv_pad, [&](float& x) { x *= descale; });
     }
-    if (chunks_ == 1) {
+    if (!split) {
       // (after the descale: with the weights scaled down the sums are at most
       // V's largest value, finite)
       if (shift == 0 && g_.weight_shift > 0 && !cpu::outputs_finite(g_, s.o.data(), rows)) {
@@ -341,15 +360,30 @@ class StreamingPlan final : public Plan {
 
   // Combines the chunks of one tile: weights 2^(m_c - M) so each partial sum
   // is measured against the common max M.
+  // The key blocks [begin, end) that hold a tile's visible keys (compute's
+  // range, for merge).
+  std::pair<std::int64_t, std::int64_t> visible_blocks(const QueryTile& t) const {
+    return {cpu::visible_key_begin(p_, io_, t) / kKeyBlock, (cpu::visible_key_end(p_, io_, t) + kKeyBlock - 1) / kKeyBlock};
+  }
+  // The chunks a tile whose visible keys span blocks [begin, end) splits
+  // into: 1 unless its entry has few tiles (chunks_ > 1) and the tile's own
+  // keys are many, then kSplitChunks. A function of the entry alone.
+  std::int64_t parts_of(std::int64_t begin_block, std::int64_t end_block) const {
+    return chunks_ > 1 && end_block - begin_block >= 2 * kSplitChunks ? chunks_ : 1;
+  }
+
   void merge(std::int64_t tile_index, Scratch& s, int shift = 0) {
     const QueryTile t = cpu::query_tile(p_, g_, tile_index);
+    const auto [begin_block, end_block] = visible_blocks(t);
+    const std::int64_t parts = parts_of(begin_block, end_block);
+    if (parts == 1) return;  // written whole by its one chunk
     for (std::int64_t r = 0; r < t.rows(); ++r) {
       float global = kNegInf;
-      for (std::int64_t c = 0; c < chunks_; ++c) global = std::max(global, partial_m_[(tile_index * chunks_ + c) * g_.tile_rows + r]);
+      for (std::int64_t c = 0; c < parts; ++c) global = std::max(global, partial_m_[(tile_index * chunks_ + c) * g_.tile_rows + r]);
       float l = 0;
       float* o = s.o.data() + r * g_.dv_pad;
       std::fill_n(o, g_.dv_pad, 0.0f);
-      for (std::int64_t c = 0; c < chunks_; ++c) {
+      for (std::int64_t c = 0; c < parts; ++c) {
         const std::int64_t at = (tile_index * chunks_ + c) * g_.tile_rows + r;
         if (partial_l_[at] == 0) continue;
         const float w = std::exp2(partial_m_[at] - global);
@@ -363,7 +397,7 @@ class StreamingPlan final : public Plan {
     if (shift == 0 && g_.weight_shift > 0 && !cpu::outputs_finite(g_, s.o.data(), t.rows())) {
       // Every chunk of this tile again, here, with the weights scaled down;
       // only this task touches the tile's partials.
-      for (std::int64_t c = 0; c < chunks_; ++c) compute(tile_index, c, s, g_.weight_shift);
+      for (std::int64_t c = 0; c < parts; ++c) compute(tile_index, c, s, g_.weight_shift);
       merge(tile_index, s, g_.weight_shift);
       return;
     }
@@ -394,7 +428,8 @@ class StreamingBackend final : public Backend {
   // Not float64: the kernels accumulate in float32.
   Capabilities capabilities() const override {
     return {.dtypes = dtype_bit(DType::f32) | dtype_bit(DType::f16) | dtype_bit(DType::bf16), .features = kAllFeatures, .lse = true, .backward = true,
-            .encodings = kAllEncodings};
+            .encodings = kAllEncodings, .batch_invariant = true,
+            .bitwise_relations = kRelationLayout | kRelationDoutScale};
   }
   Status supports(const Problem&) const override { return Status::yes(); }
   std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& options) const override {

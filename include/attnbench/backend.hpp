@@ -93,6 +93,23 @@ class Plan {
 // it does not declare, is SKIP naming what is missing, and `attn list` and the
 // documentation's support matrix print this (describe_capabilities), so the
 // text a user reads cannot disagree with what runs.
+// The metamorphic relations (docs/verification/relations.md), as bits of
+// Capabilities::bitwise_relations.
+enum Relation : unsigned {
+  kRelationVScale = 1u << 0,         // V x 2^k: out x 2^k, lse unchanged
+  kRelationQScale = 1u << 1,         // Q x 2^k, scale / 2^k: out and lse unchanged
+  kRelationHeadPermutation = 1u << 2,  // kv heads with their query groups permuted: results permuted
+  kRelationKeyPermutation = 1u << 3,   // keys and values permuted together (unmasked by position): unchanged
+  kRelationScoreShift = 1u << 4,     // + c on every score of a row: out unchanged, lse + c
+  kRelationLayout = 1u << 5,         // bhsd and bshd: the same results
+  kRelationDoutScale = 1u << 6,      // backward: dO x 2^k, every gradient x 2^k
+};
+inline constexpr unsigned kAllRelations = 0x7f;
+// "v_scale", "q_scale", "head_permutation", "key_permutation", "score_shift",
+// "layout", "dout_scale" for one bit; "v_scale, layout" for a set of them.
+std::string_view relation_name(unsigned relation);
+std::string relation_names(unsigned relations);
+
 struct Capabilities {
   unsigned dtypes = kAllDTypes;  // dtype_bit() of each dtype it computes in
   unsigned features = 0;         // Feature bits: the format version 2 additions
@@ -109,6 +126,15 @@ struct Capabilities {
   // Format version 4: encoding_bit() of each quantised encoding it reads
   // (AttentionIO::q_codes, k_codes, v_codes); a case with any other is SKIP.
   unsigned encodings = 0;
+  // Each batch entry's results are the same bits whatever else is in the
+  // batch (alone, among other entries, packed, paged at other pages): the
+  // verifier's batch-invariance check FAILs it on any variation instead of
+  // reporting it (docs/verification/invariance.md).
+  bool batch_invariant = false;
+  // The metamorphic relations (kRelation* bits) whose results it gives bit
+  // for bit; the verifier FAILs it when one of them is not, and judges the
+  // others within the relation's bound (docs/verification/relations.md).
+  unsigned bitwise_relations = 0;
 };
 // "float32, float16, bfloat16; window, softcap; lse; backward"
 std::string describe_capabilities(const Capabilities& capabilities);

@@ -1,0 +1,457 @@
+#include "verify/invariance.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+
+#include "attnbench/error.hpp"
+#include "verify/relations.hpp"
+#include "verify/run_case.hpp"
+
+namespace attn {
+
+namespace {
+
+using std::int64_t;
+std::size_t at(int64_t i) { return static_cast<std::size_t>(i); }
+
+// Index of (b, h, i, j) in a mask or bias stored [sb, sh, sr, seq_k] with broadcast axes of 1.
+int64_t broadcast_at(const BroadcastShape& s, int64_t b, int64_t h, int64_t i, int64_t j, int64_t seq_k) {
+  return (((s.batch == 1 ? 0 : b) * s.heads + (s.heads == 1 ? 0 : h)) * s.rows + (s.rows == 1 ? 0 : i)) * seq_k + j;
+}
+
+// Values of keys past an entry's length and of free pages: valid in every
+// dtype, large enough that a read shows.
+constexpr double kUnread = 1000.0;
+
+}  // namespace
+
+std::string_view arrangement_name(Arrangement arrangement) {
+  switch (arrangement) {
+    case Arrangement::dense: return "dense";
+    case Arrangement::packed: return "packed";
+    case Arrangement::paged: return "paged";
+  }
+  return "?";
+}
+
+std::vector<BatchEntry> batch_entries(const CaseData& data) {
+  const Problem& p = data.problem;
+  const int64_t hq = p.heads_q, hkv = p.heads_kv, d = p.head_dim, dv = p.head_dim_v;
+  std::vector<BatchEntry> entries(at(p.batch));
+  for (int64_t b = 0; b < p.batch; ++b) {
+    BatchEntry& e = entries[at(b)];
+    int64_t q0 = 0, k0 = 0;  // first row of the entry in q's and k's sequence axis (packed)
+    if (p.ragged) {
+      q0 = data.cu_seqlens_q[at(b)];
+      k0 = data.cu_seqlens_k[at(b)];
+      e.q_len = data.cu_seqlens_q[at(b + 1)] - q0;
+      e.k_len = data.cu_seqlens_k[at(b + 1)] - k0;
+      e.limit = e.k_len;
+    } else if (p.paged()) {
+      e.q_len = p.seq_q;
+      e.k_len = data.seq_lens[at(b)];
+      e.limit = e.k_len;
+    } else {
+      e.q_len = p.seq_q;
+      e.k_len = p.seq_k;
+      e.limit = p.kv_len ? std::min(data.kv_len[at(b)], p.seq_k) : p.seq_k;
+    }
+    const int64_t tb = p.ragged ? 0 : b;
+    e.q.resize(at(hq * e.q_len * d));
+    for (int64_t h = 0; h < hq; ++h) {
+      for (int64_t i = 0; i < e.q_len; ++i) {
+        const double* row = &data.q[at(((tb * hq + h) * p.seq_q + q0 + i) * d)];
+        std::copy(row, row + d, &e.q[at((h * e.q_len + i) * d)]);
+      }
+    }
+    // Where key j of kv head g is held: (tensor batch, seq position).
+    auto key_at = [&](int64_t g, int64_t j, int64_t width) {
+      if (p.paged()) {
+        const int64_t page = data.page_table[at(b * p.pages_per_entry() + j / p.page_size)];
+        return ((page * hkv + g) * p.page_size + j % p.page_size) * width;
+      }
+      return ((tb * hkv + g) * p.seq_k + k0 + j) * width;
+    };
+    e.k.resize(at(hkv * e.k_len * d));
+    e.v.resize(at(hkv * e.k_len * dv));
+    for (int64_t g = 0; g < hkv; ++g) {
+      for (int64_t j = 0; j < e.k_len; ++j) {
+        const double* k = &data.k[at(key_at(g, j, d))];
+        std::copy(k, k + d, &e.k[at((g * e.k_len + j) * d)]);
+        const double* v = &data.v[at(key_at(g, j, dv))];
+        std::copy(v, v + dv, &e.v[at((g * e.k_len + j) * dv)]);
+      }
+    }
+    auto rows = [&](const BroadcastShape& shape, const auto& stored, auto& into) {
+      into.resize(at(hq * e.q_len * e.k_len));
+      for (int64_t h = 0; h < hq; ++h) {
+        for (int64_t i = 0; i < e.q_len; ++i) {
+          for (int64_t j = 0; j < e.k_len; ++j) {
+            into[at((h * e.q_len + i) * e.k_len + j)] = stored[at(broadcast_at(shape, b, h, i, j, p.seq_k))];
+          }
+        }
+      }
+    };
+    if (p.mask.present) rows(p.mask, data.mask, e.mask);
+    if (p.bias.present) rows(p.bias, data.bias, e.bias);
+  }
+  return entries;
+}
+
+Assembled assemble(const CaseData& original, const std::vector<BatchEntry>& entries, Arrangement arrangement,
+                   int64_t page_size, std::uint64_t seed) {
+  const Problem& o = original.problem;
+  const int64_t n = static_cast<int64_t>(entries.size());
+  const int64_t hq = o.heads_q, hkv = o.heads_kv, d = o.head_dim, dv = o.head_dim_v;
+  if (n == 0) return {std::nullopt, "no entry"};
+  const bool masked = std::any_of(entries.begin(), entries.end(), [](const BatchEntry& e) { return !e.mask.empty(); });
+  const bool biased = std::any_of(entries.begin(), entries.end(), [](const BatchEntry& e) { return !e.bias.empty(); });
+  const bool limited = std::any_of(entries.begin(), entries.end(), [](const BatchEntry& e) { return e.limit < e.k_len; });
+  const bool equal_q = std::all_of(entries.begin(), entries.end(), [&](const BatchEntry& e) { return e.q_len == entries[0].q_len; });
+  const bool equal_k = std::all_of(entries.begin(), entries.end(), [&](const BatchEntry& e) { return e.k_len == entries[0].k_len; });
+  if (arrangement != Arrangement::dense && (masked || biased || limited)) {
+    return {std::nullopt, fmt::format("a {} batch takes no mask, bias or kv_len", arrangement_name(arrangement))};
+  }
+  if (arrangement == Arrangement::dense && !(equal_q && equal_k)) return {std::nullopt, "entries of other lengths"};
+  if (arrangement == Arrangement::paged && !equal_q) return {std::nullopt, "entries with other numbers of queries"};
+
+  CaseData c;
+  Problem& p = c.problem;
+  p = o;
+  p.batch = n;
+  p.ragged = arrangement == Arrangement::packed;
+  p.page_size = 0;
+  p.num_pages = 0;
+  p.kv_len = false;
+  p.mask = {};
+  p.bias = {};
+  c.alibi_slopes = original.alibi_slopes;
+  c.sinks = original.sinks;
+  int64_t total_q = 0, total_k = 0, longest_k = 0;
+  for (const BatchEntry& e : entries) {
+    total_q += e.q_len;
+    total_k += e.k_len;
+    longest_k = std::max(longest_k, e.k_len);
+  }
+  // Where entry e's query row i and key j go (element offsets of q and k rows).
+  std::vector<int64_t> q_start(at(n)), k_start(at(n));
+  if (arrangement == Arrangement::dense) {
+    p.seq_q = entries[0].q_len;
+    p.seq_k = entries[0].k_len;
+    p.kv_len = limited;
+    if (limited) {
+      for (const BatchEntry& e : entries) c.kv_len.push_back(e.limit);
+    }
+  } else if (arrangement == Arrangement::packed) {
+    p.seq_q = std::max<int64_t>(total_q, 1);
+    p.seq_k = total_k;
+    c.cu_seqlens_q.assign(1, 0);
+    c.cu_seqlens_k.assign(1, 0);
+    for (const BatchEntry& e : entries) {
+      c.cu_seqlens_q.push_back(c.cu_seqlens_q.back() + e.q_len);
+      c.cu_seqlens_k.push_back(c.cu_seqlens_k.back() + e.k_len);
+    }
+  } else {
+    p.seq_q = entries[0].q_len;
+    p.page_size = page_size;
+    const int64_t per_entry = std::max<int64_t>((longest_k + page_size - 1) / page_size, 1);
+    p.seq_k = per_entry * page_size;
+    // Every entry's pages, then as many free ones, in a shuffled pool.
+    p.num_pages = 2 * n * per_entry;
+    std::vector<int64_t> pool(at(p.num_pages));
+    std::iota(pool.begin(), pool.end(), 0);
+    std::mt19937_64 rng(seed);
+    std::shuffle(pool.begin(), pool.end(), rng);
+    c.page_table.assign(pool.begin(), pool.begin() + n * per_entry);
+    for (const BatchEntry& e : entries) c.seq_lens.push_back(e.k_len);
+  }
+  p.validate();
+  const int64_t q_batch = p.q_batch(), kv_batch = p.kv_batch(), kv_seq = p.kv_seq();
+  c.q.assign(at(q_batch * hq * p.seq_q * d), 0.0);
+  c.k.assign(at(kv_batch * hkv * kv_seq * d), kUnread);
+  c.v.assign(at(kv_batch * hkv * kv_seq * dv), kUnread);
+  int64_t q_off = 0, k_off = 0;
+  for (int64_t b = 0; b < n; ++b) {
+    const BatchEntry& e = entries[at(b)];
+    const int64_t tb = p.ragged ? 0 : b;
+    const int64_t q0 = p.ragged ? q_off : 0, k0 = p.ragged ? k_off : 0;
+    for (int64_t h = 0; h < hq; ++h) {
+      for (int64_t i = 0; i < e.q_len; ++i) {
+        const double* row = &e.q[at((h * e.q_len + i) * d)];
+        std::copy(row, row + d, &c.q[at(((tb * hq + h) * p.seq_q + q0 + i) * d)]);
+      }
+    }
+    auto key_at = [&](int64_t g, int64_t j, int64_t width) {
+      if (p.paged()) {
+        const int64_t page = c.page_table[at(b * p.pages_per_entry() + j / page_size)];
+        return ((page * hkv + g) * page_size + j % page_size) * width;
+      }
+      return ((tb * hkv + g) * p.seq_k + k0 + j) * width;
+    };
+    for (int64_t g = 0; g < hkv; ++g) {
+      for (int64_t j = 0; j < e.k_len; ++j) {
+        std::copy(&e.k[at((g * e.k_len + j) * d)], &e.k[at((g * e.k_len + j + 1) * d)], &c.k[at(key_at(g, j, d))]);
+        std::copy(&e.v[at((g * e.k_len + j) * dv)], &e.v[at((g * e.k_len + j + 1) * dv)], &c.v[at(key_at(g, j, dv))]);
+      }
+    }
+    q_off += e.q_len;
+    k_off += e.k_len;
+  }
+  if (masked || biased) {
+    // Full [n, heads_q, seq_q, seq_k] rows: each entry's own.
+    const int64_t size = n * hq * p.seq_q * p.seq_k;
+    if (masked) {
+      p.mask = {true, n, hq, p.seq_q};
+      c.mask.assign(at(size), 1);
+    }
+    if (biased) {
+      p.bias = {true, n, hq, p.seq_q};
+      c.bias.assign(at(size), 0.0);
+    }
+    for (int64_t b = 0; b < n; ++b) {
+      const BatchEntry& e = entries[at(b)];
+      for (int64_t r = 0; r < hq * e.q_len * e.k_len; ++r) {
+        if (masked) c.mask[at(b * hq * e.q_len * e.k_len + r)] = e.mask.empty() ? 1 : e.mask[at(r)];
+        if (biased) c.bias[at(b * hq * e.q_len * e.k_len + r)] = e.bias.empty() ? 0.0 : e.bias[at(r)];
+      }
+    }
+  }
+  c.validate();
+  return {std::move(c), {}};
+}
+
+namespace {
+
+// A neighbour of other lengths: the first half of an entry's queries and
+// keys (shorter), or its keys (and, packed, its queries) twice (longer).
+BatchEntry shorter(const BatchEntry& e, int64_t hq, int64_t hkv, int64_t d, int64_t dv) {
+  BatchEntry s;
+  s.q_len = std::max<int64_t>(e.q_len / 2, 1);
+  s.k_len = e.k_len / 2;
+  s.limit = s.k_len;
+  for (int64_t h = 0; h < hq; ++h) {
+    s.q.insert(s.q.end(), e.q.begin() + (h * e.q_len) * d, e.q.begin() + (h * e.q_len + std::min(s.q_len, e.q_len)) * d);
+  }
+  if (static_cast<int64_t>(s.q.size()) < hq * s.q_len * d) s.q.resize(at(hq * s.q_len * d), 0.5);
+  for (int64_t g = 0; g < hkv; ++g) {
+    s.k.insert(s.k.end(), e.k.begin() + (g * e.k_len) * d, e.k.begin() + (g * e.k_len + s.k_len) * d);
+    s.v.insert(s.v.end(), e.v.begin() + (g * e.k_len) * dv, e.v.begin() + (g * e.k_len + s.k_len) * dv);
+  }
+  return s;
+}
+
+BatchEntry longer(const BatchEntry& e, int64_t hq, int64_t hkv, int64_t d, int64_t dv, bool more_queries) {
+  BatchEntry l;
+  l.q_len = more_queries ? 2 * e.q_len : e.q_len;
+  l.k_len = 2 * e.k_len;
+  l.limit = l.k_len;
+  for (int64_t h = 0; h < hq; ++h) {
+    for (int t = 0; t < (more_queries ? 2 : 1); ++t) {
+      l.q.insert(l.q.end(), e.q.begin() + (h * e.q_len) * d, e.q.begin() + (h + 1) * e.q_len * d);
+    }
+  }
+  for (int64_t g = 0; g < hkv; ++g) {
+    for (int t = 0; t < 2; ++t) {
+      l.k.insert(l.k.end(), e.k.begin() + (g * e.k_len) * d, e.k.begin() + (g + 1) * e.k_len * d);
+      l.v.insert(l.v.end(), e.v.begin() + (g * e.k_len) * dv, e.v.begin() + (g + 1) * e.k_len * dv);
+    }
+  }
+  return l;
+}
+
+int64_t elements(const CaseData& c) {
+  return static_cast<int64_t>(std::max({c.q.size(), c.k.size(), c.v.size(), c.mask.size(), c.bias.size()}));
+}
+
+}  // namespace
+
+std::vector<InvarianceRun> invariance_runs(const CaseData& data, int64_t element_budget) {
+  const Problem& p = data.problem;
+  std::vector<InvarianceRun> runs;
+  if (p.quantised()) return runs;
+  const std::vector<BatchEntry> entries = batch_entries(data);
+  const int64_t n = static_cast<int64_t>(entries.size());
+  const Arrangement own = p.ragged ? Arrangement::packed : p.paged() ? Arrangement::paged : Arrangement::dense;
+  const int64_t own_page = p.paged() ? p.page_size : 16;
+  auto add = [&](std::string what, const std::vector<BatchEntry>& es, const std::vector<int64_t>& source, Arrangement a,
+                 std::int64_t page_size, std::uint64_t seed) {
+    Assembled built;
+    try {
+      built = assemble(data, es, a, page_size, seed);
+    } catch (const InputError&) {
+      return;  // an arrangement the format cannot hold (an entry without queries, alone and dense)
+    }
+    if (!built.data) return;
+    if (element_budget > 0 && elements(*built.data) > element_budget) return;
+    runs.push_back({std::move(what), std::move(*built.data), a, source});
+  };
+  // Each entry alone (the first 16), in the case's own arrangement.
+  for (int64_t b = 0; b < std::min<int64_t>(n, 16); ++b) {
+    if (n == 1) break;  // alone is the case itself
+    add(fmt::format("alone (entry {})", b), {entries[at(b)]}, {b}, own, own_page, 7 + static_cast<std::uint64_t>(b));
+  }
+  // The batch reversed.
+  if (n > 1) {
+    std::vector<BatchEntry> reversed(entries.rbegin(), entries.rend());
+    std::vector<int64_t> source(at(n));
+    for (int64_t b = 0; b < n; ++b) source[at(b)] = n - 1 - b;
+    add("reversed", reversed, source, own, own_page, 3);
+  }
+  // Among more entries: the case's entries after others, up to 64, with
+  // shorter and longer neighbours where the arrangement holds other lengths.
+  for (const int64_t size : {64, 16, 4}) {
+    if (size <= n) break;
+    const int hq = static_cast<int>(p.heads_q);
+    std::vector<BatchEntry> batch;
+    std::vector<int64_t> source;
+    const bool lengths_vary = own != Arrangement::dense;
+    int64_t filler = 0;
+    while (static_cast<int64_t>(batch.size()) + n < size) {
+      if (lengths_vary && filler % 3 == 1) {
+        batch.push_back(shorter(entries[at(filler % n)], hq, p.heads_kv, p.head_dim, p.head_dim_v));
+      } else if (lengths_vary && filler % 3 == 2) {
+        batch.push_back(longer(entries[at(filler % n)], hq, p.heads_kv, p.head_dim, p.head_dim_v, own == Arrangement::packed));
+      } else {
+        batch.push_back(entries[at((n - 1 - filler % n + n) % n)]);
+      }
+      source.push_back(-1);
+      ++filler;
+    }
+    // The case's entries in the middle of the batch, not at its start.
+    const std::size_t middle = batch.size() / 2;
+    batch.insert(batch.begin() + static_cast<std::ptrdiff_t>(middle), entries.begin(), entries.end());
+    std::vector<int64_t> ours(at(n));
+    std::iota(ours.begin(), ours.end(), 0);
+    source.insert(source.begin() + static_cast<std::ptrdiff_t>(middle), ours.begin(), ours.end());
+    const std::size_t before = runs.size();
+    add(fmt::format("in a batch of {}", size), batch, source, own, own_page, 11);
+    if (runs.size() > before) break;  // the largest that fits the budget
+  }
+  std::vector<int64_t> identity(at(n));
+  std::iota(identity.begin(), identity.end(), 0);
+  // Another arrangement of the same entries.
+  if (own != Arrangement::packed) add("packed", entries, identity, Arrangement::packed, 16, 5);
+  if (own != Arrangement::dense) {
+    for (int64_t b = 0; b < std::min<int64_t>(n, 4); ++b) {
+      add(fmt::format("dense (entry {})", b), {entries[at(b)]}, {b}, Arrangement::dense, 16, 9);
+    }
+  }
+  if (own != Arrangement::paged) {
+    add("paged (pages of 16)", entries, identity, Arrangement::paged, 16, 13);
+  } else {
+    add("paged at other pages", entries, identity, Arrangement::paged, own_page, 17);
+    if (own_page != 1) add("paged (pages of 1)", entries, identity, Arrangement::paged, 1, 19);
+  }
+  return runs;
+}
+
+namespace {
+
+// Where entry e's row (h, i) of out sits in a run's canonical out ([q_batch,
+// heads_q, seq_q, dv]) and lse ([q_batch, heads_q, seq_q]): its row index.
+std::vector<int64_t> entry_starts(const CaseData& c) {
+  const Problem& p = c.problem;
+  std::vector<int64_t> starts(at(p.batch));
+  for (int64_t b = 0; b < p.batch; ++b) starts[at(b)] = p.ragged ? c.cu_seqlens_q[at(b)] : 0;
+  return starts;
+}
+
+int64_t row_of(const Problem& p, const std::vector<int64_t>& starts, int64_t e, int64_t h, int64_t i) {
+  const int64_t tb = p.ragged ? 0 : e;
+  return (tb * p.heads_q + h) * p.seq_q + starts[at(e)] + i;
+}
+
+bool same_bits(double a, double b) {
+  return std::memcmp(&a, &b, sizeof a) == 0 || (std::isnan(a) && std::isnan(b));
+}
+
+}  // namespace
+
+Comparison judge_batch_invariance(const Backend& backend, const CaseData& data, const std::vector<InvarianceRun>& runs,
+                                  const RunOptions& options) {
+  Comparison c;
+  std::vector<std::string> ran, skipped;
+  std::vector<const InvarianceRun*> accepted;
+  for (const InvarianceRun& run : runs) {
+    const Status ok = backend_accepts(backend, run.data.problem);
+    if (ok) {
+      accepted.push_back(&run);
+    } else {
+      skipped.push_back(fmt::format("{} ({})", run.what, ok.reason));
+    }
+  }
+  if (accepted.empty()) {
+    c.verdict = Verdict::skip;
+    c.reason = runs.empty() ? "no run of other batches for this case (quantised cases are not covered yet)"
+                            : fmt::format("accepts none of the other batches: {}", fmt::join(skipped, "; "));
+    return c;
+  }
+  const Problem& p = data.problem;
+  const BackendRun own = run_backend(backend, data, options);
+  const Bounds bounds = relation_bounds(data, own.out, own.lse ? &*own.lse : nullptr);
+  const std::vector<int64_t> own_starts = entry_starts(data);
+  const std::vector<BatchEntry> entries = batch_entries(data);
+  double worst = 0, worst_diff = 0;
+  std::string worst_where;
+  int64_t varied_runs = 0;
+  for (const InvarianceRun* run : accepted) {
+    const BackendRun got = run_backend(backend, run->data, options);
+    ran.push_back(run->what);
+    const std::vector<int64_t> starts = entry_starts(run->data);
+    bool varied = false;
+    for (int64_t e = 0; e < static_cast<int64_t>(run->source.size()); ++e) {
+      const int64_t s = run->source[at(e)];
+      if (s < 0) continue;
+      for (int64_t h = 0; h < p.heads_q; ++h) {
+        for (int64_t i = 0; i < entries[at(s)].q_len; ++i) {
+          const int64_t mine = row_of(p, own_starts, s, h, i), theirs = row_of(run->data.problem, starts, e, h, i);
+          auto note = [&](double a, double b, double bound, std::string where) {
+            if (same_bits(a, b)) return;
+            varied = true;
+            const double diff = std::isfinite(a) && std::isfinite(b) ? std::fabs(a - b) : INFINITY;
+            const double ratio = bound > 0 ? diff / bound : INFINITY;
+            if (ratio > worst || worst_where.empty()) {
+              worst = ratio;
+              worst_diff = diff;
+              worst_where = fmt::format("{} of entry {}, head {}, row {} in the run '{}': {} against {}", where, s, h, i,
+                                        run->what, b, a);
+            }
+          };
+          for (int64_t x = 0; x < p.head_dim_v; ++x) {
+            note(own.out[at(mine * p.head_dim_v + x)], got.out[at(theirs * p.head_dim_v + x)],
+                 bounds.out[at(mine * p.head_dim_v + x)], fmt::format("out[.., {}]", x));
+          }
+          if (own.lse && got.lse) note((*own.lse)[at(mine)], (*got.lse)[at(theirs)], bounds.lse[at(mine)], "lse");
+        }
+      }
+    }
+    if (!got.guard_damage.empty()) c.fail(fmt::format("batch invariance ({}): {}", run->what, got.guard_damage));
+    varied_runs += varied;
+  }
+  c.compared = true;
+  const std::string runs_text = fmt::format("{}", fmt::join(ran, ", "));
+  const std::string skipped_text = skipped.empty() ? "" : fmt::format("; not run: {}", fmt::join(skipped, "; "));
+  if (varied_runs == 0) {
+    if (c.verdict == Verdict::pass) c.reason = fmt::format("INVARIANT: the same bits in {} other batches ({}){}",
+                                                          ran.size(), runs_text, skipped_text);
+    return c;
+  }
+  const std::string text =
+      fmt::format("VARIES in {} of {} other batches: the largest difference, {:.3g} ({:.3g} of the bound), is {}{}",
+                  varied_runs, ran.size(), worst_diff, worst, worst_where, skipped_text);
+  if (backend.capabilities().batch_invariant) {
+    c.fail(fmt::format("declares batch invariance but {}", text));
+  } else if (c.verdict == Verdict::pass) {
+    c.verdict = Verdict::differs;
+    c.reason = text;
+  }
+  return c;
+}
+
+}  // namespace attn
