@@ -140,6 +140,7 @@ Runner add_verify_command(CLI::App& app) {
       options.forward = std::find(d.begin(), d.end(), "forward") != d.end();
       options.backward = std::find(d.begin(), d.end(), "backward") != d.end();
     }
+    options.invariance = options.relations = true;
     for (const auto& check : args->skip_checks) (check == "invariance" ? options.invariance : options.relations) = false;
     if (!problems.empty()) options.check_budget = 0;  // asked for by name, at any size
     options.thread_counts = args->threads;

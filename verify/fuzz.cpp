@@ -580,6 +580,7 @@ VerifyOptions options_of(const FuzzCase& c, const std::string* only = nullptr) {
   VerifyOptions options;
   options.thread_counts = {c.threads};
   options.layouts = {c.layout};
+  options.invariance = options.relations = true;  // every case it draws
   if (only) {
     options.invariance = *only == "batch invariance";
     options.relations = only->rfind("relation", 0) == 0;
