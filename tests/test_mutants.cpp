@@ -79,6 +79,7 @@ TEST(Catalogue, TheFuzzerFindsEveryMutantAndShrinksItToAMinimalCaseThatReproduce
     VerifyOptions config;
     config.thread_counts = {f.shrunk.smallest.threads};
     config.layouts = {f.shrunk.smallest.layout};
+    config.invariance = config.relations = true;  // as the fuzzer judged it
     // (the golden comparison's unit, or the check that found it; a relation
     // or the invariance check may catch the same bug again on the file)
     EXPECT_GE(verify_fixture(read_fixture(f.file), {&mutant}, config).failed(), 1) << f.file;

@@ -46,33 +46,9 @@ void scale_all(std::vector<double>& x, double factor) {
   for (double& v : x) v *= factor;
 }
 
-// new[o][h'][..] = old[o][perm[h']][..] over an axis of `heads` between
-// `outer` and `inner` elements.
-std::vector<double> permute_axis(const std::vector<double>& x, int64_t heads, int64_t inner, const std::vector<int64_t>& perm) {
-  std::vector<double> y(x.size());
-  const int64_t outer = heads * inner == 0 ? 0 : static_cast<int64_t>(x.size()) / (heads * inner);
-  for (int64_t o = 0; o < outer; ++o) {
-    for (int64_t h = 0; h < heads; ++h) {
-      const auto from = x.begin() + (o * heads + perm[at(h)]) * inner;
-      std::copy(from, from + inner, y.begin() + (o * heads + h) * inner);
-    }
-  }
-  return y;
-}
-template <typename T>
-std::vector<T> permute_axis_of(const std::vector<T>& x, int64_t heads, int64_t inner, const std::vector<int64_t>& perm) {
-  std::vector<T> y(x.size());
-  const int64_t outer = heads * inner == 0 ? 0 : static_cast<int64_t>(x.size()) / (heads * inner);
-  for (int64_t o = 0; o < outer; ++o) {
-    for (int64_t h = 0; h < heads; ++h) {
-      const auto from = x.begin() + (o * heads + perm[at(h)]) * inner;
-      std::copy(from, from + inner, y.begin() + (o * heads + h) * inner);
-    }
-  }
-  return y;
-}
-
-// The flat-index map of permute_axis over a tensor of `size` elements.
+// The flat-index map of permuting an axis of `heads` (between outer and
+// `inner` elements) of a tensor of `size` elements: new[o][h'][..] =
+// old[o][perm[h']][..] reads old[from[e]] at e.
 std::vector<int64_t> axis_map(int64_t size, int64_t heads, int64_t inner, const std::vector<int64_t>& perm) {
   std::vector<int64_t> from(at(size));
   const int64_t outer = heads * inner == 0 ? 0 : size / (heads * inner);
@@ -82,6 +58,15 @@ std::vector<int64_t> axis_map(int64_t size, int64_t heads, int64_t inner, const 
     }
   }
   return from;
+}
+
+// x with that axis permuted (q, k, v, mask, bias, slopes, sinks, dO).
+template <typename T>
+std::vector<T> permute_axis(const std::vector<T>& x, int64_t heads, int64_t inner, const std::vector<int64_t>& perm) {
+  const std::vector<int64_t> from = axis_map(static_cast<int64_t>(x.size()), heads, inner, perm);
+  std::vector<T> y(x.size());
+  for (std::size_t e = 0; e < y.size(); ++e) y[e] = x[at(from[e])];
+  return y;
 }
 
 // The power of two (2^k, k = +-bits) that scales every value of `x` exactly:
@@ -189,7 +174,7 @@ std::vector<RelationRun> relation_runs(const CaseData& data, const std::vector<d
     c.q = permute_axis(data.q, hq, p.seq_q * p.head_dim, q_perm);
     c.k = permute_axis(data.k, hkv, p.kv_seq() * p.head_dim, kv_perm);
     c.v = permute_axis(data.v, hkv, p.kv_seq() * p.head_dim_v, kv_perm);
-    if (p.mask.present && p.mask.heads == hq) c.mask = permute_axis_of(data.mask, hq, p.mask.rows * p.seq_k, q_perm);
+    if (p.mask.present && p.mask.heads == hq) c.mask = permute_axis(data.mask, hq, p.mask.rows * p.seq_k, q_perm);
     if (p.bias.present && p.bias.heads == hq) c.bias = permute_axis(data.bias, hq, p.bias.rows * p.seq_k, q_perm);
     if (p.alibi) c.alibi_slopes = permute_axis(data.alibi_slopes, hq, 1, q_perm);
     if (p.sinks) c.sinks = permute_axis(data.sinks, hq, 1, q_perm);
@@ -231,7 +216,7 @@ std::vector<RelationRun> relation_runs(const CaseData& data, const std::vector<d
       CaseData& c = r.data;
       c.k = permute_axis(data.k, p.seq_k, p.head_dim, perm);
       c.v = permute_axis(data.v, p.seq_k, p.head_dim_v, perm);
-      if (p.mask.present) c.mask = permute_axis_of(data.mask, p.seq_k, 1, perm);
+      if (p.mask.present) c.mask = permute_axis(data.mask, p.seq_k, 1, perm);
       if (p.bias.present) c.bias = permute_axis(data.bias, p.seq_k, 1, perm);
       if (backward) {
         r.dk.from = axis_map(static_cast<int64_t>(data.k.size()), p.seq_k, p.head_dim, perm);
