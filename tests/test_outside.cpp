@@ -321,6 +321,33 @@ TEST_F(Outside, PythonBackendFilesLoadOrAreRefusedWithTheReason) {
   EXPECT_NE(r.output.find("taken by a backend built into attn"), std::string::npos) << r.output;
 }
 
+// A Python backend declares batch invariance and bitwise relations: a
+// declared relation it does not keep bit for bit FAILs (py-numpy sums the
+// shuffled keys of a float64 row in another order), one it keeps passes,
+// and a name that is no relation is refused at load.
+TEST_F(Outside, PythonBackendsDeclareBitwiseRelationsAndAreHeldToThem) {
+  const std::string source = read_text(kAdapters + "/py_numpy.py");
+  const std::string named = patched(source, "NAME = \"py-numpy\"", "NAME = \"my-numpy\"\nBATCH_INVARIANT = True");
+  const fs::path keeps = write("keeps.py", named + "\nBITWISE_RELATIONS = (\"layout\", \"v_scale\")\n");
+  auto r = run_attn("list --plugin " + keeps.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("batch-invariant; bitwise v_scale, layout"), std::string::npos) << r.output;
+  const std::string fixture = kGolden + "/basic/b1_h2_q4_k4_d8_f64.h5";
+  r = run_attn("verify --plugin " + keeps.string() + " -b my-numpy " + fixture);
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("EXACT: layout"), std::string::npos) << r.output;
+
+  const fs::path claims = write("claims.py", named + "\nBITWISE_RELATIONS = (\"key_permutation\",)\n");
+  r = run_attn("verify --plugin " + claims.string() + " -b my-numpy " + fixture);
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("key_permutation (keys and values shuffled together): declares it bitwise but"), std::string::npos)
+      << r.output;
+
+  r = run_attn("list --plugin " + write("typo.py", named + "\nBITWISE_RELATIONS = (\"v_scaled\",)\n").string());
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("BITWISE_RELATIONS names 'v_scaled', which is not a relation"), std::string::npos) << r.output;
+}
+
 // PyTorch's SDPA beside the C++ backends, where torch is importable.
 TEST_F(Outside, PyTorchVerifiesAndABrokenTorchAdapterFails) {
   const std::string venv = venv_or_skip("torch");

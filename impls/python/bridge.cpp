@@ -471,6 +471,24 @@ unsigned declared_encodings(const py::object& module) {
   return bits;
 }
 
+// BITWISE_RELATIONS, optional: the metamorphic relations the backend keeps
+// bit for bit (docs/verification/relations.md); none when absent.
+unsigned declared_relations(const py::object& module) {
+  if (!py::hasattr(module, "BITWISE_RELATIONS")) return 0;
+  unsigned bits = 0;
+  for (py::handle item : module.attr("BITWISE_RELATIONS")) {
+    const std::string name = py::str(item);
+    unsigned bit = 1;
+    while (bit <= kAllRelations && relation_name(bit) != name) bit <<= 1;
+    if (bit > kAllRelations) {
+      throw Error(fmt::format("BITWISE_RELATIONS names '{}', which is not a relation ({})", printable(name),
+                              relation_names(kAllRelations)));
+    }
+    bits |= bit;
+  }
+  return bits;
+}
+
 class PythonBackend final : public Backend, private BackendExtensions {
  public:
   PythonBackend(fs::path file, std::string fallback_name) : file_(std::move(file)), name_(std::move(fallback_name)) {
@@ -526,6 +544,8 @@ class PythonBackend final : public Backend, private BackendExtensions {
       thread_dependent_ = py::str(module.attr("THREAD_DEPENDENT_GRADIENTS"));
     }
     runs_layers_ = py::hasattr(module, "layer");
+    batch_invariant_ = py::hasattr(module, "BATCH_INVARIANT") && py::bool_(module.attr("BATCH_INVARIANT"));
+    bitwise_relations_ = declared_relations(module);
   }
 
  public:
@@ -538,7 +558,9 @@ class PythonBackend final : public Backend, private BackendExtensions {
             .backward = has_backward_,
             .nondeterministic_dq = nondeterministic_dq_,
             .uses_threads = uses_threads_,
-            .encodings = encodings_};
+            .encodings = encodings_,
+            .batch_invariant = batch_invariant_,
+            .bitwise_relations = bitwise_relations_};
   }
   const BackendExtensions* extensions() const override { return this; }
   std::string thread_dependent_gradients() const override { return thread_dependent_; }
@@ -718,6 +740,8 @@ class PythonBackend final : public Backend, private BackendExtensions {
   bool runs_layers_ = false;
   unsigned encodings_ = 0;
   unsigned features_ = 0;
+  bool batch_invariant_ = false;
+  unsigned bitwise_relations_ = 0;
   std::unique_ptr<py::object> module_;
 };
 
