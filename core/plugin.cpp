@@ -122,6 +122,11 @@ static_assert(offsetof(attn_backend, prepare_backward) == sizeof(BackendV2));
 // says which fields are there, and a version 3 plugin's padding is not read).
 constexpr std::size_t kBackendV3Size =
     (offsetof(attn_backend, encodings) + alignof(attn_backend) - 1) / alignof(attn_backend) * alignof(attn_backend);
+// And as version 4 laid it out: version 5 appended batch_invariant and
+// bitwise_relations.
+constexpr std::size_t kBackendV4Size =
+    (offsetof(attn_backend, batch_invariant) + alignof(attn_backend) - 1) / alignof(attn_backend) * alignof(attn_backend);
+static_assert(kBackendV4Size < sizeof(attn_backend));
 // attn_io as versions 2 and 3 laid it out (version 4 appended the codes), and
 // attn_backward_io around it: a version 3 backward reads dout and the
 // gradients right after that attn_io.
@@ -153,6 +158,7 @@ std::size_t backend_size(std::uint32_t version) {
     case 1: return sizeof(BackendV1);
     case 2: return sizeof(BackendV2);
     case 3: return kBackendV3Size;
+    case 4: return kBackendV4Size;
     case ATTN_PLUGIN_ABI_VERSION: return sizeof(attn_backend);
     default: return 0;
   }
@@ -163,6 +169,13 @@ std::size_t backend_size(std::uint32_t version) {
 static_assert(ATTN_DTYPE_BIT(ATTN_F64) == dtype_bit(DType::f64) && ATTN_DTYPE_BIT(ATTN_F32) == dtype_bit(DType::f32) &&
               ATTN_DTYPE_BIT(ATTN_F16) == dtype_bit(DType::f16) && ATTN_DTYPE_BIT(ATTN_BF16) == dtype_bit(DType::bf16));
 constexpr bool same_bit(attn_feature c, Feature cpp) { return static_cast<unsigned>(c) == static_cast<unsigned>(cpp); }
+// The relation bits too.
+constexpr bool same_bit(attn_relation c, Relation cpp) { return static_cast<unsigned>(c) == static_cast<unsigned>(cpp); }
+static_assert(same_bit(ATTN_RELATION_V_SCALE, kRelationVScale) && same_bit(ATTN_RELATION_Q_SCALE, kRelationQScale) &&
+              same_bit(ATTN_RELATION_HEAD_PERMUTATION, kRelationHeadPermutation) &&
+              same_bit(ATTN_RELATION_KEY_PERMUTATION, kRelationKeyPermutation) &&
+              same_bit(ATTN_RELATION_SCORE_SHIFT, kRelationScoreShift) && same_bit(ATTN_RELATION_LAYOUT, kRelationLayout) &&
+              same_bit(ATTN_RELATION_DOUT_SCALE, kRelationDoutScale));
 static_assert(same_bit(ATTN_FEATURE_WINDOW, kFeatureWindow) && same_bit(ATTN_FEATURE_SOFTCAP, kFeatureSoftcap) &&
               same_bit(ATTN_FEATURE_ALIBI, kFeatureAlibi) && same_bit(ATTN_FEATURE_SINKS, kFeatureSinks) &&
               same_bit(ATTN_FEATURE_RAGGED, kFeatureRagged) && same_bit(ATTN_FEATURE_PAGED, kFeaturePaged));
@@ -263,7 +276,9 @@ class PluginBackend final : public Backend {
             .lse = b_->has_lse != 0,
             .backward = b_->prepare_backward != nullptr,
             .nondeterministic_dq = b_->nondeterministic_dq != 0,
-            .encodings = b_->encodings & kAllEncodings};
+            .encodings = b_->encodings & kAllEncodings,
+            .batch_invariant = b_->batch_invariant != 0,
+            .bitwise_relations = b_->bitwise_relations & kAllRelations};
   }
   Status available() const override {
     if (b_->available == nullptr) return Status::yes();
@@ -373,7 +388,7 @@ std::vector<LoadedBackend> load_plugin_library(const std::string& path) {
   // Each declaration, copied into this version's layout (plugins stay loaded,
   // so the copies may point into them): version 1 declares every dtype, no
   // version 2 feature and lse per backend; versions 1 and 2 no backward;
-  // versions 1 to 3 no encoding.
+  // versions 1 to 3 no encoding; versions 1 to 4 no invariance or bitwise relation.
   static std::deque<attn_backend> declared;
   std::vector<LoadedBackend> loaded;
   for (std::int32_t i = 0; i < plugin->count; ++i) {
@@ -381,6 +396,7 @@ std::vector<LoadedBackend> load_plugin_library(const std::string& path) {
     attn_backend b{};
     std::memcpy(&b, at, known);
     if (version < 4) b.encodings = 0;
+    if (version < 5) b.batch_invariant = 0, b.bitwise_relations = 0;
     if (version == 1) {
       b.dtypes = kAllDTypes;
       b.features = 0;

@@ -225,6 +225,11 @@ static const attn_backend backends[] = {{
     .features = ATTN_FEATURE_WINDOW | ATTN_FEATURE_SOFTCAP | ATTN_FEATURE_ALIBI | ATTN_FEATURE_SINKS,
     .plan_has_lse = NULL, /* every plan writes lse */
 #endif
+#if ATTN_PLUGIN_ABI_VERSION >= 5
+    /* Each row on its own, in one order: the same bits in any batch and layout. */
+    .batch_invariant = 1,
+    .bitwise_relations = ATTN_RELATION_LAYOUT,
+#endif
 }};
 
 static const attn_plugin plugin = {ATTN_PLUGIN_ABI_VERSION, sizeof(attn_backend), 1, backends};

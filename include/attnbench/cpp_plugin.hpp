@@ -255,6 +255,8 @@ inline const attn_plugin* make_plugin(std::vector<Factory> factories) {
     }
     b.nondeterministic_dq = h.declared.nondeterministic_dq ? 1 : 0;
     b.encodings = h.declared.encodings;  // the ABI's encoding bits are the SDK's
+    b.batch_invariant = h.declared.batch_invariant ? 1 : 0;
+    b.bitwise_relations = h.declared.bitwise_relations;  // and so are its relation bits
     table.push_back(b);
   }
   plugin.abi_version = ATTN_PLUGIN_ABI_VERSION;

@@ -1,4 +1,4 @@
-/* attnbench plugin ABI, version 4: a shared library that provides attention
+/* attnbench plugin ABI, version 5: a shared library that provides attention
  * backends to `attn` at run time (`attn ... --plugin PATH.so`, or the
  * ATTN_PLUGINS environment variable, ':'-separated).
  *
@@ -30,7 +30,10 @@
  * without it, or in earlier versions, gradient cases SKIP. A version 4
  * backend declares the encodings of quantised q, k and v it reads
  * (docs/format/v4.md) and gets their codes and scales; other quantised
- * cases, and all of them in earlier versions, SKIP. */
+ * cases, and all of them in earlier versions, SKIP. A version 5 backend may
+ * declare batch invariance and the metamorphic relations it keeps bit for bit
+ * (docs/verification/invariance.md, relations.md); earlier versions declare
+ * neither. */
 #ifndef ATTNBENCH_PLUGIN_H
 #define ATTNBENCH_PLUGIN_H
 
@@ -40,7 +43,7 @@
 extern "C" {
 #endif
 
-#define ATTN_PLUGIN_ABI_VERSION 4u
+#define ATTN_PLUGIN_ABI_VERSION 5u
 
 enum attn_dtype { ATTN_F64 = 0, ATTN_F32 = 1, ATTN_F16 = 2, ATTN_BF16 = 3 };
 enum attn_causal { ATTN_CAUSAL_NONE = 0, ATTN_CAUSAL_TOP_LEFT = 1, ATTN_CAUSAL_BOTTOM_RIGHT = 2 };
@@ -57,6 +60,16 @@ enum attn_feature {
   ATTN_FEATURE_SINKS = 1 << 3,   /* sinks, io.sinks */
   ATTN_FEATURE_RAGGED = 1 << 4,  /* ragged, io.cu_seqlens_q / cu_seqlens_k */
   ATTN_FEATURE_PAGED = 1 << 5    /* page_size > 0, io.page_table / seq_lens */
+};
+/* Version 5: attn_backend.bitwise_relations (docs/verification/relations.md). */
+enum attn_relation {
+  ATTN_RELATION_V_SCALE = 1 << 0,          /* V x 2^k: out x 2^k, lse unchanged */
+  ATTN_RELATION_Q_SCALE = 1 << 1,          /* Q x 2^k, scale / 2^k: unchanged */
+  ATTN_RELATION_HEAD_PERMUTATION = 1 << 2, /* kv heads with their query groups permuted */
+  ATTN_RELATION_KEY_PERMUTATION = 1 << 3,  /* keys and values permuted together */
+  ATTN_RELATION_SCORE_SHIFT = 1 << 4,      /* + c on every score: out unchanged, lse + c */
+  ATTN_RELATION_LAYOUT = 1 << 5,           /* bhsd and bshd give the same results */
+  ATTN_RELATION_DOUT_SCALE = 1 << 6        /* backward: dO x 2^k, every gradient x 2^k */
 };
 
 /* Version 4: what a quantised q, k or v is stored as (docs/format/v4.md);
@@ -211,6 +224,12 @@ typedef struct attn_backend {
   /* Version 4: ATTN_ENCODING_BIT of each encoding of quantised q, k or v it
    * reads; 0: none (quantised cases SKIP). Quantised cases have no backward. */
   uint32_t encodings;
+  /* Version 5. Non-zero: each batch entry's results are the same bits whatever
+   * else is in the batch; the batch invariance check FAILs any variation. */
+  int32_t batch_invariant;
+  /* enum attn_relation bits of the relations it keeps bit for bit; others are
+   * judged within the relation's bound. */
+  uint32_t bitwise_relations;
 } attn_backend;
 
 typedef struct attn_plugin {

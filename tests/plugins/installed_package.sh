@@ -74,8 +74,17 @@ assert c["example-c"]["PASS"] >= 18 and c["example-c"]["FAIL"] == 0, c["example-
 assert c["example-cpp"]["PASS"] >= 14 and c["example-cpp"]["FAIL"] == 0, c["example-cpp"]
 reasons = [r["reason"] for r in d["results"] if r["backend"] == "example-cpp" and r["verdict"] == "SKIP" and r.get("check", "golden") == "golden"]
 assert any("float64" in r for r in reasons), reasons  # not among its declared dtypes, with the reason
+# ABI version 5: example-c declares batch invariance and the layout relation
+# bitwise, and is held to both (a row of its own each, never a golden row).
+mine = [r for r in d["results"] if r["backend"] == "example-c"]
+inv = [r for r in mine if r.get("check") == "batch invariance" and r["verdict"] != "SKIP"]
+assert inv and all(r["verdict"] == "PASS" and r["reason"].startswith("INVARIANT") for r in inv), inv
+lay = [r for r in mine if r.get("check") == "relation layout" and r["verdict"] != "SKIP"]
+assert lay and all(r["reason"].startswith("EXACT") for r in lay), lay
 print("verified:", c)
 PY
+grep -A1 '^example-c ' "$work/list.txt" | grep -q 'batch-invariant; bitwise layout' || \
+  fail "attn list does not show example-c's ABI 5 declarations: $(grep -A1 '^example-c ' "$work/list.txt")"
 
 # ABI version 2 carries what each backend declares: its version 2 features run
 # (example-c: window, softcap, ALiBi, sinks; example-cpp: window, softcap) and
@@ -145,6 +154,16 @@ for enc in ("float8_e4m3fn", "float8_e5m2", "int8", "q8_0", "q4_0"):
     assert any(enc + " inputs" in r["reason"] for r in c), (enc, [r["reason"] for r in c])
 print("version 4 quantised cases through plugins:", d["summary"]["per_backend"])
 PY
+
+# A plugin built against ABI version 4 keeps loading (tests/plugins/abi_v4 is
+# that header, frozen): it declares no batch invariance, so it is reported,
+# not held to it.
+"${CC:-cc}" -std=c99 -Wall -Werror -shared -fPIC -O1 -I"$source_dir/tests/plugins/abi_v4" -o "$work/libv4.so" \
+  "$source_dir/examples/plugin/example_c.c" -lm
+"$attn" list --plugin "$work/libv4.so" > "$work/v4list.txt" || fail "an ABI version 4 plugin does not load"
+grep -A1 '^example-c ' "$work/v4list.txt" | grep -q 'batch-invariant' && fail "an ABI version 4 plugin declares batch invariance"
+expect_exit 0 "$work/v4plugin.txt" "$attn" verify --plugin "$work/libv4.so" -b example-c \
+  "$prefix/share/attnbench/fixtures/golden/backward/softcap_f32.h5" --json "$work/v4plugin.json"
 
 # A plugin built against ABI version 3 keeps loading (tests/plugins/abi_v3 is
 # that header, frozen): its forward passes, quantised cases SKIP.
@@ -232,7 +251,7 @@ cc=${CC:-cc}
 sed 's/return ATTN_PLUGIN_ABI_VERSION; }/return 99; }/' "$source_dir/examples/plugin/example_c.c" > "$work/abi99.c"
 grep -q 'return 99; }' "$work/abi99.c" || fail "the ABI patch did not apply"
 "$cc" -shared -fPIC -O1 -I"$prefix/include" -o "$work/libabi99.so" "$work/abi99.c" -lm
-expect_refusal "built for plugin ABI version 99, but this attn speaks versions 1 to 4" "$attn" list --plugin "$work/libabi99.so"
+expect_refusal "built for plugin ABI version 99, but this attn speaks versions 1 to 5" "$attn" list --plugin "$work/libabi99.so"
 echo 'int not_a_plugin(void) { return 0; }' > "$work/plain.c"
 "$cc" -shared -fPIC -o "$work/libplain.so" "$work/plain.c"
 expect_refusal "not an attnbench plugin" "$attn" verify --plugin "$work/libplain.so"
