@@ -168,6 +168,10 @@ TEST_F(Outside, PyNumpyReadsQuantisedCodesAndADroppedDescaleFails) {
   const auto doc = nlohmann::json::parse(in);
   std::set<std::string> encodings_passed;
   for (const auto& result : doc.at("results")) {
+    if (result.at("check") != "golden") {  // the relations' rows: none fails
+      EXPECT_NE(result.at("verdict"), "FAIL") << result.dump();
+      continue;
+    }
     const std::string problem = result.at("problem"), verdict = result.at("verdict");
     const bool v2 = problem.find("paged=") != std::string::npos || problem.find("ragged") != std::string::npos ||
                     problem.find("wl=") != std::string::npos;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 
 #include "attnbench/error.hpp"
@@ -82,6 +83,29 @@ double exact_power(const std::vector<double>& x, DType dtype, int bits, double g
   return 0;
 }
 
+// Multiplies every value of q, k or v by the power of two f, exactly: a
+// tensor in the dtype itself, or a quantised one through what dequantises
+// it (its descale, else its scale), then its values recomputed; false when
+// a quantised tensor has neither, or they would leave float32's normal range.
+bool scale_values(CaseData& c, char tensor, double f) {
+  const QuantSpec& spec = c.problem.quant(tensor);
+  if (!spec.quantised()) {
+    scale_all(c.values(tensor), f);
+    return true;
+  }
+  QuantData& q = c.quant(tensor);
+  std::vector<float>* carrier = spec.descale != Descale::none ? &q.descale : spec.has_scale() ? &q.scale : nullptr;
+  if (carrier == nullptr) return false;
+  for (const float x : *carrier) {
+    const double y = std::fabs(static_cast<double>(x) * f);
+    if (y > std::numeric_limits<float>::max() / 2 || (y != 0 && y < std::numeric_limits<float>::min())) return false;
+  }
+  for (float& x : *carrier) x = static_cast<float>(static_cast<double>(x) * f);
+  scale_all(q.original, f);
+  c.dequantise();
+  return true;
+}
+
 std::string power_text(double factor) {
   const int k = static_cast<int>(std::lround(std::log2(factor)));
   return k >= 0 ? fmt::format("x {}", std::ldexp(1.0, k)) : fmt::format("/ {}", std::ldexp(1.0, -k));
@@ -117,10 +141,6 @@ std::vector<RelationRun> relation_runs(const CaseData& data, const std::vector<d
       if (relation & which & bit) left_out->push_back(fmt::format("{} ({})", relation_name(bit), why));
     }
   };
-  if (p.quantised()) {
-    leave(kAllRelations, "quantised cases have none yet");
-    return runs;
-  }
   const int64_t largest = static_cast<int64_t>(std::max({data.q.size(), data.k.size(), data.v.size()}));
   if (element_budget > 0 && largest > element_budget) {
     leave(kAllRelations, fmt::format("{} elements, beyond the budget of {}", largest, element_budget));
@@ -141,11 +161,11 @@ std::vector<RelationRun> relation_runs(const CaseData& data, const std::vector<d
   if (!(which & kRelationVScale)) {
   } else if (const double f = exact_power(data.v, p.dtype, 3, static_cast<double>(std::max<int64_t>(p.seq_k, 1))); f != 0) {
     RelationRun r = base(kRelationVScale, fmt::format("V {}", power_text(f)));
-    scale_all(r.data.v, f);
     r.out.factor = f;
     r.exact_above = smallest_normal(p.dtype) * std::max(f, 1.0);
     r.dq.factor = r.dk.factor = r.dbias.factor = r.dsinks.factor = f;
-    runs.push_back(std::move(r));
+    if (scale_values(r.data, 'v', f)) runs.push_back(std::move(r));
+    else leave(kRelationVScale, "V's codes have no descale or scale to carry the power of two");
   } else {
     leave(kRelationVScale, "no power of two scales V exactly within the dtype's range");
   }
@@ -155,16 +175,18 @@ std::vector<RelationRun> relation_runs(const CaseData& data, const std::vector<d
   if (!(which & kRelationQScale)) {
   } else if (const double f = exact_power(data.q, p.dtype, 2, std::max(q_growth, 1.0)); f != 0 && p.scale != 0) {
     RelationRun r = base(kRelationQScale, fmt::format("Q {} and the scale {}", power_text(f), power_text(1 / f)));
-    scale_all(r.data.q, f);
     r.data.problem.scale = p.scale / f;
     r.dq.factor = 1 / f;
-    runs.push_back(std::move(r));
+    if (scale_values(r.data, 'q', f)) runs.push_back(std::move(r));
+    else leave(kRelationQScale, "Q's codes have no descale or scale to carry the power of two");
   } else {
     leave(kRelationQScale, "no power of two scales Q exactly within the dtype's range");
   }
 
   // kv heads reversed, each with its query group, itself reversed.
   if (!(which & kRelationHeadPermutation)) {
+  } else if (p.quantised()) {
+    leave(kRelationHeadPermutation, "quantised codes, scales and descales are not permuted yet");
   } else if (hq > 1) {
     std::vector<int64_t> kv_perm(at(hkv)), q_perm(at(hq));
     for (int64_t g = 0; g < hkv; ++g) kv_perm[at(g)] = hkv - 1 - g;
@@ -206,6 +228,7 @@ std::vector<RelationRun> relation_runs(const CaseData& data, const std::vector<d
     else if (p.alibi) why = "ALiBi follows the key's position";
     else if (p.kv_len) why = "kv_len hides keys by position";
     else if (p.ragged || p.paged()) why = "packed and paged keys are permuted by the batch invariance check instead";
+    else if (p.quantised()) why = "quantised codes and their per-token scales are not permuted yet";
     if (why.empty()) {
       // A fixed shuffle (a multiplicative step coprime to seq_k, then reversed halves).
       std::vector<int64_t> perm(at(p.seq_k));

@@ -57,8 +57,9 @@ struct RelationRun {
 // The relations that hold for a case, each with the transformed case; the
 // backward ones only when `dout` is given. A relation whose conditions the
 // case breaks (a causal case for the key permutation, values that 2^k would
-// overflow, ...) is left out, its reason in `left_out`. Quantised cases get
-// none yet. Runs whose q, k or v exceed `element_budget` elements (0: no
+// overflow, ...) is left out, its reason in `left_out`. A quantised tensor
+// is scaled through its descale (else its scale); quantised cases get no
+// permutation yet. Runs whose q, k or v exceed `element_budget` elements (0: no
 // limit) are left out. `which`: the relations to build (one at a time keeps
 // one transformed copy of a long case in memory).
 std::vector<RelationRun> relation_runs(const CaseData& data, const std::vector<double>* dout, std::int64_t element_budget,

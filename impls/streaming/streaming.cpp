@@ -90,6 +90,7 @@ class StreamingPlan final : public Plan {
                           (chunks_ > 1 ? 4.0 * static_cast<double>(tiles_ * chunks_ * g_.tile_rows) * static_cast<double>(g_.dv_pad + 2) : 0.0),
                       "streaming's tile scratch and split-K partials");
     scratch_.resize(static_cast<std::size_t>(threads_));
+    packed_tile_.assign(static_cast<std::size_t>(threads_), -1);
     for (Scratch& s : scratch_) s.reserve(p, io, g_, !direct_, 1);
     if (chunks_ > 1) {
       // NaN until a chunk writes them: a chunk that left its partials unwritten
@@ -105,6 +106,7 @@ class StreamingPlan final : public Plan {
 
   void run() override {
     for (Scratch& s : scratch_) s.pack.forget();  // K and V as they are now
+    std::fill(packed_tile_.begin(), packed_tile_.end(), -1);  // and Q
     ThreadPool& pool = ThreadPool::get(threads_);
     if (chunks_ > 1 && tiles_ >= threads_) {
       // Tiles enough to keep the threads busy: each task computes a tile's
@@ -156,7 +158,11 @@ class StreamingPlan final : public Plan {
     const std::int64_t last = std::min(first + per_chunk, end_block);
     const bool direct = direct_;
     if (!direct) s.pack.pack(p_, g_, io_, t.b, t.kv_head, first, last);
-    cpu::pack_queries(p_, g_, io_, t, s.q.data(), s.q_bf16.data());
+    // A split tile's chunks one after the other in one scratch read the rows
+    // of Q packed for the first (unless K's descale is folded into them).
+    std::int64_t& packed = packed_tile_[static_cast<std::size_t>(&s - scratch_.data())];
+    if (packed != tile_index || !io_.k_codes.empty()) cpu::pack_queries(p_, g_, io_, t, s.q.data(), s.q_bf16.data());
+    packed = tile_index;
     // K's descale, in place: folded into the score scale of the bfloat16
     // products (Q's rows are exact bfloat16), or into Q's float32 rows.
     Geometry descaled = g_;
@@ -413,6 +419,7 @@ class StreamingPlan final : public Plan {
   cpu::RowFormat k_format_ = DType::f32, v_format_ = DType::f32;  // what their rows hold
   bool narrow_rows_ = true;  // a block computed only by the rows that see one of its keys
   std::int64_t tiles_ = 0, chunks_ = 1;
+  std::vector<std::int64_t> packed_tile_;  // per scratch: the tile whose Q it holds packed (-1: none)
   std::vector<Scratch> scratch_;
   std::vector<float> partial_o_, partial_m_, partial_l_;
 };
