@@ -6,7 +6,7 @@ import math
 import os
 
 from . import plots
-from .results import verify_summary
+from .results import check_summary, verify_summary
 
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1400px; color: #222; }
@@ -115,6 +115,14 @@ def _verify_rows(results):
     return rows
 
 
+def _check_rows(results):
+    rows = []
+    for (backend, check), row in sorted(check_summary(results).items()):
+        rows.append((backend, check, row["PASS"], row["FAIL"], row["SKIP"], row["DIFFERS"],
+                     row["EXACT"] + row["INVARIANT"], row["HOLDS"] + row["VARIES"]))
+    return rows
+
+
 def _table(headers, rows, classes=None, table_id=None):
     attributes = f' id="{table_id}" class="sortable"' if table_id else ""
     out = [f"<table{attributes}><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in headers) + "</tr>"]
@@ -200,6 +208,18 @@ def write_report(files, measurements, verify_results, weights_png, out_dir):
                  _table(headers, rows, classes)]
         md += ["## Verification", "", "| " + " | ".join(headers) + " |", "|" + " --- |" * len(headers)]
         md += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows] + [""]
+        checks = _check_rows(verify_results.results)
+        if checks:
+            headers = ["backend", "check", "PASS", "FAIL", "SKIP", "DIFFERS", "bit for bit", "within the bound"]
+            classes = ["fail" if r[3] else ("pass" if r[2] else "") for r in checks]
+            note = ("The checks that need no golden, each a row of its own per case: batch invariance (the same bits "
+                    "alone and in other batches) and the metamorphic relations (the backend against its own results "
+                    "on a transformed case); bit for bit counts EXACT and INVARIANT, within the bound HOLDS and VARIES.")
+            body += ["<h3>Checks without a golden</h3>", f'<p class="note">{html.escape(note)}</p>',
+                     _table(headers, checks, classes)]
+            md += ["### Checks without a golden", "", note, "", "| " + " | ".join(headers) + " |",
+                   "|" + " --- |" * len(headers)]
+            md += ["| " + " | ".join(str(c) for c in r) + " |" for r in checks] + [""]
         budget = plots.verify_budget(verify_results.results, verify_results.limits)
         if budget is not None:
             drawn.append("budget")

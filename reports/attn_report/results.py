@@ -326,10 +326,18 @@ def load_verify(path, data=None):
     return VerifyResults(results, data.get("limits"))
 
 
+def is_golden(r):
+    """Whether a verify result is the comparison with the golden (absent "check": older files)."""
+    return r.get("check", "golden") == "golden"
+
+
 def verify_summary(results):
-    """Per (backend, dtype): counts of each verdict and the worst error/bound over every tensor."""
+    """Per (backend, dtype): counts of each verdict and the worst error/bound over every tensor of
+    the golden comparison (the checks without a golden have their own table: check_summary)."""
     table = {}
     for r in results:
+        if not is_golden(r):
+            continue
         problem = r["problem"].split(",model=")[0]
         dtype = parse_problem(problem).dtype
         row = table.setdefault((r["backend"], dtype), {"PASS": 0, "FAIL": 0, "SKIP": 0, "MISTRUSTED": 0,
@@ -339,6 +347,26 @@ def verify_summary(results):
             ratio = t.get("error_over_bound")
             ratio = float("inf") if ratio is None else ratio  # null: not finite
             row["worst"] = ratio if row["worst"] is None else max(row["worst"], ratio)
+    return table
+
+
+CHECK_OUTCOMES = ("EXACT", "HOLDS", "INVARIANT", "VARIES")
+
+
+def check_summary(results):
+    """Per (backend, check) of the checks that need no golden (batch invariance, each relation):
+    counts of each verdict, and of how a PASS or DIFFERS held (bit for bit: EXACT, INVARIANT;
+    within the bound: HOLDS, VARIES), from the start of its reason."""
+    table = {}
+    for r in results:
+        if is_golden(r):
+            continue
+        key = (r["backend"], r["check"] + (" (backward)" if r.get("direction") == "backward" else ""))
+        row = table.setdefault(key, dict.fromkeys(("PASS", "FAIL", "SKIP", "MISTRUSTED", "DIFFERS") + CHECK_OUTCOMES, 0))
+        row[r["verdict"]] += 1
+        for outcome in CHECK_OUTCOMES:
+            if r.get("reason", "").startswith(outcome):
+                row[outcome] += 1
     return table
 
 

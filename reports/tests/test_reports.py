@@ -114,6 +114,25 @@ class Results(unittest.TestCase):
         self.assertEqual(summary[("blocked", "f64")]["SKIP"], 1)
         self.assertEqual(summary[("broken", "bf16")]["FAIL"], 1)
 
+    def test_checks_without_a_golden_are_their_own_rows(self):
+        # A relation row far beyond its bound and a VARIES row: neither moves the
+        # golden table (its counts, its worst error/bound); both count in the
+        # checks' table, by how they held.
+        base = results.load_verify(data("verify.json"))
+        golden = results.verify_summary(base)
+        extra = [dict(base[0], check="relation v_scale", verdict="FAIL", reason="v_scale (V x 8) breaks: ...",
+                      tensors=[{"name": "out", "error_over_bound": 1e6}]),
+                 dict(base[0], check="relation layout", verdict="PASS", reason="EXACT: layout ...", tensors=[]),
+                 dict(base[0], check="batch invariance", verdict="DIFFERS", reason="VARIES in 1 of 9 ...", tensors=[])]
+        mixed = results.VerifyResults(list(base) + extra, base.limits)
+        self.assertEqual(results.verify_summary(mixed), golden)
+        checks = results.check_summary(mixed)
+        backend = base[0]["backend"]
+        self.assertEqual(checks[(backend, "relation v_scale")]["FAIL"], 1)
+        self.assertEqual(checks[(backend, "relation layout")]["EXACT"], 1)
+        self.assertEqual(checks[(backend, "batch invariance")]["VARIES"], 1)
+        self.assertEqual(results.check_summary(base), {})
+
     def test_detect_and_errors(self):
         self.assertEqual(results.detect(data("verify.json"))[0], "verify")
         self.assertEqual(results.detect(data("bench_gpu.json"))[0], "bench")
