@@ -341,10 +341,13 @@ void check_golden_gradients(const Fixture& fixture, const GradientTruth& truth) 
 // `config`: batch invariance (a case with more than one entry) and each
 // metamorphic relation the case admits, forward, and backward where
 // `gradients` and their a-priori bounds are given.
+// A backend that already FAILed the case's comparison with the golden
+// (`failed`) gets SKIP rows: its failure is reported once, and nothing runs
+// for it again.
 void verify_golden_free(const FixtureHeader& header, const CaseData& case_data, const FixtureGradients* gradients,
                         const GradientTruth* gradient_truth, const BackendRefs& backends, const VerifyOptions& options,
                         const RunConfig& config, const std::string& warning, const OutcomeCallback& on_outcome,
-                        VerifySummary& summary) {
+                        VerifySummary& summary, const std::set<const Backend*>& failed = {}) {
   CaseData data = case_data;
   data.problem = laid_out_as(case_data.problem, config);
   const Problem& problem = data.problem;
@@ -363,6 +366,8 @@ void verify_golden_free(const FixtureHeader& header, const CaseData& case_data, 
     const auto start = std::chrono::steady_clock::now();
     if (!support[b].ok) {
       outcome.comparison = skipped(support[b].reason);
+    } else if (failed.contains(&backend)) {
+      outcome.comparison = skipped("it FAILed the comparison with the golden on this case: not judged again");
     } else if (recorded_outputs_of(backend)) {
       outcome.comparison = skipped("recorded outputs: nothing to run on other inputs");
     } else {
@@ -438,6 +443,7 @@ void verify_sdpa(const Fixture& fixture, const BackendRefs& backends, const Veri
   if (options.forward) directions.push_back(Direction::forward);
   if (options.backward && backward) directions.push_back(Direction::backward);
   FirstBackwards first;
+  std::set<const Backend*> failed_golden;
   for (const RunConfig& config : configs) {
     CaseData data = fixture.data, probe = forward.probe;
     data.problem = probe.problem = laid_out_as(problem, config);
@@ -485,6 +491,7 @@ void verify_sdpa(const Fixture& fixture, const BackendRefs& backends, const Veri
         }
         if (direction == Direction::forward) outcome.quantisation = quantisation;
         outcome.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        if (outcome.comparison.verdict == Verdict::fail) failed_golden.insert(&backend);
         record(std::move(outcome), on_outcome, summary);
       }
     }
@@ -493,7 +500,7 @@ void verify_sdpa(const Fixture& fixture, const BackendRefs& backends, const Veri
       backward && backward->beyond().empty() ? &backward->a_priori() : nullptr;
   if (runs) {
     verify_golden_free(fixture.header, fixture.data, fixture.gradients ? &*fixture.gradients : nullptr, gradient_truth,
-                       backends, options, configs.front(), warning, on_outcome, summary);
+                       backends, options, configs.front(), warning, on_outcome, summary, failed_golden);
   }
 }
 

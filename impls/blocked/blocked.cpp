@@ -135,7 +135,7 @@ class BlockedBackend final : public Backend {
   Capabilities capabilities() const override {
     return {.dtypes = dtype_bit(DType::f32) | dtype_bit(DType::f16) | dtype_bit(DType::bf16), .features = kAllFeatures, .lse = true, .backward = true,
             .encodings = kAllEncodings, .batch_invariant = true,
-            .bitwise_relations = kRelationLayout | kRelationDoutScale};
+            .bitwise_relations = kRelationLayout};
   }
   Status supports(const Problem&) const override { return Status::yes(); }
   std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& options) const override {
