@@ -148,6 +148,9 @@ float f16_to_float(f16 value) {
 
 f16 double_to_f16(double value) {
   if (std::isnan(value)) return f16{static_cast<std::uint16_t>((std::signbit(value) ? 0x8000 : 0) | 0x7E00)};
+  // A double that is a float (every input of a float16 case is) rounds as
+  // that float does: the bit-level path, without rounding twice.
+  if (const float f = static_cast<float>(value); static_cast<double>(f) == value) return float_to_f16(f);
   return f16{f16_bits_from_rounded(round_to_format(value, kF16Mantissa, kF16MinExp, 65504.0))};
 }
 
@@ -179,6 +182,7 @@ f16 float_to_f16(float value) {
 
 bf16 double_to_bf16(double value) {
   if (std::isnan(value)) return bf16{static_cast<std::uint16_t>((std::signbit(value) ? 0x8000 : 0) | 0x7FC0)};
+  if (const float f = static_cast<float>(value); static_cast<double>(f) == value) return float_to_bf16(f);  // as above
   double r = round_to_format(value, kBF16Mantissa, kBF16MinExp, dtype_max(DType::bf16));
   // r is exactly representable in bfloat16, hence in float: truncation is exact.
   return bf16{static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(static_cast<float>(r)) >> 16)};

@@ -405,7 +405,7 @@ void verify_golden_free(const FixtureHeader& header, const CaseData& case_data, 
               [&] { return judge_relation(*backends[b], data, own_of(b), run, run_options); });
         }
       }
-      if (run.backward && dout) {
+      if (run.backward && dout && (options.backward_relations & relation)) {
         for (std::size_t b = 0; b < backends.size(); ++b) {
           row(b, check, Direction::backward, backward_support, [&] {
             return judge_relation_backward(*backends[b], data, *dout, gradients->bias_requires_grad, own_backward_of(b),

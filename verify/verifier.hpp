@@ -43,6 +43,7 @@ struct VerifyOptions {
   // asked for: attn verify and the fuzzer turn them on, a caller that judges
   // only the golden comparison (the Python package's check) leaves them off.
   bool invariance = false, relations = false;
+  unsigned backward_relations = kAllRelations;  // those judged on the backward too (the fuzzer: one a case)
   std::int64_t check_budget = std::int64_t{1} << 22;
 };
 
