@@ -581,13 +581,16 @@ VerifyOptions options_of(const FuzzCase& c, const std::string* only = nullptr) {
   options.thread_counts = {c.threads};
   options.layouts = {c.layout};
   options.invariance = options.relations = true;  // every case it draws
-  // Their runs no larger than the case itself or a quarter of a million
-  // elements of q, k and v each: every entry alone, reversed, packed and
-  // paged, and the larger batches of a small case (a batch of 64 of a long
-  // decode is not needed to find a variation).
+  // Their runs no larger than the case itself with 63 short entries (of 16
+  // keys at most) or a quarter of a million elements of q, k and v each:
+  // every entry alone, reversed, among short entries, packed and paged, and
+  // the larger batches of a small case (16 copies of a long decode are not
+  // needed to find a variation).
   const Problem p = Problem::parse(c.spec.problem);
+  const std::int64_t width = std::max(p.head_dim, p.head_dim_v);
   const std::int64_t own = std::max({p.q_batch() * p.heads_q * p.seq_q * p.head_dim,
-                                     p.kv_batch() * p.heads_kv * p.kv_seq() * std::max(p.head_dim, p.head_dim_v)});
+                                     p.kv_batch() * p.heads_kv * p.kv_seq() * width}) +
+                           64 * 16 * p.heads_q * width;
   options.check_budget = std::max(own, std::int64_t{1} << 18);
   // Every relation forward; backward, one a case (seven backward runs a case
   // would triple a backend's time), chosen by the case's name: a shrink keeps

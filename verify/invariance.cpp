@@ -267,6 +267,25 @@ BatchEntry longer(const BatchEntry& e, int64_t hq, int64_t hkv, int64_t d, int64
   return l;
 }
 
+// A short request of the kind a serving batch holds next to a long one: its
+// first `q_len` queries (1 but where the arrangement needs the entry's own
+// count) and its first `k_len` keys.
+BatchEntry prefix(const BatchEntry& e, int64_t q_len, int64_t k_len, int64_t hq, int64_t hkv, int64_t d, int64_t dv) {
+  BatchEntry s;
+  s.q_len = q_len;
+  s.k_len = std::min(k_len, e.k_len);
+  s.limit = s.k_len;
+  for (int64_t h = 0; h < hq; ++h) {
+    s.q.insert(s.q.end(), e.q.begin() + (h * e.q_len) * d, e.q.begin() + (h * e.q_len + std::min(q_len, e.q_len)) * d);
+    s.q.resize(at((h + 1) * q_len * d), 0.5);
+  }
+  for (int64_t g = 0; g < hkv; ++g) {
+    s.k.insert(s.k.end(), e.k.begin() + (g * e.k_len) * d, e.k.begin() + (g * e.k_len + s.k_len) * d);
+    s.v.insert(s.v.end(), e.v.begin() + (g * e.k_len) * dv, e.v.begin() + (g * e.k_len + s.k_len) * dv);
+  }
+  return s;
+}
+
 int64_t elements(const CaseData& c) {
   return static_cast<int64_t>(std::max({c.q.size(), c.k.size(), c.v.size(), c.mask.size(), c.bias.size()}));
 }
@@ -305,9 +324,32 @@ std::vector<InvarianceRun> invariance_runs(const CaseData& data, int64_t element
     for (int64_t b = 0; b < n; ++b) source[at(b)] = n - 1 - b;
     add("reversed", reversed, source, own, own_page, 3);
   }
-  // Among more entries: the case's entries after others, up to 64, with
-  // shorter and longer neighbours where the arrangement holds other lengths.
-  for (const int64_t size : {64, 16, 4}) {
+  // Among many short requests: the case's entries in the middle of a batch
+  // of 64, the others of one query (a paged batch: as many as the case's)
+  // and 1 to 16 keys. Splits and tile counts that follow the number of
+  // sequences or tiles change here; it costs little more than the case.
+  if (n < 64) {
+    const Arrangement a = own == Arrangement::dense ? Arrangement::packed : own;
+    const int64_t q_len = a == Arrangement::paged ? entries[0].q_len : 1;
+    std::vector<BatchEntry> batch;
+    std::vector<int64_t> source;
+    for (int64_t filler = 0; static_cast<int64_t>(batch.size()) + n < 64; ++filler) {
+      batch.push_back(prefix(entries[at(filler % n)], q_len, 1 + filler % 16, p.heads_q, p.heads_kv, p.head_dim,
+                             p.head_dim_v));
+      source.push_back(-1);
+    }
+    const std::size_t middle = batch.size() / 2;
+    batch.insert(batch.begin() + static_cast<std::ptrdiff_t>(middle), entries.begin(), entries.end());
+    std::vector<int64_t> ours(at(n));
+    std::iota(ours.begin(), ours.end(), 0);
+    source.insert(source.begin() + static_cast<std::ptrdiff_t>(middle), ours.begin(), ours.end());
+    add(fmt::format("among 63 short entries{}", own == a ? "" : fmt::format(" ({})", arrangement_name(a))), batch,
+        source, a, own_page, 23);
+  }
+  // Among other entries of the case's own size: the case's entries after
+  // others, 16 or 4 in all, with shorter and longer neighbours where the
+  // arrangement holds other lengths.
+  for (const int64_t size : {16, 4}) {
     if (size <= n) break;
     const int hq = static_cast<int>(p.heads_q);
     std::vector<BatchEntry> batch;
@@ -376,7 +418,7 @@ bool same_bits(double a, double b) {
 }  // namespace
 
 Comparison judge_batch_invariance(const Backend& backend, const CaseData& data, const std::vector<InvarianceRun>& runs,
-                                  const RunOptions& options) {
+                                  const RunOptions& options, const std::function<const BackendRun&()>& own_run) {
   Comparison c;
   std::vector<std::string> ran, skipped;
   std::vector<const InvarianceRun*> accepted;
@@ -395,7 +437,7 @@ Comparison judge_batch_invariance(const Backend& backend, const CaseData& data, 
     return c;
   }
   const Problem& p = data.problem;
-  const BackendRun own = run_backend(backend, data, options);
+  const BackendRun& own = own_run();
   const Bounds bounds = relation_bounds(data, own.out, own.lse ? &*own.lse : nullptr);
   const std::vector<int64_t> own_starts = entry_starts(data);
   const std::vector<BatchEntry> entries = batch_entries(data);

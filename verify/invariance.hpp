@@ -8,12 +8,14 @@
 // on any variation, naming the run.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "attnbench/backend.hpp"
 #include "core/case_data.hpp"
 #include "verify/compare.hpp"
+#include "verify/run_case.hpp"
 #include "verify/tolerance.hpp"
 
 namespace attn {
@@ -58,11 +60,12 @@ Assembled assemble(const CaseData& original, const std::vector<BatchEntry>& entr
 // q, k and v each (0: no limit). Quantised cases and layers have none.
 std::vector<InvarianceRun> invariance_runs(const CaseData& data, std::int64_t element_budget);
 
-// Runs the backend on the case and on each run it accepts; PASS naming the
-// runs (INVARIANT), DIFFERS (VARIES, the largest difference in units of the
-// relations' bound, verify/relations.hpp) or, when it declares
-// batch_invariant, FAIL; SKIP when it accepts none of them.
+// Runs the backend on each run it accepts and compares every entry's rows
+// with its run on the case itself (`own`, called once, only when a run is
+// accepted); PASS naming the runs (INVARIANT), DIFFERS (VARIES, the largest
+// difference in units of the relations' bound, verify/relations.hpp) or,
+// when it declares batch_invariant, FAIL; SKIP when it accepts none of them.
 Comparison judge_batch_invariance(const Backend& backend, const CaseData& data, const std::vector<InvarianceRun>& runs,
-                                  const RunOptions& options);
+                                  const RunOptions& options, const std::function<const BackendRun&()>& own);
 
 }  // namespace attn

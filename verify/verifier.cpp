@@ -180,9 +180,13 @@ Comparison judged(Work&& work) {
 
 // A backend's forward on the case and on its normalisation probe, with the
 // conventions it declares applied to rows with no visible key.
-ForwardResult run_forward(const Backend& backend, const CaseData& data, const CaseData& probe, const RunOptions& options) {
+// `raw`, when given, receives the case's run as the backend returned it (the
+// golden-free checks start from it).
+ForwardResult run_forward(const Backend& backend, const CaseData& data, const CaseData& probe, const RunOptions& options,
+                          std::optional<BackendRun>* raw = nullptr) {
   ForwardResult r;
   BackendRun run = run_backend(backend, data, options);
+  if (raw) *raw = run;
   const std::vector<Convention> conventions = conventions_of(backend, data.problem);
   if (!conventions.empty()) r.conventions = apply_conventions(conventions, data, run.out, run.lse ? &*run.lse : nullptr);
   r.out = std::move(run.out);
@@ -343,11 +347,15 @@ void check_golden_gradients(const Fixture& fixture, const GradientTruth& truth) 
 // `gradients` and their a-priori bounds are given.
 // A backend that already FAILed the case's comparison with the golden
 // (`failed`) gets SKIP rows: its failure is reported once, and nothing runs
-// for it again.
+// for it again. `golden_runs` (by backend, when given) holds the runs of the
+// comparison with the golden at `config`: each check starts from them instead
+// of running the case again.
 void verify_golden_free(const FixtureHeader& header, const CaseData& case_data, const FixtureGradients* gradients,
                         const GradientTruth* gradient_truth, const BackendRefs& backends, const VerifyOptions& options,
                         const RunConfig& config, const std::string& warning, const OutcomeCallback& on_outcome,
-                        VerifySummary& summary, const std::set<const Backend*>& failed = {}) {
+                        VerifySummary& summary, const std::set<const Backend*>& failed = {},
+                        std::vector<std::optional<BackendRun>>* golden_runs = nullptr,
+                        const FirstBackwards* golden_backwards = nullptr) {
   CaseData data = case_data;
   data.problem = laid_out_as(case_data.problem, config);
   const Problem& problem = data.problem;
@@ -376,25 +384,37 @@ void verify_golden_free(const FixtureHeader& header, const CaseData& case_data, 
     outcome.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     record(std::move(outcome), on_outcome, summary);
   };
-  if (options.invariance && options.forward && problem.batch > 1 && !problem.quantised()) {
-    const std::vector<InvarianceRun> others = invariance_runs(data, options.check_budget);
-    for (std::size_t b = 0; b < backends.size(); ++b) {
-      row(b, "batch invariance", Direction::forward, forward_support,
-          [&] { return judge_batch_invariance(*backends[b], data, others, run_options); });
-    }
-  }
-  if (!options.relations) return;
-  // Each backend's own results on the case, once for every relation.
-  std::vector<std::optional<BackendRun>> own(backends.size());
+  // Each backend's own results on the case, once for every check: the golden
+  // comparison's where it ran them.
+  std::vector<std::optional<BackendRun>> own_runs(backends.size());
+  std::vector<std::optional<BackendRun>>& own = golden_runs ? *golden_runs : own_runs;
+  own.resize(backends.size());
   std::vector<std::optional<BackwardRun>> own_backward(backends.size());
   auto own_of = [&](std::size_t b) -> const BackendRun& {
     if (!own[b]) own[b] = run_backend(*backends[b], data, run_options);
     return *own[b];
   };
   auto own_backward_of = [&](std::size_t b) -> const BackwardRun& {
-    if (!own_backward[b]) own_backward[b] = run_backward(*backends[b], data, *dout, gradients->bias_requires_grad, run_options);
+    if (own_backward[b]) return *own_backward[b];
+    if (golden_backwards) {
+      if (const auto it = golden_backwards->find({backends[b], problem.layout}); it != golden_backwards->end()) {
+        return it->second;
+      }
+    }
+    own_backward[b] = run_backward(*backends[b], data, *dout, gradients->bias_requires_grad, run_options);
     return *own_backward[b];
   };
+  if (options.invariance && options.forward && problem.batch > 1 && !problem.quantised()) {
+    const std::vector<InvarianceRun> others = invariance_runs(data, options.check_budget);
+    for (std::size_t b = 0; b < backends.size(); ++b) {
+      row(b, "batch invariance", Direction::forward, forward_support,
+          [&] {
+            return judge_batch_invariance(*backends[b], data, others, run_options,
+                                          [&]() -> const BackendRun& { return own_of(b); });
+          });
+    }
+  }
+  if (!options.relations) return;
   // One relation at a time: one transformed copy of the case in memory.
   for (unsigned relation = 1; relation <= kAllRelations; relation <<= 1) {
     for (const RelationRun& run : relation_runs(data, dout, options.check_budget, nullptr, relation)) {
@@ -444,6 +464,7 @@ void verify_sdpa(const Fixture& fixture, const BackendRefs& backends, const Veri
   if (options.backward && backward) directions.push_back(Direction::backward);
   FirstBackwards first;
   std::set<const Backend*> failed_golden;
+  std::vector<std::optional<BackendRun>> front_runs(backends.size());  // at configs.front(), for the checks without a golden
   for (const RunConfig& config : configs) {
     CaseData data = fixture.data, probe = forward.probe;
     data.problem = probe.problem = laid_out_as(problem, config);
@@ -467,7 +488,8 @@ void verify_sdpa(const Fixture& fixture, const BackendRefs& backends, const Veri
           outcome.comparison = skipped(elsewhere);
         } else if (direction == Direction::forward) {
           outcome.comparison = recorded ? recorded_forward(*recorded, fixture, forward) : judged([&] {
-            Comparison c = judge_forward(forward, run_forward(backend, data, probe, run_options));
+            Comparison c = judge_forward(
+                forward, run_forward(backend, data, probe, run_options, &config == &configs.front() ? &front_runs[b] : nullptr));
             for (std::size_t n = 0; n < scale_probed.size(); ++n) {
               const ScaleProbe& scaled = scale_probed[n];
               BackendRun run = run_backend(backend, scaled_data[n], run_options);
@@ -500,7 +522,7 @@ void verify_sdpa(const Fixture& fixture, const BackendRefs& backends, const Veri
       backward && backward->beyond().empty() ? &backward->a_priori() : nullptr;
   if (runs) {
     verify_golden_free(fixture.header, fixture.data, fixture.gradients ? &*fixture.gradients : nullptr, gradient_truth,
-                       backends, options, configs.front(), warning, on_outcome, summary, failed_golden);
+                       backends, options, configs.front(), warning, on_outcome, summary, failed_golden, &front_runs, &first);
   }
 }
 
