@@ -385,7 +385,7 @@ TEST(Verifier, GoldenGradientsAreCheckedNotTrusted) {
 class BrokenBackward final : public Backend {
  public:
   enum class Mode { dq_without_scale, nan_on_empty_rows, sink_gradient_sign, dv_from_one_head, racy_dk, racy_dq_declared,
-                    one_wrong_dk, zero_dq };
+                    one_wrong_dk, zero_dq, dk_split_by_batch };
   explicit BrokenBackward(Mode mode) : mode_(mode), naive_(make_naive_backend()) {}
   std::string_view name() const override { return "broken-backward"; }
   std::string_view description() const override { return "naive with a broken backward (test)"; }
@@ -437,6 +437,15 @@ class BrokenBackward final : public Backend {
         case Mode::zero_dq:
           each(io.dq, [](auto, auto, auto, double) { return 0.0; });
           break;
+        case Mode::dk_split_by_batch:  // a key split chosen from the number of entries: one ulp of an entry's dK in larger batches
+          if (p.batch > 3) {
+            for (std::int64_t b = 0; b < p.kv_batch(); ++b) {
+              const std::int64_t at = io.dk.offset(b, 0, 0, 0);
+              const double x = load_as_double(io.dk.data, at, io.dk.dtype);
+              store_from_double(io.dk.data, at, io.dk.dtype, std::nextafter(static_cast<float>(x), 1e30f));
+            }
+          }
+          break;
         case Mode::racy_dk:  // an accumulation order that changes between runs: one ulp, every other run
         case Mode::racy_dq_declared:  // the same on dQ, from a backend that declares atomic dQ accumulation
           if (run_number % 2 == 0) {
@@ -460,6 +469,43 @@ class BrokenBackward final : public Backend {
   std::unique_ptr<Backend> naive_;
   mutable int runs_ = 0;
 };
+
+// A backward whose result follows the batch around an entry (one ulp of
+// dK when the batch holds more than 3 entries, as a split chosen from the
+// number of sequences gives): within every bound and deterministic, so only
+// the batch invariance of the gradients catches it, from naive's
+// declaration, naming dK and the run.
+TEST(Verifier, BatchInvarianceOfTheGradientsCatchesABackwardThatFollowsTheBatch) {
+  const fs::path witness = kGolden / "backward/basic_q17_k33_f32.h5";
+  VerifyOptions options;
+  options.invariance = true;
+  std::vector<std::unique_ptr<Backend>> one;
+  one.push_back(std::make_unique<BrokenBackward>(BrokenBackward::Mode::dk_split_by_batch));
+  const VerifySummary s = verify({witness}, one, options);
+  ASSERT_TRUE(s.input_errors.empty());
+  int caught = 0;
+  for (const auto& o : s.outcomes) {
+    SCOPED_TRACE(o.check + " " + std::string(direction_name(o.direction)));
+    if (o.check == "batch invariance" && o.direction == Direction::backward) {
+      ASSERT_EQ(o.comparison.verdict, Verdict::fail) << o.comparison.reason;
+      EXPECT_NE(o.comparison.reason.find("declares batch invariance but VARIES"), std::string::npos) << o.comparison.reason;
+      EXPECT_NE(o.comparison.reason.find("dk[.., 0] of entry"), std::string::npos) << o.comparison.reason;
+      EXPECT_NE(o.comparison.reason.find("in the run '"), std::string::npos) << o.comparison.reason;
+      ++caught;
+    } else {
+      EXPECT_EQ(o.comparison.verdict, Verdict::pass) << o.comparison.reason;
+    }
+  }
+  EXPECT_EQ(caught, 1);
+  // naive itself: the gradients' invariance holds, in every run.
+  std::vector<std::unique_ptr<Backend>> naive;
+  naive.push_back(make_naive_backend());
+  for (const auto& o : verify({witness}, naive, options).outcomes) {
+    if (o.check != "batch invariance") continue;
+    EXPECT_EQ(o.comparison.verdict, Verdict::pass) << o.comparison.reason;
+    EXPECT_NE(o.comparison.reason.find("INVARIANT"), std::string::npos) << o.comparison.reason;
+  }
+}
 
 TEST(Verifier, NaivesBackwardPassesAndBrokenOnesFail) {
   const auto files = find_fixture_files({kGolden / "backward"});

@@ -40,7 +40,7 @@ std::string_view arrangement_name(Arrangement arrangement) {
   return "?";
 }
 
-std::vector<BatchEntry> batch_entries(const CaseData& data) {
+std::vector<BatchEntry> batch_entries(const CaseData& data, const std::vector<double>* dout) {
   const Problem& p = data.problem;
   const int64_t hq = p.heads_q, hkv = p.heads_kv, d = p.head_dim, dv = p.head_dim_v;
   std::vector<BatchEntry> entries(at(p.batch));
@@ -64,10 +64,12 @@ std::vector<BatchEntry> batch_entries(const CaseData& data) {
     }
     const int64_t tb = p.ragged ? 0 : b;
     e.q.resize(at(hq * e.q_len * d));
+    if (dout) e.dout.resize(at(hq * e.q_len * dv));
     for (int64_t h = 0; h < hq; ++h) {
       for (int64_t i = 0; i < e.q_len; ++i) {
-        const double* row = &data.q[at(((tb * hq + h) * p.seq_q + q0 + i) * d)];
-        std::copy(row, row + d, &e.q[at((h * e.q_len + i) * d)]);
+        const int64_t r = (tb * hq + h) * p.seq_q + q0 + i;
+        std::copy(&data.q[at(r * d)], &data.q[at((r + 1) * d)], &e.q[at((h * e.q_len + i) * d)]);
+        if (dout) std::copy(&(*dout)[at(r * dv)], &(*dout)[at((r + 1) * dv)], &e.dout[at((h * e.q_len + i) * dv)]);
       }
     }
     // Where key j of kv head g is held: (tensor batch, seq position).
@@ -176,6 +178,11 @@ Assembled assemble(const CaseData& original, const std::vector<BatchEntry>& entr
   c.q.assign(at(q_batch * hq * p.seq_q * d), 0.0);
   c.k.assign(at(kv_batch * hkv * kv_seq * d), kUnread);
   c.v.assign(at(kv_batch * hkv * kv_seq * dv), kUnread);
+  const bool with_dout =
+      std::all_of(entries.begin(), entries.end(), [&](const BatchEntry& e) { return e.dout.size() == at(hq * e.q_len * dv); }) &&
+      std::any_of(entries.begin(), entries.end(), [](const BatchEntry& e) { return !e.dout.empty(); });
+  std::vector<double> dout;
+  if (with_dout) dout.assign(at(q_batch * hq * p.seq_q * dv), 0.0);
   int64_t q_off = 0, k_off = 0;
   for (int64_t b = 0; b < n; ++b) {
     const BatchEntry& e = entries[at(b)];
@@ -183,8 +190,9 @@ Assembled assemble(const CaseData& original, const std::vector<BatchEntry>& entr
     const int64_t q0 = p.ragged ? q_off : 0, k0 = p.ragged ? k_off : 0;
     for (int64_t h = 0; h < hq; ++h) {
       for (int64_t i = 0; i < e.q_len; ++i) {
-        const double* row = &e.q[at((h * e.q_len + i) * d)];
-        std::copy(row, row + d, &c.q[at(((tb * hq + h) * p.seq_q + q0 + i) * d)]);
+        const int64_t r = (tb * hq + h) * p.seq_q + q0 + i, from = h * e.q_len + i;
+        std::copy(&e.q[at(from * d)], &e.q[at((from + 1) * d)], &c.q[at(r * d)]);
+        if (with_dout) std::copy(&e.dout[at(from * dv)], &e.dout[at((from + 1) * dv)], &dout[at(r * dv)]);
       }
     }
     auto key_at = [&](int64_t g, int64_t j, int64_t width) {
@@ -225,65 +233,65 @@ Assembled assemble(const CaseData& original, const std::vector<BatchEntry>& entr
   // Shapes only: every value is one of a validated case's (or the unread
   // filler, exact in every dtype), so none needs checking again.
   c.validate_shapes();
-  return {std::move(c), {}};
+  return {std::move(c), {}, std::move(dout)};
 }
 
 namespace {
 
-// A neighbour of other lengths: the first half of an entry's queries and
-// keys (shorter), or its keys (and, packed, its queries) twice (longer).
-BatchEntry shorter(const BatchEntry& e, int64_t hq, int64_t hkv, int64_t d, int64_t dv) {
-  BatchEntry s;
-  s.q_len = std::max<int64_t>(e.q_len / 2, 1);
-  s.k_len = e.k_len / 2;
-  s.limit = s.k_len;
-  for (int64_t h = 0; h < hq; ++h) {
-    s.q.insert(s.q.end(), e.q.begin() + (h * e.q_len) * d, e.q.begin() + (h * e.q_len + std::min(s.q_len, e.q_len)) * d);
+// Rows stored [heads, len, width] (queries, dO, keys): the first `take` of
+// each head, padded with `fill` past `len`; or each head's rows `times` over.
+std::vector<double> head_rows(const std::vector<double>& x, int64_t heads, int64_t len, int64_t take, int64_t width,
+                              double fill) {
+  std::vector<double> out;
+  out.reserve(at(heads * take * width));
+  for (int64_t h = 0; h < heads; ++h) {
+    out.insert(out.end(), x.begin() + h * len * width, x.begin() + (h * len + std::min(take, len)) * width);
+    out.resize(at((h + 1) * take * width), fill);
   }
-  if (static_cast<int64_t>(s.q.size()) < hq * s.q_len * d) s.q.resize(at(hq * s.q_len * d), 0.5);
-  for (int64_t g = 0; g < hkv; ++g) {
-    s.k.insert(s.k.end(), e.k.begin() + (g * e.k_len) * d, e.k.begin() + (g * e.k_len + s.k_len) * d);
-    s.v.insert(s.v.end(), e.v.begin() + (g * e.k_len) * dv, e.v.begin() + (g * e.k_len + s.k_len) * dv);
-  }
-  return s;
+  return out;
 }
 
-BatchEntry longer(const BatchEntry& e, int64_t hq, int64_t hkv, int64_t d, int64_t dv, bool more_queries) {
-  BatchEntry l;
-  l.q_len = more_queries ? 2 * e.q_len : e.q_len;
-  l.k_len = 2 * e.k_len;
-  l.limit = l.k_len;
-  for (int64_t h = 0; h < hq; ++h) {
-    for (int t = 0; t < (more_queries ? 2 : 1); ++t) {
-      l.q.insert(l.q.end(), e.q.begin() + (h * e.q_len) * d, e.q.begin() + (h + 1) * e.q_len * d);
-    }
+std::vector<double> repeated_rows(const std::vector<double>& x, int64_t heads, int64_t len, int times, int64_t width) {
+  std::vector<double> out;
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int t = 0; t < times; ++t) out.insert(out.end(), x.begin() + h * len * width, x.begin() + (h + 1) * len * width);
   }
-  for (int64_t g = 0; g < hkv; ++g) {
-    for (int t = 0; t < 2; ++t) {
-      l.k.insert(l.k.end(), e.k.begin() + (g * e.k_len) * d, e.k.begin() + (g + 1) * e.k_len * d);
-      l.v.insert(l.v.end(), e.v.begin() + (g * e.k_len) * dv, e.v.begin() + (g + 1) * e.k_len * dv);
-    }
-  }
-  return l;
+  return out;
 }
 
-// A short request of the kind a serving batch holds next to a long one: its
-// first `q_len` queries (1 but where the arrangement needs the entry's own
-// count) and its first `k_len` keys.
-BatchEntry prefix(const BatchEntry& e, int64_t q_len, int64_t k_len, int64_t hq, int64_t hkv, int64_t d, int64_t dv) {
+// A neighbour: the first `q_len` queries (and dO rows) and `k_len` keys of
+// an entry, as a serving batch holds short requests next to a long one.
+BatchEntry prefix(const BatchEntry& e, int64_t q_len, int64_t k_len, int64_t hq, int64_t hkv, int64_t d, int64_t dv,
+                  bool with_dout) {
   BatchEntry s;
   s.q_len = q_len;
   s.k_len = std::min(k_len, e.k_len);
   s.limit = s.k_len;
-  for (int64_t h = 0; h < hq; ++h) {
-    s.q.insert(s.q.end(), e.q.begin() + (h * e.q_len) * d, e.q.begin() + (h * e.q_len + std::min(q_len, e.q_len)) * d);
-    s.q.resize(at((h + 1) * q_len * d), 0.5);
-  }
-  for (int64_t g = 0; g < hkv; ++g) {
-    s.k.insert(s.k.end(), e.k.begin() + (g * e.k_len) * d, e.k.begin() + (g * e.k_len + s.k_len) * d);
-    s.v.insert(s.v.end(), e.v.begin() + (g * e.k_len) * dv, e.v.begin() + (g * e.k_len + s.k_len) * dv);
-  }
+  s.q = head_rows(e.q, hq, e.q_len, q_len, d, 0.5);
+  if (with_dout) s.dout = head_rows(e.dout, hq, e.q_len, q_len, dv, 0.5);
+  s.k = head_rows(e.k, hkv, e.k_len, s.k_len, d, 0.0);
+  s.v = head_rows(e.v, hkv, e.k_len, s.k_len, dv, 0.0);
   return s;
+}
+
+// Neighbours of other lengths: the first half of an entry's queries and
+// keys (shorter), or its keys (and, packed, its queries) twice (longer).
+BatchEntry shorter(const BatchEntry& e, int64_t hq, int64_t hkv, int64_t d, int64_t dv, bool with_dout) {
+  return prefix(e, std::max<int64_t>(e.q_len / 2, 1), e.k_len / 2, hq, hkv, d, dv, with_dout);
+}
+
+BatchEntry longer(const BatchEntry& e, int64_t hq, int64_t hkv, int64_t d, int64_t dv, bool more_queries,
+                  bool with_dout) {
+  BatchEntry l;
+  const int q_times = more_queries ? 2 : 1;
+  l.q_len = q_times * e.q_len;
+  l.k_len = 2 * e.k_len;
+  l.limit = l.k_len;
+  l.q = repeated_rows(e.q, hq, e.q_len, q_times, d);
+  if (with_dout) l.dout = repeated_rows(e.dout, hq, e.q_len, q_times, dv);
+  l.k = repeated_rows(e.k, hkv, e.k_len, 2, d);
+  l.v = repeated_rows(e.v, hkv, e.k_len, 2, dv);
+  return l;
 }
 
 int64_t elements(const CaseData& c) {
@@ -292,11 +300,11 @@ int64_t elements(const CaseData& c) {
 
 }  // namespace
 
-std::vector<InvarianceRun> invariance_runs(const CaseData& data, int64_t element_budget) {
+std::vector<InvarianceRun> invariance_runs(const CaseData& data, int64_t element_budget, const std::vector<double>* dout) {
   const Problem& p = data.problem;
   std::vector<InvarianceRun> runs;
   if (p.quantised()) return runs;
-  const std::vector<BatchEntry> entries = batch_entries(data);
+  const std::vector<BatchEntry> entries = batch_entries(data, dout);
   const int64_t n = static_cast<int64_t>(entries.size());
   const Arrangement own = p.ragged ? Arrangement::packed : p.paged() ? Arrangement::paged : Arrangement::dense;
   const int64_t own_page = p.paged() ? p.page_size : 16;
@@ -310,7 +318,7 @@ std::vector<InvarianceRun> invariance_runs(const CaseData& data, int64_t element
     }
     if (!built.data) return;
     if (element_budget > 0 && elements(*built.data) > element_budget) return;
-    runs.push_back({std::move(what), std::move(*built.data), a, source});
+    runs.push_back({std::move(what), std::move(*built.data), a, source, std::move(built.dout)});
   };
   // Each entry alone (the first 16), in the case's own arrangement.
   for (int64_t b = 0; b < std::min<int64_t>(n, 16); ++b) {
@@ -335,7 +343,7 @@ std::vector<InvarianceRun> invariance_runs(const CaseData& data, int64_t element
     std::vector<int64_t> source;
     for (int64_t filler = 0; static_cast<int64_t>(batch.size()) + n < 64; ++filler) {
       batch.push_back(prefix(entries[at(filler % n)], q_len, 1 + filler % 16, p.heads_q, p.heads_kv, p.head_dim,
-                             p.head_dim_v));
+                             p.head_dim_v, dout != nullptr));
       source.push_back(-1);
     }
     const std::size_t middle = batch.size() / 2;
@@ -358,9 +366,10 @@ std::vector<InvarianceRun> invariance_runs(const CaseData& data, int64_t element
     int64_t filler = 0;
     while (static_cast<int64_t>(batch.size()) + n < size) {
       if (lengths_vary && filler % 3 == 1) {
-        batch.push_back(shorter(entries[at(filler % n)], hq, p.heads_kv, p.head_dim, p.head_dim_v));
+        batch.push_back(shorter(entries[at(filler % n)], hq, p.heads_kv, p.head_dim, p.head_dim_v, dout != nullptr));
       } else if (lengths_vary && filler % 3 == 2) {
-        batch.push_back(longer(entries[at(filler % n)], hq, p.heads_kv, p.head_dim, p.head_dim_v, own == Arrangement::packed));
+        batch.push_back(longer(entries[at(filler % n)], hq, p.heads_kv, p.head_dim, p.head_dim_v,
+                               own == Arrangement::packed, dout != nullptr));
       } else {
         batch.push_back(entries[at((n - 1 - filler % n + n) % n)]);
       }
@@ -397,104 +406,208 @@ std::vector<InvarianceRun> invariance_runs(const CaseData& data, int64_t element
 
 namespace {
 
-// Where entry e's row (h, i) of out sits in a run's canonical out ([q_batch,
-// heads_q, seq_q, dv]) and lse ([q_batch, heads_q, seq_q]): its row index.
-std::vector<int64_t> entry_starts(const CaseData& c) {
+// Where entry e's rows sit in a run's canonical tensors: its first query row
+// and first key row along the sequence axis (packed: cu_seqlens; else 0).
+struct EntryStarts {
+  std::vector<int64_t> q, k;
+};
+EntryStarts entry_starts(const CaseData& c) {
   const Problem& p = c.problem;
-  std::vector<int64_t> starts(at(p.batch));
-  for (int64_t b = 0; b < p.batch; ++b) starts[at(b)] = p.ragged ? c.cu_seqlens_q[at(b)] : 0;
+  EntryStarts starts{std::vector<int64_t>(at(p.batch)), std::vector<int64_t>(at(p.batch))};
+  for (int64_t b = 0; b < p.batch; ++b) {
+    starts.q[at(b)] = p.ragged ? c.cu_seqlens_q[at(b)] : 0;
+    starts.k[at(b)] = p.ragged ? c.cu_seqlens_k[at(b)] : 0;
+  }
   return starts;
 }
 
-int64_t row_of(const Problem& p, const std::vector<int64_t>& starts, int64_t e, int64_t h, int64_t i) {
-  const int64_t tb = p.ragged ? 0 : e;
-  return (tb * p.heads_q + h) * p.seq_q + starts[at(e)] + i;
+// Row index of entry e's query row i of head h in out, lse or dQ ([q_batch, heads_q, seq_q, ...]).
+int64_t row_of(const Problem& p, const EntryStarts& starts, int64_t e, int64_t h, int64_t i) {
+  return ((p.ragged ? 0 : e) * p.heads_q + h) * p.seq_q + starts.q[at(e)] + i;
+}
+
+// Row index of entry e's key j of kv head g in dK or dV ([kv_batch, heads_kv, kv_seq, ...]; not paged).
+int64_t key_row_of(const Problem& p, const EntryStarts& starts, int64_t e, int64_t g, int64_t j) {
+  return ((p.ragged ? 0 : e) * p.heads_kv + g) * p.seq_k + starts.k[at(e)] + j;
 }
 
 bool same_bits(double a, double b) {
   return std::memcmp(&a, &b, sizeof a) == 0 || (std::isnan(a) && std::isnan(b));
 }
 
-}  // namespace
+// The largest variation over every run, in units of the bound, and where.
+class Variations {
+ public:
+  // Element `x` of a row: `a` in the case's own run, `b` in `run`'s.
+  // `where` (called only when it is the largest so far) names it.
+  template <typename Where>
+  void note(double a, double b, double bound, Where&& where) {
+    if (same_bits(a, b)) return;
+    varied_ = true;
+    const double diff = std::isfinite(a) && std::isfinite(b) ? std::fabs(a - b) : INFINITY;
+    const double ratio = bound > 0 ? diff / bound : INFINITY;
+    if (ratio > worst_ || worst_where_.empty()) {
+      worst_ = ratio;
+      worst_diff_ = diff;
+      worst_where_ = fmt::format("{}: {} against {}", where(), b, a);
+    }
+  }
+  // After each run: whether it varied.
+  void end_run() {
+    varied_runs_ += varied_;
+    varied_ = false;
+  }
 
-Comparison judge_batch_invariance(const Backend& backend, const CaseData& data, const std::vector<InvarianceRun>& runs,
-                                  const RunOptions& options, const std::function<const BackendRun&()>& own_run) {
-  Comparison c;
-  std::vector<std::string> ran, skipped;
+  // The verdict over `ran` (and the runs not taken, `skipped`).
+  void conclude(Comparison& c, const Backend& backend, const std::vector<std::string>& ran,
+                const std::vector<std::string>& skipped) const {
+    c.compared = true;
+    const std::string skipped_text = skipped.empty() ? "" : fmt::format("; not run: {}", fmt::join(skipped, "; "));
+    if (varied_runs_ == 0) {
+      if (c.verdict == Verdict::pass) {
+        c.reason = fmt::format("INVARIANT: the same bits in {} other batches ({}){}", ran.size(),
+                               fmt::join(ran, ", "), skipped_text);
+      }
+      return;
+    }
+    const std::string text =
+        fmt::format("VARIES in {} of {} other batches: the largest difference, {:.3g} ({:.3g} of the bound), is {}{}",
+                    varied_runs_, ran.size(), worst_diff_, worst_, worst_where_, skipped_text);
+    if (backend.capabilities().batch_invariant) {
+      c.fail(fmt::format("declares batch invariance but {}", text));
+    } else if (c.verdict == Verdict::pass) {
+      c.verdict = Verdict::differs;
+      c.reason = text;
+    }
+  }
+
+ private:
+  double worst_ = 0, worst_diff_ = 0;
+  std::string worst_where_;
+  bool varied_ = false;
+  int64_t varied_runs_ = 0;
+};
+
+// The runs `backend` takes (for `direction`), the others named with the reason.
+std::vector<const InvarianceRun*> accepted_runs(const Backend& backend, const std::vector<InvarianceRun>& runs,
+                                                Direction direction, std::vector<std::string>& skipped) {
   std::vector<const InvarianceRun*> accepted;
   for (const InvarianceRun& run : runs) {
-    const Status ok = backend_accepts(backend, run.data.problem);
+    if (direction == Direction::backward && run.dout.empty()) continue;
+    const Status ok = backend_accepts(backend, run.data.problem, direction);
     if (ok) {
       accepted.push_back(&run);
     } else {
       skipped.push_back(fmt::format("{} ({})", run.what, ok.reason));
     }
   }
-  if (accepted.empty()) {
-    c.verdict = Verdict::skip;
-    c.reason = runs.empty() ? "no run of other batches for this case (quantised cases are not covered yet)"
-                            : fmt::format("accepts none of the other batches: {}", fmt::join(skipped, "; "));
-    return c;
-  }
+  return accepted;
+}
+
+Comparison none_taken(const std::vector<InvarianceRun>& runs, const std::vector<std::string>& skipped) {
+  Comparison c;
+  c.verdict = Verdict::skip;
+  c.reason = runs.empty() || skipped.empty()
+                 ? "no run of other batches for this case (quantised cases are not covered yet)"
+                 : fmt::format("accepts none of the other batches: {}", fmt::join(skipped, "; "));
+  return c;
+}
+
+}  // namespace
+
+Comparison judge_batch_invariance(const Backend& backend, const CaseData& data, const std::vector<InvarianceRun>& runs,
+                                  const RunOptions& options, const std::function<const BackendRun&()>& own_run) {
+  std::vector<std::string> ran, skipped;
+  const std::vector<const InvarianceRun*> accepted = accepted_runs(backend, runs, Direction::forward, skipped);
+  if (accepted.empty()) return none_taken(runs, skipped);
+  Comparison c;
   const Problem& p = data.problem;
   const BackendRun& own = own_run();
   const Bounds bounds = relation_bounds(data, own.out, own.lse ? &*own.lse : nullptr);
-  const std::vector<int64_t> own_starts = entry_starts(data);
+  const EntryStarts own_starts = entry_starts(data);
   const std::vector<BatchEntry> entries = batch_entries(data);
-  double worst = 0, worst_diff = 0;
-  std::string worst_where;
-  int64_t varied_runs = 0;
+  Variations variations;
   for (const InvarianceRun* run : accepted) {
     const BackendRun got = run_backend(backend, run->data, options);
     ran.push_back(run->what);
-    const std::vector<int64_t> starts = entry_starts(run->data);
-    bool varied = false;
+    const EntryStarts starts = entry_starts(run->data);
     for (int64_t e = 0; e < static_cast<int64_t>(run->source.size()); ++e) {
       const int64_t s = run->source[at(e)];
       if (s < 0) continue;
       for (int64_t h = 0; h < p.heads_q; ++h) {
         for (int64_t i = 0; i < entries[at(s)].q_len; ++i) {
           const int64_t mine = row_of(p, own_starts, s, h, i), theirs = row_of(run->data.problem, starts, e, h, i);
-          auto note = [&](double a, double b, double bound, std::string where) {
-            if (same_bits(a, b)) return;
-            varied = true;
-            const double diff = std::isfinite(a) && std::isfinite(b) ? std::fabs(a - b) : INFINITY;
-            const double ratio = bound > 0 ? diff / bound : INFINITY;
-            if (ratio > worst || worst_where.empty()) {
-              worst = ratio;
-              worst_diff = diff;
-              worst_where = fmt::format("{} of entry {}, head {}, row {} in the run '{}': {} against {}", where, s, h, i,
-                                        run->what, b, a);
-            }
+          auto where = [&](std::string what) {
+            return [&, what] { return fmt::format("{} of entry {}, head {}, row {} in the run '{}'", what, s, h, i, run->what); };
           };
           for (int64_t x = 0; x < p.head_dim_v; ++x) {
-            note(own.out[at(mine * p.head_dim_v + x)], got.out[at(theirs * p.head_dim_v + x)],
-                 bounds.out[at(mine * p.head_dim_v + x)], fmt::format("out[.., {}]", x));
+            variations.note(own.out[at(mine * p.head_dim_v + x)], got.out[at(theirs * p.head_dim_v + x)],
+                            bounds.out[at(mine * p.head_dim_v + x)], where(fmt::format("out[.., {}]", x)));
           }
-          if (own.lse && got.lse) note((*own.lse)[at(mine)], (*got.lse)[at(theirs)], bounds.lse[at(mine)], "lse");
+          if (own.lse && got.lse) variations.note((*own.lse)[at(mine)], (*got.lse)[at(theirs)], bounds.lse[at(mine)], where("lse"));
         }
       }
     }
     if (!got.guard_damage.empty()) c.fail(fmt::format("batch invariance ({}): {}", run->what, got.guard_damage));
-    varied_runs += varied;
+    variations.end_run();
   }
-  c.compared = true;
-  const std::string runs_text = fmt::format("{}", fmt::join(ran, ", "));
-  const std::string skipped_text = skipped.empty() ? "" : fmt::format("; not run: {}", fmt::join(skipped, "; "));
-  if (varied_runs == 0) {
-    if (c.verdict == Verdict::pass) c.reason = fmt::format("INVARIANT: the same bits in {} other batches ({}){}",
-                                                          ran.size(), runs_text, skipped_text);
-    return c;
+  variations.conclude(c, backend, ran, skipped);
+  return c;
+}
+
+Comparison judge_batch_invariance_backward(const Backend& backend, const CaseData& data,
+                                           const std::vector<InvarianceRun>& runs, bool bias_gradient,
+                                           const GradientTruth& truth, const RunOptions& options,
+                                           const std::function<const BackwardRun&()>& own_run) {
+  std::vector<std::string> ran, skipped;
+  const std::vector<const InvarianceRun*> accepted = accepted_runs(backend, runs, Direction::backward, skipped);
+  if (accepted.empty()) return none_taken(runs, skipped);
+  Comparison c;
+  const Problem& p = data.problem;
+  const BackwardRun& own = own_run();
+  const EntryStarts own_starts = entry_starts(data);
+  const std::vector<BatchEntry> entries = batch_entries(data);
+  const int64_t d = p.head_dim, dv = p.head_dim_v;
+  Variations variations;
+  for (const InvarianceRun* run : accepted) {
+    const Problem& q = run->data.problem;
+    const BackwardRun got = run_backward(backend, run->data, run->dout, bias_gradient && q.bias.present, options);
+    ran.push_back(run->what);
+    const EntryStarts starts = entry_starts(run->data);
+    // One row of a gradient: `width` elements from row `mine` of the case's own and row `theirs` of the run's.
+    auto compare = [&](const char* name, const std::vector<double>& mine_values, const std::vector<double>& theirs_values,
+                       const std::vector<double>& bound, int64_t mine, int64_t theirs, int64_t width, int64_t s,
+                       const char* axis, int64_t head, int64_t index) {
+      if (mine_values.empty() || theirs_values.empty()) return;
+      for (int64_t x = 0; x < width; ++x) {
+        const std::size_t m = at(mine * width + x);
+        variations.note(mine_values[m], theirs_values[at(theirs * width + x)], 2 * bound[m], [&] {
+          return fmt::format("{}[.., {}] of entry {}, head {}, {} {} in the run '{}'", name, x, s, head, axis, index,
+                             run->what);
+        });
+      }
+    };
+    for (int64_t e = 0; e < static_cast<int64_t>(run->source.size()); ++e) {
+      const int64_t s = run->source[at(e)];
+      if (s < 0) continue;
+      const BatchEntry& entry = entries[at(s)];
+      for (int64_t h = 0; h < p.heads_q; ++h) {
+        for (int64_t i = 0; i < entry.q_len; ++i) {
+          compare("dq", own.got.dq, got.got.dq, truth.bound.dq, row_of(p, own_starts, s, h, i), row_of(q, starts, e, h, i),
+                  d, s, "row", h, i);
+        }
+      }
+      for (int64_t g = 0; g < p.heads_kv; ++g) {
+        for (int64_t j = 0; j < entry.k_len; ++j) {
+          const int64_t mine = key_row_of(p, own_starts, s, g, j), theirs = key_row_of(q, starts, e, g, j);
+          compare("dk", own.got.dk, got.got.dk, truth.bound.dk, mine, theirs, d, s, "key", g, j);
+          compare("dv", own.got.dv, got.got.dv, truth.bound.dv, mine, theirs, dv, s, "key", g, j);
+        }
+      }
+    }
+    variations.end_run();
   }
-  const std::string text =
-      fmt::format("VARIES in {} of {} other batches: the largest difference, {:.3g} ({:.3g} of the bound), is {}{}",
-                  varied_runs, ran.size(), worst_diff, worst, worst_where, skipped_text);
-  if (backend.capabilities().batch_invariant) {
-    c.fail(fmt::format("declares batch invariance but {}", text));
-  } else if (c.verdict == Verdict::pass) {
-    c.verdict = Verdict::differs;
-    c.reason = text;
-  }
+  variations.conclude(c, backend, ran, skipped);
   return c;
 }
 

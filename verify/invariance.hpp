@@ -1,11 +1,12 @@
 // Batch invariance (docs/verification/invariance.md): a request's output
-// must not depend on what else is in the batch. Each entry of a case is run
-// again alone, in the batch reversed, among up to 64 entries with shorter and
-// longer neighbours, packed instead of dense and paged at other pages; every
-// run must give its entries the bits the case's own run gave them.
-// INVARIANT (bitwise everywhere) or VARIES with the largest difference in
-// units of the a-priori bound; a backend that declares batch_invariant FAILs
-// on any variation, naming the run.
+// (and, given dO, its gradients) must not depend on what else is in the
+// batch. Each entry of a case is run again alone, in the batch reversed,
+// among 63 short entries, among copies with shorter and longer neighbours,
+// packed instead of dense and paged at other pages; every run must give its
+// entries the bits the case's own run gave them. INVARIANT (bitwise
+// everywhere) or VARIES with the largest difference in units of the bound; a
+// backend that declares batch_invariant FAILs on any variation, naming the
+// run.
 #pragma once
 
 #include <functional>
@@ -14,6 +15,7 @@
 
 #include "attnbench/backend.hpp"
 #include "core/case_data.hpp"
+#include "verify/backward.hpp"
 #include "verify/compare.hpp"
 #include "verify/run_case.hpp"
 #include "verify/tolerance.hpp"
@@ -28,11 +30,13 @@ struct BatchEntry {
   std::vector<double> q, k, v;   // [heads_q, q_len, d], [heads_kv, k_len, d], [heads_kv, k_len, dv]
   std::vector<std::uint8_t> mask;  // [heads_q, q_len, k_len], empty without one
   std::vector<double> bias;        // [heads_q, q_len, k_len], empty without one
+  std::vector<double> dout;        // [heads_q, q_len, dv], empty without a backward
   bool operator==(const BatchEntry&) const = default;
 };
 
-// The entries of a case (dense, packed or paged; not quantised).
-std::vector<BatchEntry> batch_entries(const CaseData& data);
+// The entries of a case (dense, packed or paged; not quantised), with their
+// rows of `dout` (canonical [q_batch, heads_q, seq_q, dv]) when given.
+std::vector<BatchEntry> batch_entries(const CaseData& data, const std::vector<double>* dout = nullptr);
 
 enum class Arrangement { dense, packed, paged };
 std::string_view arrangement_name(Arrangement arrangement);
@@ -44,6 +48,7 @@ struct InvarianceRun {
   CaseData data;
   Arrangement arrangement = Arrangement::dense;
   std::vector<std::int64_t> source;  // per entry of data: the original entry it copies, or -1
+  std::vector<double> dout;          // the entries' dO rows, canonical; empty without a backward
 };
 
 // A case of the given arrangement holding `entries` (with the original
@@ -52,13 +57,16 @@ struct InvarianceRun {
 struct Assembled {
   std::optional<CaseData> data;
   std::string why_not;
+  std::vector<double> dout;  // when every entry has dO rows: the case's, canonical
 };
 Assembled assemble(const CaseData& original, const std::vector<BatchEntry>& entries, Arrangement arrangement,
                    std::int64_t page_size = 16, std::uint64_t seed = 1);
 
 // The runs of the check for a case, within `element_budget` elements of
-// q, k and v each (0: no limit). Quantised cases and layers have none.
-std::vector<InvarianceRun> invariance_runs(const CaseData& data, std::int64_t element_budget);
+// q, k and v each (0: no limit). Quantised cases and layers have none. With
+// `dout`, each run carries its entries' dO rows too.
+std::vector<InvarianceRun> invariance_runs(const CaseData& data, std::int64_t element_budget,
+                                           const std::vector<double>* dout = nullptr);
 
 // Runs the backend on each run it accepts and compares every entry's rows
 // with its run on the case itself (`own`, called once, only when a run is
@@ -67,5 +75,16 @@ std::vector<InvarianceRun> invariance_runs(const CaseData& data, std::int64_t el
 // when it declares batch_invariant, FAIL; SKIP when it accepts none of them.
 Comparison judge_batch_invariance(const Backend& backend, const CaseData& data, const std::vector<InvarianceRun>& runs,
                                   const RunOptions& options, const std::function<const BackendRun&()>& own);
+
+// The same for the backward: each run's backward from its dO rows (runs the
+// backward does not take, paged ones, are left out), dQ of every original
+// entry's queries and dK, dV of its keys against the case's own backward
+// (`own`, from `dout`). Differences are in units of twice the a-priori
+// bound of the gradient (`truth`), as the relations' are. dbias and dsinks,
+// sums over the batch, are not compared.
+Comparison judge_batch_invariance_backward(const Backend& backend, const CaseData& data,
+                                           const std::vector<InvarianceRun>& runs, bool bias_gradient,
+                                           const GradientTruth& truth, const RunOptions& options,
+                                           const std::function<const BackwardRun&()>& own);
 
 }  // namespace attn

@@ -404,14 +404,21 @@ void verify_golden_free(const FixtureHeader& header, const CaseData& case_data, 
     own_backward[b] = run_backward(*backends[b], data, *dout, gradients->bias_requires_grad, run_options);
     return *own_backward[b];
   };
-  if (options.invariance && options.forward && problem.batch > 1 && !problem.quantised()) {
-    const std::vector<InvarianceRun> others = invariance_runs(data, options.check_budget);
-    for (std::size_t b = 0; b < backends.size(); ++b) {
-      row(b, "batch invariance", Direction::forward, forward_support,
-          [&] {
-            return judge_batch_invariance(*backends[b], data, others, run_options,
-                                          [&]() -> const BackendRun& { return own_of(b); });
-          });
+  if (options.invariance && problem.batch > 1 && !problem.quantised()) {
+    const bool backward_too = dout && options.backward_invariance && !problem.paged();
+    const std::vector<InvarianceRun> others = invariance_runs(data, options.check_budget, backward_too ? dout : nullptr);
+    for (std::size_t b = 0; options.forward && b < backends.size(); ++b) {
+      row(b, "batch invariance", Direction::forward, forward_support, [&] {
+        return judge_batch_invariance(*backends[b], data, others, run_options,
+                                      [&]() -> const BackendRun& { return own_of(b); });
+      });
+    }
+    for (std::size_t b = 0; backward_too && b < backends.size(); ++b) {
+      row(b, "batch invariance", Direction::backward, backward_support, [&] {
+        return judge_batch_invariance_backward(*backends[b], data, others, gradients->bias_requires_grad,
+                                               *gradient_truth, run_options,
+                                               [&]() -> const BackwardRun& { return own_backward_of(b); });
+      });
     }
   }
   if (!options.relations) return;

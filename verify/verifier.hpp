@@ -44,6 +44,7 @@ struct VerifyOptions {
   // only the golden comparison (the Python package's check) leaves them off.
   bool invariance = false, relations = false;
   unsigned backward_relations = kAllRelations;  // those judged on the backward too (the fuzzer: one a case)
+  bool backward_invariance = true;              // batch invariance of the gradients too (the fuzzer: some cases)
   std::int64_t check_budget = std::int64_t{1} << 22;
 };
 

@@ -71,7 +71,10 @@ class FlashBackwardPlan final : public BackwardPlan {
     units_ = p.batch * p.heads_kv;
     rows_ = p.seq_q * g_.group;
     with_dbias_ = !io.dbias.empty();
-    const std::int64_t owners = with_dbias_ ? 1 : units_;
+    // The key chunks follow the entry (its kv heads), never the batch: dQ's
+    // partial sums are added in chunk order, so an entry's dQ keeps its bits
+    // alone and in any batch (docs/verification/invariance.md).
+    const std::int64_t owners = with_dbias_ ? 1 : p.heads_kv;
     chunks_ = std::clamp<std::int64_t>((kTargetTasks + owners - 1) / owners, 1, std::max<std::int64_t>(g_.key_blocks, 1));
     per_chunk_ = (g_.key_blocks + chunks_ - 1) / chunks_;
     auto d = [](std::int64_t x) { return static_cast<double>(x); };
