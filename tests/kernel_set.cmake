@@ -19,7 +19,11 @@ if(rc EQUAL 2 AND err MATCHES "does not allow it")
   message("SKIPPED: ${err}")
   return()
 endif()
+# The metamorphic relations are judged on the machine's own set only (by
+# verify.make_verify; CI time); batch invariance, which the splits and tiles
+# decide, on this set too.
 execute_process(COMMAND ${CLI} verify ${FIXTURES} --backend blocked --backend streaming -t smoke,full,layer --quiet
+                        --skip-check relations
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 message("${out}")
 if(NOT rc EQUAL 0)
