@@ -431,6 +431,25 @@ int64_t key_row_of(const Problem& p, const EntryStarts& starts, int64_t e, int64
   return ((p.ragged ? 0 : e) * p.heads_kv + g) * p.seq_k + starts.k[at(e)] + j;
 }
 
+// Each entry's query and key counts (what batch_entries would give, without
+// copying the entries).
+struct EntryLength {
+  int64_t q_len = 0, k_len = 0;
+};
+std::vector<EntryLength> entry_lengths(const CaseData& c) {
+  const Problem& p = c.problem;
+  std::vector<EntryLength> lengths(at(p.batch));
+  for (int64_t b = 0; b < p.batch; ++b) {
+    EntryLength& l = lengths[at(b)];
+    if (p.ragged) {
+      l = {c.cu_seqlens_q[at(b + 1)] - c.cu_seqlens_q[at(b)], c.cu_seqlens_k[at(b + 1)] - c.cu_seqlens_k[at(b)]};
+    } else {
+      l = {p.seq_q, p.paged() ? c.seq_lens[at(b)] : p.seq_k};
+    }
+  }
+  return lengths;
+}
+
 bool same_bits(double a, double b) {
   return std::memcmp(&a, &b, sizeof a) == 0 || (std::isnan(a) && std::isnan(b));
 }
@@ -525,7 +544,7 @@ Comparison judge_batch_invariance(const Backend& backend, const CaseData& data, 
   const BackendRun& own = own_run();
   const Bounds bounds = relation_bounds(data, own.out, own.lse ? &*own.lse : nullptr);
   const EntryStarts own_starts = entry_starts(data);
-  const std::vector<BatchEntry> entries = batch_entries(data);
+  const std::vector<EntryLength> entries = entry_lengths(data);
   Variations variations;
   for (const InvarianceRun* run : accepted) {
     const BackendRun got = run_backend(backend, run->data, options);
@@ -566,7 +585,7 @@ Comparison judge_batch_invariance_backward(const Backend& backend, const CaseDat
   const Problem& p = data.problem;
   const BackwardRun& own = own_run();
   const EntryStarts own_starts = entry_starts(data);
-  const std::vector<BatchEntry> entries = batch_entries(data);
+  const std::vector<EntryLength> entries = entry_lengths(data);
   const int64_t d = p.head_dim, dv = p.head_dim_v;
   Variations variations;
   for (const InvarianceRun* run : accepted) {
@@ -590,7 +609,7 @@ Comparison judge_batch_invariance_backward(const Backend& backend, const CaseDat
     for (int64_t e = 0; e < static_cast<int64_t>(run->source.size()); ++e) {
       const int64_t s = run->source[at(e)];
       if (s < 0) continue;
-      const BatchEntry& entry = entries[at(s)];
+      const EntryLength& entry = entries[at(s)];
       for (int64_t h = 0; h < p.heads_q; ++h) {
         for (int64_t i = 0; i < entry.q_len; ++i) {
           compare("dq", own.got.dq, got.got.dq, truth.bound.dq, row_of(p, own_starts, s, h, i), row_of(q, starts, e, h, i),
