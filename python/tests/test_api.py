@@ -509,9 +509,10 @@ def test_a_device_kernel_uploads_once_and_times_only_its_runs(tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     seen = json.loads(counts.read_text())
     assert seen["calls"] >= 20 and seen["sync"] >= 2 * (seen["calls"] - 2), seen  # every timed call synchronized
-    # Inputs up once per plan, results back at most once per plan, never once per call.
+    # Inputs up once per plan, results back at most once per plan, so never once per call: how many
+    # calls a plan gets follows the host's speed, but every plan is timed more than once.
     plans = seen["upload"] // 3
-    assert seen["upload"] == 3 * plans and seen["download"] <= plans and 50 * seen["download"] < seen["calls"], seen
+    assert seen["upload"] == 3 * plans and seen["download"] <= plans and 2 * plans <= seen["calls"], seen
 
 
 def test_an_interpreter_without_numpy_is_told_which_to_use():
