@@ -15,6 +15,7 @@
 #include "fixtures/fixture.hpp"
 #include "fixtures/suite.hpp"
 #include "tests/mutants/catalogue.hpp"
+#include "verify/invariance.hpp"
 #include "verify/verifier.hpp"
 
 using namespace attn;
@@ -231,4 +232,69 @@ TEST(Quantised, FreeSlotsHoldHugeCodesThatNoEntryReads) {
     ++poisoned;
   }
   EXPECT_GT(poisoned, 100);
+}
+
+// Batch invariance (verify/invariance.cpp) over quantised cases: every run
+// gives each original entry exactly its codes, scales, zero points,
+// descales and values, and keeps the scales' shape (an axis broadcast in the
+// case stays broadcast), or is not built; per-entry scales cannot go into a
+// packed batch (one stored batch), and the reason says so.
+TEST(Quantised, BatchInvarianceRunsCarryEveryEntrysCodesInTheScalesOwnShape) {
+  std::vector<CaseSpec> specs;
+  for (const CaseSpec& spec : standard_suite()) {
+    if (spec.tags.find("quantised") != std::string::npos && spec.model_dim == 0) specs.push_back(spec);
+  }
+  // A packed batch whose first entry has no query (padded neighbours), per-token int8 K with zero points.
+  CaseSpec packed = specs.front();
+  packed.name = "packed_u8_per_token";
+  packed.problem = "dtype=f32,b=3,hq=2,hkv=1,sq=12,sk=30,d=32,causal=bottom_right,ragged,kenc=u8,kscale=1x1x30x2,kzp,"
+                   "venc=s4,vscale=1x1x1x4,qenc=e4m3,qdescale=head";
+  packed.recipe.q_lens = {0, 5, 7};
+  packed.recipe.k_lens = {9, 11, 10};
+  specs.push_back(packed);
+  int runs_checked = 0, cases_checked = 0;
+  for (const CaseSpec& spec : specs) {
+    const CaseData data = generate_inputs(spec);
+    if (data.problem.batch < 2) continue;
+    ++cases_checked;
+    const std::vector<BatchEntry> entries = batch_entries(data);
+    for (const InvarianceRun& run : invariance_runs(data, 0)) {
+      SCOPED_TRACE(spec.name + ", " + run.what);
+      ASSERT_NO_THROW(run.data.validate_shapes());
+      const std::vector<BatchEntry> got = batch_entries(run.data);
+      ASSERT_EQ(got.size(), run.source.size());
+      for (std::size_t e = 0; e < got.size(); ++e) {
+        if (run.source[e] >= 0) {
+          EXPECT_EQ(got[e], entries[static_cast<std::size_t>(run.source[e])]) << "entry " << e;
+        }
+      }
+      for (char t : {'q', 'k', 'v'}) {
+        const QuantSpec& was = data.problem.quant(t);
+        const QuantSpec& now = run.data.problem.quant(t);
+        ASSERT_EQ(was.encoding, now.encoding);
+        EXPECT_EQ(was.descale, now.descale);
+        const auto shape = run.data.problem.stored_shape(t);
+        for (std::size_t a = 0; a < 3 && was.has_scale(); ++a) {
+          EXPECT_EQ(now.scale[a], was.scale[a] == 1 ? 1 : shape[a]) << t << " axis " << a;
+        }
+      }
+      ++runs_checked;
+    }
+  }
+  EXPECT_GE(cases_checked, 10);
+  EXPECT_GE(runs_checked, 80);
+
+  // Per-entry scales ([batch, 1, 1, 1]) cannot be held by one packed stored batch.
+  CaseSpec per_entry = specs.front();
+  per_entry.name = "per_entry_scales";
+  per_entry.problem = "dtype=f32,b=2,hq=2,hkv=1,sq=3,sk=17,d=32,kenc=s8,kscale=2x1x1x1,venc=e5m2,vdescale=head";
+  const CaseData data = generate_inputs(per_entry);
+  ASSERT_NE(data.k_quant.scale[0], data.k_quant.scale[1]);
+  const Assembled packed_run = assemble(data, batch_entries(data), Arrangement::packed);
+  EXPECT_FALSE(packed_run.data);
+  EXPECT_NE(packed_run.why_not.find("k's scales of shape [2, 1, 1, 1] cannot keep that shape in a packed batch"),
+            std::string::npos) << packed_run.why_not;
+  const Assembled paged_run = assemble(data, batch_entries(data), Arrangement::paged, 4);
+  ASSERT_TRUE(paged_run.data) << paged_run.why_not;  // a page's scale: each entry's own pages
+  EXPECT_EQ(paged_run.data->problem.k_quant.scale[0], paged_run.data->problem.num_pages);
 }

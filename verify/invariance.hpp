@@ -9,6 +9,7 @@
 // run.
 #pragma once
 
+#include <array>
 #include <functional>
 #include <string>
 #include <vector>
@@ -22,19 +23,31 @@
 
 namespace attn {
 
+// A quantised tensor's rows of one entry (format version 4), whatever the
+// shape of its scales: each row's codes, scale groups and zero points, and
+// the entry's descale per kv head when the descale is per entry.
+struct EntryCodes {
+  std::vector<std::uint8_t> codes;       // [heads, len, row_bytes]
+  std::vector<float> scale;              // [heads, len, groups], empty without a scale
+  std::vector<std::int32_t> zero_point;  // likewise, empty without zero points
+  std::vector<float> descale;            // [heads_kv], empty unless per (entry, kv head)
+  bool operator==(const EntryCodes&) const = default;
+};
+
 // One batch entry of a case, whatever its arrangement: its queries and keys
-// (canonical [heads, len, dim]), the keys it may see (kv_len) and its mask
-// and bias rows over its own keys.
+// (canonical [heads, len, dim]), the keys it may see (kv_len), its mask and
+// bias rows over its own keys, and the codes of its quantised tensors.
 struct BatchEntry {
   std::int64_t q_len = 0, k_len = 0, limit = 0;
   std::vector<double> q, k, v;   // [heads_q, q_len, d], [heads_kv, k_len, d], [heads_kv, k_len, dv]
   std::vector<std::uint8_t> mask;  // [heads_q, q_len, k_len], empty without one
   std::vector<double> bias;        // [heads_q, q_len, k_len], empty without one
   std::vector<double> dout;        // [heads_q, q_len, dv], empty without a backward
+  std::array<EntryCodes, 3> codes; // q, k, v: empty where not quantised
   bool operator==(const BatchEntry&) const = default;
 };
 
-// The entries of a case (dense, packed or paged; not quantised), with their
+// The entries of a case (dense, packed or paged, quantised or not), with their
 // rows of `dout` (canonical [q_batch, heads_q, seq_q, dv]) when given.
 std::vector<BatchEntry> batch_entries(const CaseData& data, const std::vector<double>* dout = nullptr);
 
@@ -53,7 +66,9 @@ struct InvarianceRun {
 
 // A case of the given arrangement holding `entries` (with the original
 // case's heads, dims, dtype, scale and version 2 settings), or a reason why
-// that arrangement cannot hold them (a mask in a packed batch, ...).
+// that arrangement cannot hold them (a mask in a packed batch, per-entry
+// scales in a packed batch, ...). A quantised tensor's scales keep the
+// original's shape: an axis broadcast there stays broadcast.
 struct Assembled {
   std::optional<CaseData> data;
   std::string why_not;
@@ -63,7 +78,7 @@ Assembled assemble(const CaseData& original, const std::vector<BatchEntry>& entr
                    std::int64_t page_size = 16, std::uint64_t seed = 1);
 
 // The runs of the check for a case, within `element_budget` elements of
-// q, k and v each (0: no limit). Quantised cases and layers have none. With
+// q, k and v each (0: no limit). Layers have none. With
 // `dout`, each run carries its entries' dO rows too.
 std::vector<InvarianceRun> invariance_runs(const CaseData& data, std::int64_t element_budget,
                                            const std::vector<double>* dout = nullptr);

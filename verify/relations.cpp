@@ -101,7 +101,7 @@ bool scale_values(CaseData& c, char tensor, double f) {
     if (y > std::numeric_limits<float>::max() / 2 || (y != 0 && y < std::numeric_limits<float>::min())) return false;
   }
   for (float& x : *carrier) x = static_cast<float>(static_cast<double>(x) * f);
-  scale_all(q.original, f);
+  q.original.clear();  // optional, and huge originals (a poisoned free slot's) may overflow when scaled
   c.dequantise();
   return true;
 }

@@ -404,7 +404,7 @@ void verify_golden_free(const FixtureHeader& header, const CaseData& case_data, 
     own_backward[b] = run_backward(*backends[b], data, *dout, gradients->bias_requires_grad, run_options);
     return *own_backward[b];
   };
-  if (options.invariance && problem.batch > 1 && !problem.quantised()) {
+  if (options.invariance && problem.batch > 1) {
     const bool backward_too = dout && options.backward_invariance && !problem.paged();
     const std::vector<InvarianceRun> others = invariance_runs(data, options.check_budget, backward_too ? dout : nullptr);
     for (std::size_t b = 0; options.forward && b < backends.size(); ++b) {

@@ -3,7 +3,9 @@
 // the class of bug that serving stacks publish (a descale dropped or applied
 // twice, read for the query head, a nibble order, a zero point's sign, a
 // group's scale taken per token). The arithmetic is naive's own, so only the
-// plumbing can make them FAIL.
+// plumbing can make them FAIL. One is right in every batch but not the same
+// in all: K's descale folded into the softmax scale for a batch of one
+// sequence (a single-request fast path), which only batch invariance sees.
 #include <algorithm>
 #include <memory>
 #include <string>
@@ -17,7 +19,7 @@ namespace attn {
 namespace {
 
 enum class Flaw { v_descale_dropped, descale_twice, q_descale_by_query_head, q4_0_nibbles_interleaved, zero_point_sign,
-                  group_scale_per_token };
+                  group_scale_per_token, k_descale_folded_alone };
 
 // The inner plan with the flawed copies it reads.
 class FlawedPlan final : public Plan {
@@ -26,6 +28,7 @@ class FlawedPlan final : public Plan {
   std::vector<std::vector<std::int32_t>> integers;
   std::vector<std::vector<std::uint8_t>> bytes;
   std::unique_ptr<Plan> inner;
+  Problem problem;  // what the inner plan runs
   void run() override { inner->run(); }
   void read_output() override { inner->read_output(); }
   bool has_lse() const override { return inner->has_lse(); }
@@ -64,6 +67,7 @@ class QuantMutant final : public Backend {
   Status supports(const Problem& p) const override { return inner_->supports(p); }
   std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& options) const override {
     auto plan = std::make_unique<FlawedPlan>();
+    plan->problem = p;
     AttentionIO flawed = io;
     for (char t : {'q', 'k', 'v'}) {
       QuantView& codes = t == 'q' ? flawed.q_codes : t == 'k' ? flawed.k_codes : flawed.v_codes;
@@ -113,9 +117,15 @@ class QuantMutant final : public Backend {
         case Flaw::group_scale_per_token:
           if (codes.scale) codes.group = codes.dim;  // every element of a row takes its first group's scale
           break;
+        case Flaw::k_descale_folded_alone:
+          if (t == 'k' && p.batch == 1 && spec.descale == Descale::tensor) {  // scale * descale, rounded once
+            plan->problem.scale = p.scale * static_cast<double>(codes.descale[0]);
+            codes.descale = nullptr;
+          }
+          break;
       }
     }
-    plan->inner = inner_->prepare(p, flawed, options);
+    plan->inner = inner_->prepare(plan->problem, flawed, options);
     return plan;
   }
 
@@ -144,6 +154,9 @@ std::unique_ptr<Backend> make_quant_zero_point_sign() {
 }
 std::unique_ptr<Backend> make_quant_group_scale_per_token() {
   return std::make_unique<QuantMutant>("quant_group_scale_per_token", Flaw::group_scale_per_token);
+}
+std::unique_ptr<Backend> make_quant_k_descale_folded_alone() {
+  return std::make_unique<QuantMutant>("quant_k_descale_folded_alone", Flaw::k_descale_folded_alone);
 }
 
 }  // namespace attn
