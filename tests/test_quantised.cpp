@@ -16,6 +16,7 @@
 #include "fixtures/suite.hpp"
 #include "tests/mutants/catalogue.hpp"
 #include "verify/invariance.hpp"
+#include "verify/relations.hpp"
 #include "verify/verifier.hpp"
 
 using namespace attn;
@@ -297,4 +298,41 @@ TEST(Quantised, BatchInvarianceRunsCarryEveryEntrysCodesInTheScalesOwnShape) {
   const Assembled paged_run = assemble(data, batch_entries(data), Arrangement::paged, 4);
   ASSERT_TRUE(paged_run.data) << paged_run.why_not;  // a page's scale: each entry's own pages
   EXPECT_EQ(paged_run.data->problem.k_quant.scale[0], paged_run.data->problem.num_pages);
+}
+
+// The relations permute a quantised tensor's codes, scales, zero points
+// and per-(entry, kv head) descales with its values: the codes of every
+// permuted run dequantise to exactly the values the run holds, and naive
+// keeps both permutations bitwise on such a case.
+TEST(Quantised, PermutationsCarryTheCodesScalesAndDescales) {
+  CaseSpec spec = suite_case("quantised/e4m3_kv_decode_gqa_bf16");
+  spec.name = "permuted_codes";
+  spec.problem = "dtype=f32,b=2,hq=4,hkv=2,sq=5,sk=9,d=32,kenc=u8,kscale=2x2x9x2,kzp,venc=e4m3,vdescale=head,"
+                 "vscale=1x2x1x1,qenc=e5m2,qdescale=head";
+  Fixture f = generate_fixture(spec);
+  std::vector<std::string> left_out;
+  const std::vector<RelationRun> runs = relation_runs(f.data, nullptr, 0, &left_out, kRelationHeadPermutation | kRelationKeyPermutation);
+  ASSERT_EQ(runs.size(), 2u) << (left_out.empty() ? "" : left_out.front());
+  for (const RelationRun& run : runs) {
+    SCOPED_TRACE(run.what);
+    CaseData again = run.data;
+    again.dequantise();
+    EXPECT_EQ(again.q, run.data.q);
+    EXPECT_EQ(again.k, run.data.k);
+    EXPECT_EQ(again.v, run.data.v);
+    EXPECT_NE(run.data.k_quant.codes, f.data.k_quant.codes);
+    EXPECT_NE(run.data.k_quant.scale, f.data.k_quant.scale);
+  }
+  EXPECT_NE(runs[0].data.v_quant.descale, f.data.v_quant.descale);  // kv heads reversed
+  const auto backends = make_backends(std::vector<std::string>{"naive"});
+  VerifyOptions options;
+  options.relations = true;
+  const VerifySummary summary = verify_fixture(f, {backends.front().get()}, options, /*trusted_golden=*/true);
+  int exact = 0;
+  for (const CaseOutcome& o : summary.outcomes) {
+    if (o.check.find("permutation") == std::string::npos) continue;
+    EXPECT_EQ(o.comparison.verdict, Verdict::pass) << o.comparison.reason;
+    exact += o.comparison.reason.find("EXACT") != std::string::npos;
+  }
+  EXPECT_EQ(exact, 2);
 }

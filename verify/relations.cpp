@@ -70,6 +70,31 @@ std::vector<T> permute_axis(const std::vector<T>& x, int64_t heads, int64_t inne
   return y;
 }
 
+// Format version 4: tensor t's codes, scales and zero points permuted along
+// its heads (axis 1) or its sequence (axis 2) as its values are; a scale axis
+// broadcast stays as it is. Per-(entry, kv head) descales follow the kv
+// heads (`kv_perm`, for q too: a query head reads its kv head's). The
+// originals, optional, are dropped.
+void permute_codes(CaseData& c, const CaseData& data, char t, int axis, const std::vector<int64_t>& perm,
+                   const std::vector<int64_t>& kv_perm) {
+  const Problem& p = data.problem;
+  const QuantSpec& spec = p.quant(t);
+  if (!spec.quantised()) return;
+  const QuantData& from = data.quant(t);
+  QuantData& to = c.quant(t);
+  const auto shape = p.stored_shape(t);
+  const int64_t bytes = encoded_row_bytes(spec.encoding, shape[3]);
+  const int64_t inner = axis == 1 ? shape[2] * bytes : bytes;
+  to.codes = permute_axis(from.codes, shape[at(axis)], inner, perm);
+  if (spec.has_scale() && spec.scale[at(axis)] == shape[at(axis)] && shape[at(axis)] > 1) {
+    const int64_t scale_inner = (axis == 1 ? spec.scale[2] : 1) * spec.scale[3];
+    to.scale = permute_axis(from.scale, shape[at(axis)], scale_inner, perm);
+    if (spec.zero_point) to.zero_point = permute_axis(from.zero_point, shape[at(axis)], scale_inner, perm);
+  }
+  if (axis == 1 && spec.descale == Descale::entry_head) to.descale = permute_axis(from.descale, p.heads_kv, 1, kv_perm);
+  to.original.clear();
+}
+
 // The power of two (2^k, k = +-bits) that scales every value of `x` exactly:
 // up when x's largest stays within half the range of `dtype`, and times
 // `growth` (what sums of it reach) within half the accumulation's; else down
@@ -197,8 +222,6 @@ std::vector<RelationRun> relation_runs(const CaseData& data, const std::vector<d
 
   // kv heads reversed, each with its query group, itself reversed.
   if (!(which & kRelationHeadPermutation)) {
-  } else if (p.quantised()) {
-    leave(kRelationHeadPermutation, "quantised codes, scales and descales are not permuted yet");
   } else if (hq > 1) {
     std::vector<int64_t> kv_perm(at(hkv)), q_perm(at(hq));
     for (int64_t g = 0; g < hkv; ++g) kv_perm[at(g)] = hkv - 1 - g;
@@ -212,6 +235,9 @@ std::vector<RelationRun> relation_runs(const CaseData& data, const std::vector<d
     if (p.bias.present && p.bias.heads == hq) c.bias = permute_axis(data.bias, hq, p.bias.rows * p.seq_k, q_perm);
     if (p.alibi) c.alibi_slopes = permute_axis(data.alibi_slopes, hq, 1, q_perm);
     if (p.sinks) c.sinks = permute_axis(data.sinks, hq, 1, q_perm);
+    permute_codes(c, data, 'q', 1, q_perm, kv_perm);
+    permute_codes(c, data, 'k', 1, kv_perm, kv_perm);
+    permute_codes(c, data, 'v', 1, kv_perm, kv_perm);
     const int64_t out_size = p.q_batch() * hq * p.seq_q * p.head_dim_v;
     r.out.from = axis_map(out_size, hq, p.seq_q * p.head_dim_v, q_perm);
     r.lse.from = axis_map(p.q_batch() * hq * p.seq_q, hq, p.seq_q, q_perm);
@@ -240,7 +266,6 @@ std::vector<RelationRun> relation_runs(const CaseData& data, const std::vector<d
     else if (p.alibi) why = "ALiBi follows the key's position";
     else if (p.kv_len) why = "kv_len hides keys by position";
     else if (p.ragged || p.paged()) why = "packed and paged keys are permuted by the batch invariance check instead";
-    else if (p.quantised()) why = "quantised codes and their per-token scales are not permuted yet";
     if (why.empty()) {
       // A fixed shuffle (a multiplicative step coprime to seq_k, then reversed halves).
       std::vector<int64_t> perm(at(p.seq_k));
@@ -253,6 +278,8 @@ std::vector<RelationRun> relation_runs(const CaseData& data, const std::vector<d
       c.v = permute_axis(data.v, p.seq_k, p.head_dim_v, perm);
       if (p.mask.present) c.mask = permute_axis(data.mask, p.seq_k, 1, perm);
       if (p.bias.present) c.bias = permute_axis(data.bias, p.seq_k, 1, perm);
+      permute_codes(c, data, 'k', 2, perm, {});
+      permute_codes(c, data, 'v', 2, perm, {});
       if (backward) {
         r.dk.from = axis_map(static_cast<int64_t>(data.k.size()), p.seq_k, p.head_dim, perm);
         r.dv.from = axis_map(static_cast<int64_t>(data.v.size()), p.seq_k, p.head_dim_v, perm);
