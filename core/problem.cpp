@@ -198,7 +198,7 @@ void Problem::validate() const {
   checked_product({kv_batch(), heads_kv, kv_seq(), head_dim}, "k");
   checked_product({kv_batch(), heads_kv, kv_seq(), head_dim_v}, "v");
   checked_product({q_batch(), heads_q, seq_q, head_dim_v}, "out");
-  checked_product({batch, heads_q, seq_q, seq_k}, "the score matrix");
+  checked_product({q_batch(), heads_q, seq_q, seq_k}, "the score matrix");  // packed: entries share one row axis
   if (paged()) checked_product({batch, pages_per_entry()}, "page_table");
   check_broadcast(mask, *this, "mask");
   check_broadcast(bias, *this, "bias");

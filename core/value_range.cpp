@@ -1,9 +1,13 @@
 #include "attnbench/value_range.hpp"
 
 #include <fmt/format.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <limits>
 
 #include "attnbench/error.hpp"
@@ -76,7 +80,21 @@ double case_memory_limit_bytes() {
   return gib * 1024.0 * 1024.0 * 1024.0;
 }
 
+double address_space_left() {
+  struct rlimit limit {};
+  if (getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return INFINITY;
+  double mapped_pages = 0;
+  std::ifstream statm("/proc/self/statm");  // first field: pages mapped (libraries, stacks, malloc's arenas)
+  if (!(statm >> mapped_pages)) return INFINITY;
+  return static_cast<double>(limit.rlim_cur) - mapped_pages * static_cast<double>(sysconf(_SC_PAGESIZE));
+}
+
 void require_workspace(double bytes, const char* what) {
+  if (const double left = address_space_left(); bytes > left) {
+    throw Unsupported(fmt::format("{} would take {:.2f} GiB, more than the {:.2f} GiB of address space this process "
+                                  "may still map (ulimit -v)",
+                                  what, bytes / (1 << 30), std::max(left, 0.0) / (1 << 30)));
+  }
   const double limit = case_memory_limit_bytes();
   if (bytes > limit) {
     throw Unsupported(fmt::format("{} would take {:.2f} GiB, more than a case may use ({:.2f} GiB; ATTN_MAX_CASE_GIB "

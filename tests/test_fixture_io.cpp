@@ -1,6 +1,9 @@
 // Fixture files: round trip, bit-identical writes, and a clear error for every
 // kind of malformed input.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -257,6 +260,46 @@ TEST_F(FixtureIo, ImpossibleSizesAreRefusedBeforeAllocating) {
     ::unsetenv("ATTN_MAX_CASE_GIB");
     EXPECT_EQ(error_of(dir_ / "stored.h5"), "");
   }
+}
+
+// Work and memory are bounded from what the file declares, before the
+// work: a packed batch by its entries' own work (many one-query entries
+// cost little, whatever the dense bound), and the memory a case needs
+// against the address space this process may still map (ulimit -v), in a
+// child process under such a limit.
+TEST_F(FixtureIo, WorkAndMemoryAreBoundedByWhatTheFileDeclares) {
+  CaseSpec packed{.name = "packed", .tags = "full", .description = "512 entries of one query and one key",
+                  .problem = "dtype=f32,b=512,hq=1,hkv=1,sq=512,sk=512,d=4,ragged"};
+  packed.recipe.q_lens.assign(512, 1);
+  packed.recipe.k_lens.assign(512, 1);
+  write_fixture(generate_fixture(packed), dir_ / "packed.h5");
+  ::setenv("ATTN_MAX_WORK", "1e5", 1);  // the dense bound, 512 x 512 x 8, is 2.1e6; the entries' work 4096
+  EXPECT_EQ(error_of(dir_ / "packed.h5"), "");
+  ::setenv("ATTN_MAX_WORK", "4000", 1);
+  EXPECT_ERROR(error_of(dir_ / "packed.h5"), "asks for 4.1e+03 multiply-adds, more than the limit of 4e+03");
+  ::unsetenv("ATTN_MAX_WORK");
+
+  CaseSpec large{.name = "large", .tags = "full", .description = "k and v of 2^19 elements each",
+                 .problem = "dtype=f32,b=1,hq=1,hkv=1,sq=1,sk=65536,d=8"};
+  write_fixture(generate_fixture(large), dir_ / "large.h5");
+  // 0: refused naming the address space; 1: loaded; 2: another error.
+  auto under_limit = [&](double extra_bytes) {
+    const pid_t child = fork();
+    if (child == 0) {
+      double pages = 0;
+      std::ifstream("/proc/self/statm") >> pages;
+      struct rlimit limit {};
+      limit.rlim_cur = limit.rlim_max = static_cast<rlim_t>(pages * static_cast<double>(sysconf(_SC_PAGESIZE)) + extra_bytes);
+      setrlimit(RLIMIT_AS, &limit);
+      const std::string error = error_of(dir_ / "large.h5");
+      _exit(error.empty() ? 1 : error.find("of address space this process may still map (ulimit -v)") != std::string::npos ? 0 : 2);
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  };
+  EXPECT_EQ(under_limit(32.0 * (1 << 20)), 0);  // the estimate, 8 copies of 2^20 doubles, is 64 MiB
+  EXPECT_EQ(under_limit(1024.0 * (1 << 20)), 1);
 }
 
 TEST_F(FixtureIo, FindsFixturesInFoldersSorted) {

@@ -18,6 +18,7 @@
 #include "fixtures/suite.hpp"
 #include "impls/naive/naive.hpp"
 #include "verify/conventions.hpp"
+#include "verify/invariance.hpp"
 #include "verify/backward.hpp"
 #include "verify/backward_baseline.hpp"
 #include "verify/baseline.hpp"
@@ -951,4 +952,21 @@ TEST(Verifier, AConventionalMeanOfVRoundedToTheSubnormalGridFollowsTheConvention
   // A value a grid step further off still follows neither.
   std::vector<double> wrong = {18 * q};
   EXPECT_FALSE(apply_conventions({{ConventionKind::empty_rows_mean_v, "a test's"}}, data, wrong, nullptr).failure.empty());
+}
+
+// A batch of thousands of entries runs only its first 16 alone: each entry
+// taken out is a few vectors, and 2^22 one-query entries took gigabytes.
+TEST(Verifier, ABatchOfThousandsOfEntriesRunsOnlyItsFirstSixteenAlone) {
+  CaseSpec spec{.name = "many", .tags = "full", .description = "1100 entries of one query and two keys",
+                .problem = "dtype=f32,b=1100,hq=1,hkv=1,sq=1100,sk=2200,d=4,ragged"};
+  spec.recipe.q_lens.assign(1100, 1);
+  spec.recipe.k_lens.assign(1100, 2);
+  const CaseData data = generate_inputs(spec);
+  const std::vector<InvarianceRun> runs = invariance_runs(data, std::int64_t{1} << 22);
+  ASSERT_EQ(runs.size(), 16u);
+  for (const InvarianceRun& run : runs) EXPECT_EQ(run.what.rfind("alone (entry ", 0), 0u) << run.what;
+  spec.problem = "dtype=f32,b=1000,hq=1,hkv=1,sq=1000,sk=2000,d=4,ragged";  // up to 1024: the whole batch's runs too
+  spec.recipe.q_lens.assign(1000, 1);
+  spec.recipe.k_lens.assign(1000, 2);
+  EXPECT_GT(invariance_runs(generate_inputs(spec), std::int64_t{1} << 22).size(), 16u);
 }

@@ -87,11 +87,11 @@ std::string_view arrangement_name(Arrangement arrangement) {
   return "?";
 }
 
-std::vector<BatchEntry> batch_entries(const CaseData& data, const std::vector<double>* dout) {
+std::vector<BatchEntry> batch_entries(const CaseData& data, const std::vector<double>* dout, int64_t count) {
   const Problem& p = data.problem;
   const int64_t hq = p.heads_q, hkv = p.heads_kv, d = p.head_dim, dv = p.head_dim_v;
-  std::vector<BatchEntry> entries(at(p.batch));
-  for (int64_t b = 0; b < p.batch; ++b) {
+  std::vector<BatchEntry> entries(at(count < 0 ? p.batch : std::min(count, p.batch)));
+  for (int64_t b = 0; b < static_cast<int64_t>(entries.size()); ++b) {
     BatchEntry& e = entries[at(b)];
     int64_t q0 = 0, k0 = 0;  // first row of the entry in q's and k's sequence axis (packed)
     if (p.ragged) {
@@ -494,13 +494,20 @@ int64_t elements(const CaseData& c) {
   return static_cast<int64_t>(std::max({c.q.size(), c.k.size(), c.v.size(), c.mask.size(), c.bias.size()}));
 }
 
+constexpr int64_t kMostEntries = 1024;
+
 }  // namespace
 
 std::vector<InvarianceRun> invariance_runs(const CaseData& data, int64_t element_budget, const std::vector<double>* dout) {
   const Problem& p = data.problem;
   std::vector<InvarianceRun> runs;
-  const std::vector<BatchEntry> entries = batch_entries(data, dout);
-  const int64_t n = static_cast<int64_t>(entries.size());
+  const int64_t n = p.batch;
+  // Runs of the whole batch only within the budget and for a batch of at
+  // most 1024 entries (each entry taken out is a few small vectors: 2^22
+  // entries of one query would take gigabytes); else each of the first 16
+  // entries alone.
+  const bool whole = n <= kMostEntries && (element_budget <= 0 || elements(data) <= element_budget);
+  const std::vector<BatchEntry> entries = batch_entries(data, dout, whole ? n : std::min<int64_t>(n, 16));
   const Arrangement own = p.ragged ? Arrangement::packed : p.paged() ? Arrangement::paged : Arrangement::dense;
   const int64_t own_page = p.paged() ? p.page_size : 16;
   auto add = [&](std::string what, const std::vector<BatchEntry>& es, const std::vector<int64_t>& source, Arrangement a,
@@ -520,6 +527,7 @@ std::vector<InvarianceRun> invariance_runs(const CaseData& data, int64_t element
     if (n == 1) break;  // alone is the case itself
     add(fmt::format("alone (entry {})", b), {entries[at(b)]}, {b}, own, own_page, 7 + static_cast<std::uint64_t>(b));
   }
+  if (!whole) return runs;
   // The batch reversed.
   if (n > 1) {
     std::vector<BatchEntry> reversed(entries.rbegin(), entries.rend());

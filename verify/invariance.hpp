@@ -48,8 +48,10 @@ struct BatchEntry {
 };
 
 // The entries of a case (dense, packed or paged, quantised or not), with their
-// rows of `dout` (canonical [q_batch, heads_q, seq_q, dv]) when given.
-std::vector<BatchEntry> batch_entries(const CaseData& data, const std::vector<double>* dout = nullptr);
+// rows of `dout` (canonical [q_batch, heads_q, seq_q, dv]) when given; the
+// first `count` of them (-1: all).
+std::vector<BatchEntry> batch_entries(const CaseData& data, const std::vector<double>* dout = nullptr,
+                                      std::int64_t count = -1);
 
 enum class Arrangement { dense, packed, paged };
 std::string_view arrangement_name(Arrangement arrangement);
@@ -78,7 +80,8 @@ Assembled assemble(const CaseData& original, const std::vector<BatchEntry>& entr
                    std::int64_t page_size = 16, std::uint64_t seed = 1);
 
 // The runs of the check for a case, within `element_budget` elements of
-// q, k and v each (0: no limit). Layers have none. With
+// q, k and v each (0: no limit); a case beyond it, or of more than 1024
+// entries, runs only its first 16 entries alone. Layers have none. With
 // `dout`, each run carries its entries' dO rows too.
 std::vector<InvarianceRun> invariance_runs(const CaseData& data, std::int64_t element_budget,
                                            const std::vector<double>* dout = nullptr);

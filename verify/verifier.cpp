@@ -18,6 +18,7 @@
 #include "reference/layer.hpp"
 #include "verify/backward.hpp"
 #include "verify/baseline.hpp"
+#include "attnbench/value_range.hpp"
 #include "verify/invariance.hpp"
 #include "verify/relations.hpp"
 #include "verify/layer.hpp"
@@ -154,6 +155,15 @@ std::string judged_elsewhere(const Backend& backend, const RunConfig& config, co
                      configs.front().threads);
 }
 
+// A case that ran out of memory past the estimate made before reading it
+// (fixtures/fixture.cpp): the file's to answer for, as any input too large.
+std::string out_of_memory() {
+  return fmt::format("ran out of memory verifying this case (std::bad_alloc), though its declared sizes passed the "
+                     "estimate made before reading it; this process may map {:.2f} GiB more (ulimit -v); "
+                     "ATTN_MAX_CASE_GIB lowers what a case may take",
+                     std::min(address_space_left(), 1e18) / (1 << 30));
+}
+
 // A verdict reached before anything ran.
 Comparison skipped(std::string reason) {
   Comparison c;
@@ -163,14 +173,18 @@ Comparison skipped(std::string reason) {
 }
 
 // Runs `work`, which returns the comparison: a backend's Unsupported (values
-// it refuses, found only once it saw them) makes it SKIP with the reason, any
-// other exception a FAIL that names it.
+// it refuses, found only once it saw them) makes it SKIP with the reason, as
+// does running out of memory (no answer is not a wrong answer); any other
+// exception is a FAIL that names it.
 template <typename Work>
 Comparison judged(Work&& work) {
   try {
     return work();
   } catch (const Unsupported& e) {
     return skipped(e.what());
+  } catch (const std::bad_alloc&) {
+    return skipped("ran out of memory on this case (std::bad_alloc): this process may not allocate what it needs "
+                   "(ulimit -v, the machine's memory)");
   } catch (const std::exception& e) {
     Comparison c;
     c.fail(fmt::format("backend threw: {}", e.what()));
@@ -646,6 +660,8 @@ VerifySummary verify_shard(const std::vector<std::filesystem::path>& files, cons
       verify_file(readable[f].file, readable[f].header, mine, options, on_outcome, summary);
     } catch (const Error& e) {
       summary.input_errors.push_back({readable[f].file.string(), e.what()});
+    } catch (const std::bad_alloc&) {
+      summary.input_errors.push_back({readable[f].file.string(), out_of_memory()});
     }
   }
   return summary;
@@ -676,6 +692,8 @@ VerifySummary verify(const std::vector<std::filesystem::path>& files,
       verify_file(file, header, all, options, on_outcome, summary);
     } catch (const Error& e) {  // InputError included
       summary.input_errors.push_back({file.string(), e.what()});
+    } catch (const std::bad_alloc&) {
+      summary.input_errors.push_back({file.string(), out_of_memory()});
     }
   }
   note_unmatched_tags(options, seen_tags, matched, summary);

@@ -24,7 +24,11 @@ void require_float32_scores(const Problem& problem, const AttentionIO& io);
 // this (a page of 2^25 keys makes a row block's scores gigabytes) refuses the
 // case: require_workspace throws attn::Unsupported, naming what needs it, so
 // the run goes on instead of failing an allocation half way.
+// require_workspace also refuses what would not fit in the address space
+// this process may still map (address_space_left: ulimit -v less what is
+// mapped now; +inf without a limit).
 double case_memory_limit_bytes();
+double address_space_left();
 void require_workspace(double bytes, const char* what);
 
 }  // namespace attn
