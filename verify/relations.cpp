@@ -143,6 +143,42 @@ double subnormal_reach(const Problem& p, double f) {
   return std::max(f, 1.0) * std::max(smallest_normal(p.dtype), terms * accumulation);
 }
 
+// Whether every term p_ij v_jd of the output's sums is 0 or normal in the
+// accumulation, before and after V x f: only then does each sum scale
+// exactly. A lower bound of the weights from the scores' range (|q| |k|
+// scale, softcap, bias, ALiBi) and an upper bound of lse (sinks too):
+// seed 3, case 106 (sinks near 92) put weights near e^-82 on values near
+// 1e-3, and the products rounded among float32's subnormals.
+bool output_terms_normal(const CaseData& data, double f) {
+  const Problem& p = data.problem;
+  auto largest_norm = [](const std::vector<double>& x, int64_t width) {
+    double largest = 0;
+    for (std::size_t r = 0; width > 0 && r + at(width) <= x.size(); r += at(width)) {
+      double sum = 0;
+      for (int64_t d = 0; d < width; ++d) sum += x[r + at(d)] * x[r + at(d)];
+      largest = std::max(largest, std::sqrt(sum));
+    }
+    return largest;
+  };
+  double reach = std::fabs(p.scale) * largest_norm(data.q, p.head_dim) * largest_norm(data.k, p.head_dim);
+  if (p.softcap != 0) reach = std::min(reach, std::fabs(p.softcap));
+  double lo = -reach, hi = reach;
+  if (p.bias.present) {
+    double bias_lo = INFINITY, bias_hi = -INFINITY;
+    for (double b : data.bias) {
+      if (std::isfinite(b)) bias_lo = std::min(bias_lo, b), bias_hi = std::max(bias_hi, b);
+    }
+    if (bias_lo <= bias_hi) lo += bias_lo, hi += bias_hi;
+  }
+  if (p.alibi) lo -= largest_abs(data.alibi_slopes) * static_cast<double>(std::max(p.seq_k, p.seq_q));
+  double lse_hi = hi + std::log(static_cast<double>(std::max<int64_t>(p.seq_k, 1)));
+  if (p.sinks) lse_hi = std::max(lse_hi, largest_abs(data.sinks)) + std::log(2.0);
+  const double weight = std::exp(lo - lse_hi);
+  const double normal = smallest_normal(p.dtype == DType::f64 ? DType::f64 : DType::f32);
+  const double v_min = smallest_nonzero_abs(data.v);
+  return v_min == 0 || weight * v_min * std::min(f, 1.0) >= normal;
+}
+
 std::string power_text(double factor) {
   const int k = static_cast<int>(std::lround(std::log2(factor)));
   return k >= 0 ? fmt::format("x {}", std::ldexp(1.0, k)) : fmt::format("/ {}", std::ldexp(1.0, -k));
@@ -199,7 +235,8 @@ std::vector<RelationRun> relation_runs(const CaseData& data, const std::vector<d
   } else if (const double f = exact_power(data.v, p.dtype, 3, static_cast<double>(std::max<int64_t>(p.seq_k, 1))); f != 0) {
     RelationRun r = base(kRelationVScale, fmt::format("V {}", power_text(f)));
     r.out.factor = f;
-    r.exact_above = subnormal_reach(p, f);
+    // Products among the subnormals: within the bound, never bit for bit.
+    r.exact_above = output_terms_normal(data, f) ? subnormal_reach(p, f) : INFINITY;
     r.dq.factor = r.dk.factor = r.dbias.factor = r.dsinks.factor = f;
     if (scale_values(r.data, 'v', f)) runs.push_back(std::move(r));
     else leave(kRelationVScale, "V's codes have no descale or scale to carry the power of two");
@@ -543,6 +580,16 @@ Comparison judge_relation_backward(const Backend& backend, const CaseData& data,
   const BackwardRun got = run_backward(backend, run.data, run.dout.empty() ? dout : run.dout, bias_gradient, options);
   Comparison c;
   Exactness exact;
+  // Where the output scales (V x 2^k), the backward starts from the forward's
+  // output in the dtype, whose subnormals round differently scaled: each
+  // row's D = dO . O, and every gradient that takes it, may then differ in
+  // the last bit though both runs are right (seed 2, case 142: float16 out
+  // near 1e-4 beside a large sink). Within the bound, not bit for bit.
+  const double out_factor = std::fabs(run.out.factor);
+  const bool subnormal_out = std::isinf(run.exact_above) ||
+                            (out_factor != 1 && std::any_of(own.out.begin(), own.out.end(), [&](double o) {
+                              return o != 0 && std::fabs(o) < smallest_normal(p.dtype) * std::max(out_factor, 1.0);
+                            }));
   for (const GradientPart& part : gradient_parts(p)) {
     const std::vector<double>& own_values = own.got.*part.values;
     const std::vector<double>& got_values = got.got.*part.values;
@@ -570,7 +617,7 @@ Comparison judge_relation_backward(const Backend& backend, const CaseData& data,
     tt.bound = &t.bound;
     tt.decides_trust = false;
     c.add(score_tensor(tt, got_values));
-    check_bits(t, got_values, run.exact_above, false, exact);
+    check_bits(t, got_values, run.exact_above, subnormal_out, exact);
   }
   return conclude_relation(backend, run, std::move(c), exact, ", backward");
 }
