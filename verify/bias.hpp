@@ -34,8 +34,10 @@ struct BiasTest {
 // Rows are evidence only when independent: a row whose `identity` row (the
 // truth's by default) is bitwise that of an earlier row is the same
 // computation again (uniform weights, repeated heads) and counts once.
+// Elements whose truth is below `below` (the dtype's smallest normal: the
+// subnormals' grid, where underflow decides the direction) carry no sign.
 BiasTest rounding_bias(const std::vector<double>& truth, const std::vector<double>& got,
                        const std::vector<double>& baseline, std::int64_t width, const std::vector<char>& counts,
-                       double exact_within = 0, const std::vector<double>* identity = nullptr);
+                       double exact_within = 0, const std::vector<double>* identity = nullptr, double below = 0);
 
 }  // namespace attn

@@ -148,8 +148,9 @@ TensorScore score_tensor(const TensorTruth& t, const std::vector<double>& got) {
     // positive terms loses the small ones: attn fuzz measured -29 u on l over
     // 2683 keys, against -2 u in 16 lanes), so a sign test cannot tell them apart.
     if (t.baselines && !t.baselines->empty() && is_16bit(t.dtype)) {
+      // (a float16's subnormals start at 2^-14, a bfloat16's at 2^-126)
       s.bias = least_biased(value, got, *t.baselines, static_cast<std::int64_t>(width), counts, t.exact_within,
-                            t.identity);
+                            t.identity, std::ldexp(1.0, t.dtype == DType::f16 ? -14 : -126));
       if (s.bias->biased) s.failures.push_back(fmt::format("{}: rounding bias: {}", what, s.bias->finding));
     }
   }
@@ -169,11 +170,12 @@ Dims4 element_coordinates(const Dims4& shape, std::size_t e) {
 
 BiasTest least_biased(const std::vector<double>& truth, const std::vector<double>& got,
                       const std::vector<std::vector<double>>& baselines, std::int64_t width,
-                      const std::vector<char>& counts, double exact_within, const std::vector<double>* identity) {
+                      const std::vector<char>& counts, double exact_within, const std::vector<double>* identity,
+                      double below) {
   BiasTest best;
   double best_t = kInf;
   for (const auto& baseline : baselines) {
-    BiasTest b = rounding_bias(truth, got, baseline, width, counts, exact_within, identity);
+    BiasTest b = rounding_bias(truth, got, baseline, width, counts, exact_within, identity, below);
     const double t = std::max(std::fabs(b.toward_zero.t), std::fabs(b.upward.t));
     if (&baseline == &baselines.front() || (!b.biased && best.biased) || (b.biased == best.biased && t < best_t)) {
       best = std::move(b);

@@ -101,7 +101,8 @@ Dims4 element_coordinates(const Dims4& shape, std::size_t flat);
 // when biased against all).
 BiasTest least_biased(const std::vector<double>& truth, const std::vector<double>& got,
                       const std::vector<std::vector<double>>& baselines, std::int64_t width,
-                      const std::vector<char>& counts, double exact_within, const std::vector<double>* identity);
+                      const std::vector<char>& counts, double exact_within, const std::vector<double>* identity,
+                      double below = 0);
 
 // A result proves little when fewer than this share of its elements could be
 // told apart from zero within their bound.
