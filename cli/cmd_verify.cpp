@@ -1,5 +1,7 @@
 // attn verify: every backend against every fixture, a table, and an exit code for CI.
 #include <fmt/format.h>
+
+#include <cstdlib>
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,6 +33,7 @@ struct VerifyArgs {
   std::vector<std::string> directions;
   std::vector<std::string> problems;
   std::vector<std::string> skip_checks;
+  double memory_limit_gib = 0;
 };
 }  // namespace
 
@@ -92,11 +95,18 @@ Runner add_verify_command(CLI::App& app) {
       ->allow_extra_args(false)
       ->delimiter(',')
       ->check(CLI::IsMember({"invariance", "relations"}));
+  cmd->add_option("--memory-limit", args->memory_limit_gib,
+                  "GiB one case may take, estimated from its declared sizes before any work (default 2, or "
+                  "ATTN_MAX_CASE_GIB; never more than the memory available or the address space left under ulimit -v); "
+                  "a case beyond it is an input error naming the estimate")
+      ->check(CLI::PositiveNumber);
   cmd->footer("Exit status: 0 when at least one case ran and nothing failed; 1 when something FAILED, when every "
               "case was skipped (unless --allow-all-skipped) or, with --fail-on-mistrusted, when a result was "
               "MISTRUSTED; 2 on a usage error or an input error (an unreadable or hostile fixture, a golden that is "
               "not the attention of its inputs), which every output still records.");
   return [args, argv0 = std::string("attn")]() {
+    // Read wherever a case's memory is bounded (the loader, require_workspace, packed plans).
+    if (args->memory_limit_gib > 0) ::setenv("ATTN_MAX_CASE_GIB", fmt::format("{}", args->memory_limit_gib).c_str(), 1);
     std::vector<std::filesystem::path> roots(args->paths.begin(), args->paths.end());
     if (!args->problems.empty() && (!roots.empty() || !args->outputs.empty())) {
       throw Error("--problem judges problems without fixtures: give no fixture paths and no --outputs with it");

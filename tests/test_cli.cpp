@@ -490,3 +490,15 @@ TEST_F(Cli, FourShardsMergeIntoTheUnshardedRun) {
   EXPECT_EQ(unsharded.code, 2) << unsharded.output;
   EXPECT_NE(unsharded.output.find("is not a shard"), std::string::npos) << unsharded.output;
 }
+
+// --memory-limit bounds what one case may take, from its declared sizes,
+// before any work: beyond it the case is an input error naming the
+// estimate (exit 2); a positive number only.
+TEST_F(Cli, MemoryLimitRefusesACaseBeyondItBeforeWork) {
+  const std::string file = kGolden + "/basic/b1_h2_q4_k4_d8_f32.h5";
+  CliRun r = run_attn("verify " + file + " --backend naive --memory-limit 1e-9");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("the case needs about 0.00 GiB, more than the limit of 0.00 GiB"), std::string::npos) << r.output;
+  EXPECT_EQ(run_attn("verify " + file + " --backend naive --memory-limit 1").code, 0);
+  EXPECT_EQ(run_attn("verify " + file + " --backend naive --memory-limit 0").code, 2);
+}
