@@ -158,10 +158,11 @@ std::string judged_elsewhere(const Backend& backend, const RunConfig& config, co
 // A case that ran out of memory past the estimate made before reading it
 // (fixtures/fixture.cpp): the file's to answer for, as any input too large.
 std::string out_of_memory() {
+  const double left = address_space_left();
   return fmt::format("ran out of memory verifying this case (std::bad_alloc), though its declared sizes passed the "
-                     "estimate made before reading it; this process may map {:.2f} GiB more (ulimit -v); "
-                     "ATTN_MAX_CASE_GIB lowers what a case may take",
-                     std::min(address_space_left(), 1e18) / (1 << 30));
+                     "estimate made before reading it{}; --memory-limit (ATTN_MAX_CASE_GIB) lowers what a case may take",
+                     std::isfinite(left) ? fmt::format("; this process may map {:.2f} GiB more (ulimit -v)", left / (1 << 30))
+                                         : std::string());
 }
 
 // A verdict reached before anything ran.
