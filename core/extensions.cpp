@@ -2,6 +2,9 @@
 
 #include <stdexcept>
 
+#include "attnbench/error.hpp"
+#include "core/layer_data.hpp"
+
 namespace attn {
 
 std::string_view convention_name(ConventionKind kind) {
@@ -19,6 +22,11 @@ Status BackendExtensions::supports_layer(const Problem& /*problem*/, std::int64_
 
 std::vector<double> BackendExtensions::run_layer(const LayerData& /*layer*/, const RunOptions& /*options*/) const {
   throw std::logic_error("this backend does not run layers itself (runs_layers() is false)");
+}
+
+LayerGradients BackendExtensions::run_layer_backward(const LayerData& /*layer*/, const std::vector<double>& /*dout*/,
+                                                     bool /*bias_gradient*/, const RunOptions& /*options*/) const {
+  throw Unsupported("its own layer has no backward in attnbench");
 }
 
 std::vector<Convention> conventions_of(const Backend& backend, const Problem& problem) {

@@ -15,6 +15,7 @@
 namespace attn {
 
 struct LayerData;        // core/layer_data.hpp
+struct LayerGradients;
 class RecordedOutputs;   // verify/recorded.hpp
 
 // A documented convention of a backend's framework that differs from the
@@ -46,6 +47,13 @@ class BackendExtensions {
   virtual Status supports_layer(const Problem& problem, std::int64_t model_dim) const;
   // y [batch, seq_q, model_dim], widened to float64. Not timed.
   virtual std::vector<double> run_layer(const LayerData& layer, const RunOptions& options) const;
+  // The layer's backward on a layer case with gradients (docs/format/v3.md,
+  // "Layers"): every gradient of L = sum(dout * y) the layer has (the shapes
+  // of LayerGradients; dbias only with `bias_gradient`), widened to float64.
+  // Throws attn::Unsupported (SKIP, with its reason) where the framework's
+  // layer has none. Not timed.
+  virtual LayerGradients run_layer_backward(const LayerData& layer, const std::vector<double>& dout, bool bias_gradient,
+                                            const RunOptions& options) const;
   // Results another tool wrote, read instead of run (verify/recorded.hpp).
   virtual const RecordedOutputs* recorded() const { return nullptr; }
   // Non-empty when the framework's gradients depend on the thread count (its

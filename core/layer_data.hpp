@@ -4,6 +4,8 @@
 // weights multiply from the right (x @ w).
 #pragma once
 
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "core/case_data.hpp"
@@ -27,6 +29,48 @@ struct LayerData {
   std::int64_t v_width() const { return problem.heads_kv * problem.head_dim_v; }
   std::int64_t o_width() const { return problem.heads_q * problem.head_dim_v; }
 };
+
+// The gradients of a layer case (format version 3, kind = mha;
+// docs/format/v3.md, "Layers"): of L = sum(dout * y) with respect to every
+// input and parameter, each in the shape of what it is the gradient of.
+struct LayerGradients {
+  std::vector<double> dx_q, dx_k, dx_v;        // [batch, seq, model_dim]
+  std::vector<double> dw_q, dw_k, dw_v, dw_o;  // the weights' shapes
+  std::vector<double> db_q, db_k, db_v, db_o;  // the biases' shapes; empty where the layer has none
+  std::vector<double> dbias;                   // the attention bias's stored shape, when it requires a gradient
+  std::vector<double> dsinks;                  // [heads_q] when the attention has sinks
+};
+
+// One layer gradient: its name (the dataset's), its shape in the file, the
+// same as a 4-d logical shape for scoring, and whether this layer has it.
+struct LayerGradientPart {
+  const char* name;
+  std::vector<std::int64_t> file_shape;
+  Dims4 shape;
+  std::vector<double> LayerGradients::*values;
+  bool present;
+};
+// Every gradient the format names, in file order; `bias_requires_grad` and
+// the layer's biases and sinks say which are present.
+std::vector<LayerGradientPart> layer_gradient_parts(const LayerData& layer, bool bias_requires_grad);
+
+// a [rows, inner] @ b [inner, cols], row-major, as the caller computes it:
+// exactly (the reference) or in a dtype (what a plain backend does).
+using MatMul = std::function<std::vector<double>(const std::vector<double>& a, std::int64_t rows, std::int64_t inner,
+                                                 const std::vector<double>& b, std::int64_t cols)>;
+std::vector<double> transposed(const std::vector<double>& a, std::int64_t rows, std::int64_t cols);
+
+// The chain rule around the attention inside a layer. First the attention's
+// upstream gradient, dout @ w_o^T split into heads [batch, heads_q, seq_q,
+// head_dim_v]; then, from the attention's output (the same shape) and its
+// gradients (dq, dk, dv split into heads; dbias and dsinks passed through),
+// every gradient of the layer: dw = x^T @ d(projection), db = the column sums
+// of d(projection), dx = d(projection) @ w^T.
+std::vector<double> layer_attention_dout(const LayerData& layer, const std::vector<double>& dout, const MatMul& mm);
+LayerGradients layer_gradients(const LayerData& layer, const std::vector<double>& dout,
+                               const std::vector<double>& attention_out, const std::vector<double>& dq,
+                               const std::vector<double>& dk, const std::vector<double>& dv, std::vector<double> dbias,
+                               std::vector<double> dsinks, const MatMul& mm);
 
 // Moves a projection [batch, seq, heads * dim] to [batch, heads, seq, dim] and back.
 std::vector<double> split_heads(const std::vector<double>& x, std::int64_t batch, std::int64_t seq, std::int64_t heads,

@@ -52,6 +52,22 @@ LayerReference reference_layer(const LayerData& layer) {
   return ref;
 }
 
+std::vector<double> reference_matmul(const std::vector<double>& a, std::int64_t rows, std::int64_t inner,
+                                     const std::vector<double>& b, std::int64_t cols) {
+  return reference_projection(a, rows, inner, b, cols, {});
+}
+
+LayerBackwardReference reference_layer_backward(const LayerData& layer, const LayerReference& reference,
+                                                const std::vector<double>& dout, bool bias_gradient,
+                                                BackwardObserver* observer) {
+  LayerBackwardReference r;
+  r.attention_dout = layer_attention_dout(layer, dout, reference_matmul);
+  r.attention = reference_backward(reference.attention, r.attention_dout, reference.result, bias_gradient, observer);
+  r.value = layer_gradients(layer, dout, reference.result.out, r.attention.dq, r.attention.dk, r.attention.dv,
+                            r.attention.dbias, r.attention.dsinks, reference_matmul);
+  return r;
+}
+
 std::vector<double> reference_layer_weights(const LayerData& layer, std::int64_t b, std::int64_t h) {
   return reference_weights(exact_attention_inputs(layer), b, h);
 }

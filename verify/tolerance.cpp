@@ -207,8 +207,6 @@ std::vector<double> probe_bounds(const Problem& p, const ReferenceStats& stats, 
   return bounds;
 }
 
-namespace {
-
 // Error of one projection element: its rounding to dtype, the accumulation
 // over `inner` terms (root-n), and the exact effect of rounding x, w and the
 // bias to dtype (zero when they are representable, as generated cases are).
@@ -233,26 +231,28 @@ std::vector<double> projection_error(const std::vector<double>& exact, const std
   return error;
 }
 
-}  // namespace
-
-// Independent rounding errors add in quadrature (root-sum-square), the same
-// probabilistic model as the root-n terms of the attention bound; C = 8 covers
-// the rest, as there.
-std::vector<double> derive_layer_bounds(const LayerData& layer, const LayerReference& ref) {
+LayerProjectionErrors layer_projection_errors(const LayerData& layer, const LayerReference& ref) {
   const Problem& p = layer.problem;
   const std::int64_t m = layer.model_dim;
-  const double c = ToleranceConstants::safety_factor;
-  const double u = unit_roundoff(p.dtype), u_acc = accumulation_roundoff(p.dtype);
-  std::vector<double> bounds(ref.y.size());
   const CaseData& a = ref.attention;  // exact Q, K, V split into heads
   auto error_of = [&](const std::vector<double>& exact_split, std::int64_t seq, std::int64_t heads, std::int64_t dim,
                       const std::vector<double>& x, const std::vector<double>& w, const std::vector<double>& bias) {
     std::vector<double> exact = merge_heads(exact_split, p.batch, heads, seq, dim);
     return split_heads(projection_error(exact, x, p.batch * seq, m, w, heads * dim, bias, p.dtype), p.batch, seq, heads, dim);
   };
-  const std::vector<double> eq = error_of(a.q, p.seq_q, p.heads_q, p.head_dim, layer.x_q, layer.w_q, layer.b_q);
-  const std::vector<double> ek = error_of(a.k, p.seq_k, p.heads_kv, p.head_dim, layer.x_k, layer.w_k, layer.b_k);
-  const std::vector<double> ev = error_of(a.v, p.seq_k, p.heads_kv, p.head_dim_v, layer.x_v, layer.w_v, layer.b_v);
+  return {error_of(a.q, p.seq_q, p.heads_q, p.head_dim, layer.x_q, layer.w_q, layer.b_q),
+          error_of(a.k, p.seq_k, p.heads_kv, p.head_dim, layer.x_k, layer.w_k, layer.b_k),
+          error_of(a.v, p.seq_k, p.heads_kv, p.head_dim_v, layer.x_v, layer.w_v, layer.b_v)};
+}
+
+std::vector<double> layer_attention_error(const LayerData& layer, const LayerReference& ref) {
+  const Problem& p = layer.problem;
+  const double c = ToleranceConstants::safety_factor;
+  const CaseData& a = ref.attention;  // exact Q, K, V split into heads
+  const LayerProjectionErrors projections = layer_projection_errors(layer, ref);
+  const std::vector<double>& eq = projections.q;
+  const std::vector<double>& ek = projections.k;
+  const std::vector<double>& ev = projections.v;
   // The attention's own bound on the exact inputs, then what the projection
   // errors add: dq and dk move the scores, dv the values.
   std::vector<double> error_o = derive_bounds(p, ref.result.out, ref.result.lse, ref.stats).out;
@@ -286,6 +286,19 @@ std::vector<double> derive_layer_bounds(const LayerData& layer, const LayerRefer
         }
       }
     }
+  return error_o;
+}
+
+// Independent rounding errors add in quadrature (root-sum-square), the same
+// probabilistic model as the root-n terms of the attention bound; C = 8 covers
+// the rest, as there.
+std::vector<double> derive_layer_bounds(const LayerData& layer, const LayerReference& ref) {
+  const Problem& p = layer.problem;
+  const std::int64_t m = layer.model_dim;
+  const double c = ToleranceConstants::safety_factor;
+  const double u = unit_roundoff(p.dtype), u_acc = accumulation_roundoff(p.dtype);
+  std::vector<double> bounds(ref.y.size());
+  const std::vector<double> error_o = layer_attention_error(layer, ref);
   // Through the output projection, over the merged width.
   const std::vector<double> merged_error = merge_heads(error_o, p.batch, p.heads_q, p.seq_q, p.head_dim_v);
   const std::vector<double> merged_o = merge_heads(ref.result.out, p.batch, p.heads_q, p.seq_q, p.head_dim_v);

@@ -188,4 +188,20 @@ Bounds derive_bounds(const Problem& problem, const std::vector<double>& truth_ou
 // own bound, and the output projection.
 std::vector<double> derive_layer_bounds(const LayerData& layer, const LayerReference& reference);
 
+// The pieces of it that the layer's gradients reuse (verify/layer_backward.hpp).
+// One projection's first-order error per element (no safety factor): its
+// rounding to dtype, the accumulation over `inner` terms (root-n), and the
+// exact effect of rounding x, w and the bias to dtype.
+std::vector<double> projection_error(const std::vector<double>& exact, const std::vector<double>& x, std::int64_t rows,
+                                     std::int64_t inner, const std::vector<double>& w, std::int64_t cols,
+                                     const std::vector<double>& bias, DType dtype);
+// Those of the three input projections, split into heads as the attention sees them.
+struct LayerProjectionErrors {
+  std::vector<double> q, k, v;
+};
+LayerProjectionErrors layer_projection_errors(const LayerData& layer, const LayerReference& reference);
+// The bound of the attention's output inside the layer [batch, heads_q, seq_q,
+// head_dim_v]: its own bound and what the projections' errors add.
+std::vector<double> layer_attention_error(const LayerData& layer, const LayerReference& reference);
+
 }  // namespace attn

@@ -22,6 +22,7 @@
 #include "verify/invariance.hpp"
 #include "verify/relations.hpp"
 #include "verify/layer.hpp"
+#include "verify/layer_backward.hpp"
 #include "reference/reference.hpp"
 #include "verify/recorded.hpp"
 #include "verify/run_case.hpp"
@@ -262,6 +263,69 @@ CaseOutcome outcome_of(const Backend& backend, const FixtureHeader& header, std:
   return o;
 }
 
+// A layer case's gradients (format version 3): the goldens checked against
+// the truth, then every backend's layer backward judged, a row per backend
+// and configuration.
+void verify_layer_backward(const LayerFixture& fixture, const LayerReference& reference, const BackendRefs& backends,
+                           const VerifyOptions& options, const OutcomeCallback& on_outcome, VerifySummary& summary) {
+  const LayerData& layer = fixture.data;
+  const std::int64_t model_dim = layer.model_dim;
+  const std::vector<RunConfig> configs = run_configs(options);
+  const auto empty_rows = std::count(reference.stats.visible.begin(), reference.stats.visible.end(), std::int64_t{0});
+  std::optional<LayerGradientTruth> truth;
+  auto truth_of = [&]() -> const LayerGradientTruth& {
+    if (!truth) truth = layer_gradient_truth(layer, reference, fixture.dout, fixture.bias_requires_grad);
+    return *truth;
+  };
+  {
+    // The goldens are checked, not trusted, with the a-priori bounds alone.
+    const LayerGradientTruth& t = truth_of();
+    for (const LayerGradientPart& part : layer_gradient_parts(layer, fixture.bias_requires_grad)) {
+      if (!part.present) continue;
+      check_golden(fixture.header, part.name, part.shape, *fixture.gradients.*part.values, t.value.*part.values,
+                   t.bound.*part.values, nullptr, "the gradient of sum(dout * y)");
+    }
+  }
+  for (const RunConfig& config : configs) {
+    LayerData data = layer;
+    data.problem = laid_out_as(data.problem, config);
+    const std::vector<Status> support = support_of(backends, data.problem, Direction::backward, model_dim);
+    RunOptions run_options = options.run;
+    run_options.threads = config.threads;
+    for (std::size_t b = 0; b < backends.size(); ++b) {
+      const Backend& backend = *backends[b];
+      CaseOutcome outcome = outcome_of(backend, fixture.header, fmt::format("{},model={}", data.problem.to_string(), model_dim),
+                                       config, {}, Direction::backward);
+      const auto start = std::chrono::steady_clock::now();
+      const std::string elsewhere = judged_elsewhere(backend, config, configs);
+      if (!support[b].ok) {
+        outcome.comparison = skipped(support[b].reason);
+      } else if (!elsewhere.empty()) {
+        outcome.comparison = skipped(elsewhere);
+      } else if (recorded_outputs_of(backend)) {
+        outcome.comparison = skipped("recorded outputs hold no layer gradients");
+      } else if (!runs_own_layers(backend) && empty_rows && !conventions_of(backend, data.problem).empty()) {
+        // Its attention's gradients on those rows are judged on the SDPA
+        // cases, under its declaration (verify/backward.hpp); through the
+        // projections, every gradient would carry them.
+        outcome.comparison = skipped(fmt::format(
+            "it declares what its attention does on rows with no visible key ({}), and this layer has {} such rows: "
+            "a layer's gradients under a declared convention are not modelled",
+            conventions_of(backend, data.problem).front().why, empty_rows));
+      } else if (!truth_of().beyond.empty()) {
+        outcome.comparison = skipped(truth_of().beyond);
+      } else {
+        outcome.comparison = judged([&] {
+          const LayerGradients got = run_layer_backward(backend, data, fixture.dout, fixture.bias_requires_grad, run_options);
+          return judge_layer_backward(data, fixture.bias_requires_grad, truth_of(), got);
+        });
+      }
+      outcome.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      record(std::move(outcome), on_outcome, summary);
+    }
+  }
+}
+
 // A layer case: y is compared as a one-head [batch, 1, seq_q, model_dim] tensor.
 void verify_layer(const std::filesystem::path& file, const BackendRefs& backends,
                   const VerifyOptions& options, const OutcomeCallback& on_outcome, VerifySummary& summary) {
@@ -278,7 +342,8 @@ void verify_layer(const std::filesystem::path& file, const BackendRefs& backends
   y.value = &reference.y;
   y.bound = &bound;
   check_golden(fixture.header, "y", y.shape, fixture.y, reference.y, bound);
-  if (!options.forward) return;  // a layer case has no backward here
+  if (fixture.gradients && options.backward) verify_layer_backward(fixture, reference, backends, options, on_outcome, summary);
+  if (!options.forward) return;
   MeasuredLimit measured;
   std::vector<std::vector<double>> baseline;
   std::vector<double> tolerance;
