@@ -1,14 +1,18 @@
 // The multi-head attention layer: reference, file round trip, verification
 // around every backend, and the weights view (table and heatmap).
 #include <gtest/gtest.h>
+#include <hdf5.h>
 #include <sys/wait.h>
 
 #include <array>
 #include <cmath>
 #include <fstream>
+#include <functional>
 
 #include "attnbench/error.hpp"
+#include "core/extensions.hpp"
 #include "core/registry.hpp"
+#include "core/rng.hpp"
 #include "fixtures/h5.hpp"
 #include "fixtures/layer.hpp"
 #include "fixtures/suite.hpp"
@@ -16,6 +20,8 @@
 #include "tests/mutants/catalogue.hpp"
 #include "reference/layer.hpp"
 #include "tests/declared.hpp"
+#include "verify/layer_backward.hpp"
+#include "verify/layer.hpp"
 #include "verify/verifier.hpp"
 #include "verify/weights.hpp"
 
@@ -121,6 +127,7 @@ TEST(LayerFixtures, RoundTripAndClearErrors) {
 
 TEST(LayerVerification, EveryBackendPassesAndAFlawedOneFails) {
   auto files = find_fixture_files({kGolden / "layer", fs::path(ATTN_SOURCE_DIR) / "tests/data/h5py_pytorch_style_layer.h5"});
+  std::erase_if(files, [](const fs::path& f) { return f.string().find("/layer/backward/") != std::string::npos; });
   ASSERT_EQ(files.size(), 22u);
   const auto backends = make_backends(std::vector<std::string>{"naive", "blocked", "streaming", "openblas", "onednn"});
   VerifySummary all = verify(files, backends, {});
@@ -146,6 +153,222 @@ TEST(LayerVerification, EveryBackendPassesAndAFlawedOneFails) {
   }
   EXPECT_GE(no_scale, 10);
   EXPECT_EQ(gqa, 3);  // every GQA layer case
+}
+
+namespace {
+
+// L = sum(dout * y) of the float64 reference, for finite differences.
+double layer_loss(const LayerData& l, const std::vector<double>& dout) {
+  const std::vector<double> y = reference_layer(l).y;
+  double loss = 0;
+  for (std::size_t e = 0; e < y.size(); ++e) loss += dout[e] * y[e];
+  return loss;
+}
+
+// A small float64 layer with every parameter: GQA 4:2, a padded key, biases.
+LayerData gradient_layer(Rng& rng) {
+  LayerData l;
+  l.problem = Problem::parse("dtype=f64,b=2,hq=4,hkv=2,sq=3,sk=4,d=2,kv_len");
+  l.model_dim = 3;
+  auto draw = [&](std::vector<double>& v, std::int64_t n) {
+    v.resize(static_cast<std::size_t>(n));
+    for (double& x : v) x = rng.normal();
+  };
+  draw(l.x_q, 2 * 3 * 3), draw(l.x_k, 2 * 4 * 3), draw(l.x_v, 2 * 4 * 3);
+  draw(l.w_q, 3 * l.q_width()), draw(l.w_k, 3 * l.k_width()), draw(l.w_v, 3 * l.v_width()), draw(l.w_o, l.o_width() * 3);
+  draw(l.b_q, l.q_width()), draw(l.b_k, l.k_width()), draw(l.b_v, l.v_width()), draw(l.b_o, 3);
+  l.masking.problem = l.problem;
+  l.masking.kv_len = {4, 2};
+  return l;
+}
+
+// A framework's own layer (test side): naive's layer backward, then one flaw.
+class FlawedLayer final : public Backend, public BackendExtensions {
+ public:
+  enum class Flaw { dw_o_transposed, b_v_gradient_left_out, key_padding_ignored_in_dw_k };
+  explicit FlawedLayer(Flaw flaw) : flaw_(flaw) {}
+  std::string_view name() const override {
+    switch (flaw_) {
+      case Flaw::dw_o_transposed: return "layer_dw_o_transposed";
+      case Flaw::b_v_gradient_left_out: return "layer_b_v_gradient_left_out";
+      case Flaw::key_padding_ignored_in_dw_k: return "layer_key_padding_ignored_in_dw_k";
+    }
+    return "";
+  }
+  std::string_view description() const override { return "test-side flawed layer backward"; }
+  Capabilities capabilities() const override { return naive_.capabilities(); }
+  Status supports(const Problem& p) const override { return naive_.supports(p); }
+  Status supports_backward(const Problem& p) const override { return naive_.supports_backward(p); }
+  std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& o) const override {
+    return naive_.prepare(p, io, o);
+  }
+  std::unique_ptr<BackwardPlan> prepare_backward(const Problem& p, const BackwardIO& io, const RunOptions& o) const override {
+    return naive_.prepare_backward(p, io, o);
+  }
+  const BackendExtensions* extensions() const override { return this; }
+  bool runs_layers() const override { return true; }
+  Status supports_layer(const Problem&, std::int64_t) const override { return Status::yes(); }
+  std::vector<double> run_layer(const LayerData& layer, const RunOptions& options) const override {
+    return attn::run_layer(naive_, layer, options).y;
+  }
+  LayerGradients run_layer_backward(const LayerData& layer, const std::vector<double>& dout, bool bias_gradient,
+                                    const RunOptions& options) const override {
+    LayerGradients g = attn::run_layer_backward(naive_, layer, dout, bias_gradient, options);
+    switch (flaw_) {
+      case Flaw::dw_o_transposed:  // [model, o_width] where [o_width, model] belongs: same count, wrong places
+        g.dw_o = transposed(g.dw_o, layer.model_dim, layer.o_width());
+        break;
+      case Flaw::b_v_gradient_left_out:
+        g.db_v.clear();
+        break;
+      case Flaw::key_padding_ignored_in_dw_k: {
+        LayerData unpadded = layer;
+        unpadded.problem.kv_len = false;
+        unpadded.masking.problem.kv_len = false;
+        unpadded.masking.kv_len.clear();
+        g.dw_k = attn::run_layer_backward(naive_, unpadded, dout, bias_gradient, options).dw_k;
+        break;
+      }
+    }
+    return g;
+  }
+
+ private:
+  Flaw flaw_;
+  std::unique_ptr<Backend> naive_holder_ = make_naive_backend();
+  const Backend& naive_ = *naive_holder_;
+};
+
+}  // namespace
+
+TEST(LayerGradients, TheChainRuleMatchesFiniteDifferencesOfTheLayer) {
+  Rng rng(7);
+  const LayerData layer = gradient_layer(rng);
+  std::vector<double> dout(2 * 3 * 3);
+  for (double& x : dout) x = rng.normal();
+  const LayerReference reference = reference_layer(layer);
+  const LayerGradients g = reference_layer_backward(layer, reference, dout, false).value;
+  // Central differences of L for every element of every input and parameter.
+  const double h = 1e-5;
+  auto check = [&](std::vector<double> LayerData::*input, const std::vector<double>& grad, const char* name) {
+    ASSERT_EQ(grad.size(), (layer.*input).size()) << name;
+    for (std::size_t e = 0; e < grad.size(); ++e) {
+      LayerData plus = layer, minus = layer;
+      (plus.*input)[e] += h, (minus.*input)[e] -= h;
+      const double numeric = (layer_loss(plus, dout) - layer_loss(minus, dout)) / (2 * h);
+      EXPECT_NEAR(grad[e], numeric, 1e-7 * (1 + std::fabs(numeric))) << name << "[" << e << "]";
+    }
+  };
+  check(&LayerData::x_q, g.dx_q, "dx_q");
+  check(&LayerData::x_k, g.dx_k, "dx_k");
+  check(&LayerData::x_v, g.dx_v, "dx_v");
+  check(&LayerData::w_q, g.dw_q, "dw_q");
+  check(&LayerData::w_k, g.dw_k, "dw_k");
+  check(&LayerData::w_v, g.dw_v, "dw_v");
+  check(&LayerData::w_o, g.dw_o, "dw_o");
+  check(&LayerData::b_q, g.db_q, "db_q");
+  check(&LayerData::b_k, g.db_k, "db_k");
+  check(&LayerData::b_v, g.db_v, "db_v");
+  check(&LayerData::b_o, g.db_o, "db_o");
+  // A key bias moves every score of a row alike: no gradient at all.
+  for (double x : g.db_k) EXPECT_NEAR(x, 0.0, 1e-14);
+  // The padded keys of entry 1 (positions 2 and 3) reach no gradient of x_k.
+  for (std::int64_t j = 2; j < 4; ++j)
+    for (std::int64_t c = 0; c < 3; ++c) EXPECT_EQ(g.dx_k[static_cast<std::size_t>((4 + j) * 3 + c)], 0.0) << j;
+}
+
+TEST(LayerFixtures, GradientsRoundTripAndClearErrors) {
+  fs::path dir = scratch_dir();
+  const CaseSpec* spec = nullptr;
+  for (const auto& s : standard_suite()) {
+    if (s.name == "layer/backward/bias_trainable_b2_s8_bf16") spec = &s;
+  }
+  ASSERT_NE(spec, nullptr);
+  const LayerFixture written = generate_layer_fixture(*spec);
+  ASSERT_TRUE(written.gradients.has_value());
+  write_layer_fixture(written, dir / "layer.h5");
+  const LayerFixture read = read_layer_fixture(dir / "layer.h5");
+  EXPECT_EQ(read.header.format_version, 3);
+  EXPECT_TRUE(read.bias_requires_grad);
+  EXPECT_EQ(read.dout, written.dout);
+  EXPECT_EQ(read.gradients->dw_o, written.gradients->dw_o);
+  EXPECT_EQ(read.gradients->db_v, written.gradients->db_v);
+  EXPECT_EQ(read.gradients->dbias, written.gradients->dbias);
+  EXPECT_EQ(read.gradients->dx_k.size(), 2u * 8 * 64);
+  // Each refusal names what is wrong: a missing gradient, one the layer has
+  // nothing for, an attention case's gradient, a dout the dtype cannot hold.
+  auto put = [](hid_t f, const char* name, const std::vector<hsize_t>& dims, const std::vector<double>& values, hid_t type) {
+    if (H5Lexists(f, name, H5P_DEFAULT) > 0) H5Ldelete(f, name, H5P_DEFAULT);
+    const hid_t space = H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
+    const hid_t d = H5Dcreate2(f, name, type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    H5Dwrite(d, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data());
+    H5Dclose(d);
+    H5Sclose(space);
+  };
+  auto refused = [&](const std::function<void(hid_t)>& damage, const std::string& expected) {
+    const fs::path file = dir / "damaged.h5";
+    fs::copy_file(dir / "layer.h5", file, fs::copy_options::overwrite_existing);
+    const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    damage(f);
+    H5Fclose(f);
+    try {
+      read_layer_fixture(file);
+      ADD_FAILURE() << "loaded: " << expected;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+  };
+  refused([](hid_t f) { H5Ldelete(f, "dw_o", H5P_DEFAULT); }, "dataset 'dw_o' is missing");
+  refused([](hid_t f) { H5Ldelete(f, "b_q", H5P_DEFAULT); }, "dataset 'db_q' is present, but the layer has nothing");
+  refused([&](hid_t f) { put(f, "dq", {2, 8, 8, 8}, std::vector<double>(2 * 8 * 8 * 8, 0.0), H5T_IEEE_F64LE); },
+          "is an attention case's gradient");
+  refused([&](hid_t f) {
+    std::vector<double> dout = written.dout;
+    dout[5] = 1.0 + 1.0 / 1024;  // not a bfloat16
+    put(f, "dout", {2, 8, 64}, dout, H5T_IEEE_F32LE);
+  }, "not exactly representable in bfloat16");
+  fs::remove_all(dir);
+}
+
+TEST(LayerGradients, EveryBackendPassesAndEachFlawedLayerFails) {
+  const auto files = find_fixture_files({kGolden / "layer" / "backward"});
+  ASSERT_EQ(files.size(), 22u);
+  const auto backends = make_backends(std::vector<std::string>{"naive", "blocked", "streaming", "openblas", "onednn"});
+  VerifyOptions backward_only;
+  backward_only.forward = false;
+  const VerifySummary all = verify(files, backends, backward_only);
+  int judged = 0;
+  for (const auto& o : all.outcomes) {
+    ASSERT_EQ(o.direction, Direction::backward);
+    judged += o.comparison.verdict == Verdict::pass;
+    // A SKIP only where the backend declares it (float64, onednn's sinks).
+    for (const auto& b : backends) {
+      if (b->name() == o.backend) {
+        attn::testing::expect_pass_unless_undeclared(o, b->capabilities(), read_layer_fixture(o.file).data.problem);
+      }
+    }
+  }
+  EXPECT_EQ(judged, 21 * 5 - 3 + 1);  // float64: naive alone; sinks: not onednn
+  // Each flaw fails where the suite has what it breaks, and nowhere else.
+  for (auto flaw : {FlawedLayer::Flaw::dw_o_transposed, FlawedLayer::Flaw::b_v_gradient_left_out,
+                    FlawedLayer::Flaw::key_padding_ignored_in_dw_k}) {
+    std::vector<std::unique_ptr<Backend>> flawed;
+    flawed.push_back(std::make_unique<FlawedLayer>(flaw));
+    const VerifySummary bad = verify(files, flawed, backward_only);
+    int failed = 0;
+    std::string names;
+    for (const auto& o : bad.outcomes) {
+      if (o.comparison.verdict != Verdict::fail) continue;
+      ++failed;
+      names += o.fixture + ": " + o.comparison.reason.substr(0, 80) + "\n";
+    }
+    switch (flaw) {
+      case FlawedLayer::Flaw::dw_o_transposed: EXPECT_EQ(failed, 22) << names; break;
+      case FlawedLayer::Flaw::b_v_gradient_left_out: EXPECT_EQ(failed, 19) << names; break;  // the cases with biases
+      case FlawedLayer::Flaw::key_padding_ignored_in_dw_k: EXPECT_EQ(failed, 3) << names; break;  // the padded ones
+    }
+  }
 }
 
 TEST(WeightsView, TableOfAHandMadeCaseMatchesHandValues) {
