@@ -371,6 +371,27 @@ TEST(LayerGradients, EveryBackendPassesAndEachFlawedLayerFails) {
   }
 }
 
+// The Python contract's layer_backward(), through the bridge: a NumPy layer
+// of its own (test side) passes, and each of its flaws fails, named.
+TEST(LayerGradients, APythonLayersOwnBackwardIsJudgedThroughTheBridge) {
+  const std::string plugin = std::string(ATTN_SOURCE_DIR) + "/tests/plugins/python_layer/numpy_layer.py";
+  const std::string cases = (kGolden / "layer/backward/padding_cross_q6_k9_f32.h5").string() + " " +
+                            (kGolden / "layer/backward/bias_trainable_b2_s8_bf16.h5").string();
+  int code = 0;
+  std::string out = run_cli("verify --plugin " + plugin + " -b py-numpy-layer " + cases, &code);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("padding_cross_q6_k9_f32 backward"), std::string::npos) << out;
+  EXPECT_EQ(out.find("SKIP ("), std::string::npos) << out;
+  for (const auto& [flaw, expected] : {std::pair{"dw_o_transposed", "dw_o: RMS error"},
+                                       std::pair{"db_v_left_out", "db_v: 0 values returned, expected 64"}}) {
+    setenv("ATTN_TEST_LAYER_FLAW", flaw, 1);
+    out = run_cli(std::string("verify --plugin ") + plugin + " -b py-numpy-layer " + cases, &code);
+    unsetenv("ATTN_TEST_LAYER_FLAW");
+    EXPECT_EQ(code, 1) << flaw << "\n" << out;
+    EXPECT_NE(out.find(expected), std::string::npos) << flaw << "\n" << out;
+  }
+}
+
 TEST(WeightsView, TableOfAHandMadeCaseMatchesHandValues) {
   fs::path dir = scratch_dir();
   Fixture f;

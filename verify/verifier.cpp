@@ -289,11 +289,14 @@ void verify_layer_backward(const LayerFixture& fixture, const LayerReference& re
   for (const RunConfig& config : configs) {
     LayerData data = layer;
     data.problem = laid_out_as(data.problem, config);
-    const std::vector<Status> support = support_of(backends, data.problem, Direction::backward, model_dim);
+    // A framework's own layer answers for its backward itself (run_layer_backward).
+    const std::vector<Status> forward = support_of(backends, data.problem, Direction::forward, model_dim);
+    const std::vector<Status> backward = support_of(backends, data.problem, Direction::backward, model_dim);
     RunOptions run_options = options.run;
     run_options.threads = config.threads;
     for (std::size_t b = 0; b < backends.size(); ++b) {
       const Backend& backend = *backends[b];
+      const std::vector<Status>& support = runs_own_layers(backend) ? forward : backward;
       CaseOutcome outcome = outcome_of(backend, fixture.header, fmt::format("{},model={}", data.problem.to_string(), model_dim),
                                        config, {}, Direction::backward);
       const auto start = std::chrono::steady_clock::now();
@@ -304,7 +307,7 @@ void verify_layer_backward(const LayerFixture& fixture, const LayerReference& re
         outcome.comparison = skipped(elsewhere);
       } else if (recorded_outputs_of(backend)) {
         outcome.comparison = skipped("recorded outputs hold no layer gradients");
-      } else if (!runs_own_layers(backend) && empty_rows && !conventions_of(backend, data.problem).empty()) {
+      } else if (empty_rows && !conventions_of(backend, data.problem).empty()) {
         // Its attention's gradients on those rows are judged on the SDPA
         // cases, under its declaration (verify/backward.hpp); through the
         // projections, every gradient would carry them.

@@ -626,17 +626,14 @@ class PythonBackend final : public Backend, private BackendExtensions {
       return Status::no(fmt::format("supports_layer() raised {}", python_error(e)));
     }
   }
-  std::vector<double> run_layer(const LayerData& layer, const RunOptions& options) const override {
-    if (!unavailable_.empty()) throw Error(unavailable_);
-    FloatStateGuard floats;
-    py::gil_scoped_acquire gil;
+  // The layer's inputs as the Python contract names them (a SimpleNamespace).
+  static py::object layer_namespace(const LayerData& layer) {
     const Problem& p = layer.problem;
     auto array = [](const std::vector<double>& v, std::vector<py::ssize_t> shape) -> py::object {
       if (v.empty()) return py::none();
       return copied<double>(v, std::move(shape));
     };
     auto ss = [](std::int64_t x) { return static_cast<py::ssize_t>(x); };
-    try {
       py::dict d;
       d["model_dim"] = layer.model_dim;
       d["x_q"] = array(layer.x_q, {ss(p.batch), ss(p.seq_q), ss(layer.model_dim)});
@@ -658,7 +655,15 @@ class PythonBackend final : public Backend, private BackendExtensions {
       d["bias"] = array(m.bias, {ss(p.bias.batch), ss(p.bias.heads), ss(p.bias.rows), ss(p.seq_k)});
       d["kv_len"] = py::none();
       if (p.kv_len) d["kv_len"] = copied<std::int64_t>(m.kv_len, {ss(p.batch)});
-      py::object data = py::module_::import("types").attr("SimpleNamespace")(**d);
+      return py::module_::import("types").attr("SimpleNamespace")(**d);
+  }
+  std::vector<double> run_layer(const LayerData& layer, const RunOptions& options) const override {
+    if (!unavailable_.empty()) throw Error(unavailable_);
+    FloatStateGuard floats;
+    py::gil_scoped_acquire gil;
+    const Problem& p = layer.problem;
+    try {
+      py::object data = layer_namespace(layer);
       py::array_t<double, py::array::c_style | py::array::forcecast> y =
           module_->attr("layer")(problem_object(p), data, options.threads);
       const auto expected = static_cast<py::ssize_t>(p.batch * p.seq_q * layer.model_dim);
@@ -670,6 +675,37 @@ class PythonBackend final : public Backend, private BackendExtensions {
     } catch (py::error_already_set& e) {
       throw Error(fmt::format("{}: layer() failed: {}", name_, python_error(e)));
     }
+  }
+  // layer_backward(problem, data, dout, bias_requires_grad, threads) returns
+  // a dict of the layer's gradients by their format names (dx_q, ..., db_o,
+  // dbias, dsinks); one it leaves out is judged missing.
+  LayerGradients run_layer_backward(const LayerData& layer, const std::vector<double>& dout, bool bias_gradient,
+                                    const RunOptions& options) const override {
+    if (!unavailable_.empty()) throw Error(unavailable_);
+    FloatStateGuard floats;
+    py::gil_scoped_acquire gil;
+    if (!py::hasattr(*module_, "layer_backward")) {
+      throw Unsupported(fmt::format("{} defines layer() but no layer_backward(): its layer's gradients are not judged", name_));
+    }
+    const Problem& p = layer.problem;
+    LayerGradients g;
+    try {
+      py::object data = layer_namespace(layer);
+      const std::vector<py::ssize_t> shape{static_cast<py::ssize_t>(p.batch), static_cast<py::ssize_t>(p.seq_q),
+                                           static_cast<py::ssize_t>(layer.model_dim)};
+      py::dict grads = module_->attr("layer_backward")(problem_object(p), data, copied<double>(dout, shape), bias_gradient,
+                                                       options.threads);
+      for (const LayerGradientPart& part : layer_gradient_parts(layer, bias_gradient)) {
+        if (!part.present || !grads.contains(part.name)) continue;
+        using Array = py::array_t<double, py::array::c_style | py::array::forcecast>;
+        Array values = Array::ensure(grads[part.name]);
+        if (!values) throw Error(fmt::format("{}: layer_backward()'s {} is not an array of numbers", name_, part.name));
+        g.*part.values = std::vector<double>(values.data(), values.data() + values.size());
+      }
+    } catch (py::error_already_set& e) {
+      throw Error(fmt::format("{}: layer_backward() failed: {}", name_, python_error(e)));
+    }
+    return g;
   }
   std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& options) const override {
     if (!unavailable_.empty()) throw Error(unavailable_);

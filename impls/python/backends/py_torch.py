@@ -217,11 +217,8 @@ def supports_layer(problem, model_dim):
     return ac.layer_shape_reason(problem, model_dim, "nn.MultiheadAttention") or supports(problem)
 
 
-def layer(problem, data, threads):
-    torch = _import()
-    if threads > 0:
-        torch.set_num_threads(threads)
-    dt = getattr(torch, _DTYPES[problem.dtype])
+def _module(torch, problem, data, dt):
+    """nn.MultiheadAttention holding the fixture's weights, and the keyword arguments of its call."""
     E = data.model_dim
     t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(dt)
     m = torch.nn.MultiheadAttention(E, problem.heads_q, bias=True, batch_first=True, dtype=dt)
@@ -242,7 +239,54 @@ def layer(problem, data, threads):
             bias = np.broadcast_to(data.bias, attend.shape)
             additive = np.where(attend, np.where(np.isfinite(bias), bias, 0.0), -np.inf)
             kwargs["attn_mask"] = t(additive).reshape(b * h, sq, sk)
+    return m, kwargs
+
+
+def layer(problem, data, threads):
+    torch = _import()
+    if threads > 0:
+        torch.set_num_threads(threads)
+    dt = getattr(torch, _DTYPES[problem.dtype])
+    t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(dt)
+    m, kwargs = _module(torch, problem, data, dt)
     with torch.inference_mode(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         y, _ = m(t(data.x_q), t(data.x_k), t(data.x_v), **kwargs)
     return y.to(torch.float64).numpy()
+
+
+def layer_backward(problem, data, dout, bias_requires_grad, threads):
+    """Autograd through the same nn.MultiheadAttention: x_q, x_k and x_v as three leaves (so each
+    gets its own gradient), the weights' .grad transposed back to the format's [in, out], the
+    in-projection's split in three; a bias the layer does not have is not returned. A trainable
+    attention bias is the float attn_mask as a leaf, its gradient summed over the bias's
+    broadcast axes."""
+    torch = _import()
+    if threads > 0:
+        torch.set_num_threads(threads)
+    dt = getattr(torch, _DTYPES[problem.dtype])
+    t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(dt)
+    m, kwargs = _module(torch, problem, data, dt)
+    E = data.model_dim
+    x = [t(data.x_q).requires_grad_(), t(data.x_k).requires_grad_(), t(data.x_v).requires_grad_()]
+    mask = kwargs.get("attn_mask")
+    if bias_requires_grad:
+        mask = kwargs["attn_mask"] = mask.detach().clone().requires_grad_()
+    with torch.enable_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        y, _ = m(*x, **kwargs)
+        y.backward(t(dout))
+    f64 = lambda g: g.detach().to(torch.float64).numpy()
+    w, b = m.in_proj_weight.grad, m.in_proj_bias.grad
+    grads = {"dx_q": f64(x[0].grad), "dx_k": f64(x[1].grad), "dx_v": f64(x[2].grad),
+             "dw_q": f64(w[:E]).T, "dw_k": f64(w[E:2 * E]).T, "dw_v": f64(w[2 * E:]).T,
+             "dw_o": f64(m.out_proj.weight.grad).T}
+    for name, present, g in (("db_q", data.b_q, b[:E]), ("db_k", data.b_k, b[E:2 * E]), ("db_v", data.b_v, b[2 * E:]),
+                             ("db_o", data.b_o, m.out_proj.bias.grad)):
+        if present is not None:
+            grads[name] = f64(g)
+    if bias_requires_grad:
+        full = f64(mask.grad).reshape(problem.batch, problem.heads_q, problem.seq_q, problem.seq_k)
+        axes = tuple(a for a in range(4) if data.bias.shape[a] == 1 and full.shape[a] != 1)
+        grads["dbias"] = full.sum(axis=axes, keepdims=True) if axes else full
+    return grads
