@@ -153,8 +153,8 @@ def supports_layer(problem, model_dim):
     return None
 
 
-def layer(problem, data, threads):
-    tf = _import()
+def _layer(tf, problem, data):
+    """The Keras layer holding the fixture's weights, its inputs and attention_mask."""
     keras = tf.keras
     h, d, dv, E = problem.heads_q, problem.head_dim, problem.head_dim_v, data.model_dim
     mha = keras.layers.MultiHeadAttention(num_heads=h, key_dim=d, value_dim=dv, use_bias=True, output_shape=E)
@@ -169,4 +169,35 @@ def layer(problem, data, threads):
                data.w_v.reshape(E, h, dv), z(data.b_v, h * dv).reshape(h, dv),
                data.w_o.reshape(h, dv, E), z(data.b_o, E)]
     mha.set_weights([w.astype(np.float32) for w in weights])
+    return mha, (xq, xk, xv), mask
+
+
+def layer(problem, data, threads):
+    tf = _import()
+    mha, (xq, xk, xv), mask = _layer(tf, problem, data)
     return mha(xq, xv, key=xk, attention_mask=mask).numpy().astype(np.float64)
+
+
+def layer_backward(problem, data, dout, bias_requires_grad, threads):
+    """tf.GradientTape through the same Keras layer: the inputs watched, the Dense kernels'
+    [in, heads, dim] (and the output's [heads, dim, out]) gradients reshaped to the format's
+    matrices; a bias the layer does not have is not returned (Keras keeps one at zero)."""
+    tf = _import()
+    mha, (xq, xk, xv), mask = _layer(tf, problem, data)
+    h, d, dv, E = problem.heads_q, problem.head_dim, problem.head_dim_v, data.model_dim
+    with tf.GradientTape(persistent=True) as tape:
+        for x in (xq, xk, xv):
+            tape.watch(x)
+        y = mha(xq, xv, key=xk, attention_mask=mask)
+        loss = tf.reduce_sum(y * tf.constant(dout.astype(np.float32)))
+    variables = list(mha.trainable_weights)  # in set_weights' order: query, key, value, output; kernel then bias
+    g = tape.gradient(loss, [xq, xk, xv] + variables)
+    f64 = lambda t: np.asarray(t.numpy(), dtype=np.float64)
+    grads = {"dx_q": f64(g[0]), "dx_k": f64(g[1]), "dx_v": f64(g[2]),
+             "dw_q": f64(g[3]).reshape(E, h * d), "dw_k": f64(g[5]).reshape(E, h * d),
+             "dw_v": f64(g[7]).reshape(E, h * dv), "dw_o": f64(g[9]).reshape(h * dv, E)}
+    for name, present, grad, width in (("db_q", data.b_q, g[4], h * d), ("db_k", data.b_k, g[6], h * d),
+                                       ("db_v", data.b_v, g[8], h * dv), ("db_o", data.b_o, g[10], E)):
+        if present is not None:
+            grads[name] = f64(grad).reshape(width)
+    return grads
