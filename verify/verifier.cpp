@@ -307,20 +307,23 @@ void verify_layer_backward(const LayerFixture& fixture, const LayerReference& re
         outcome.comparison = skipped(elsewhere);
       } else if (recorded_outputs_of(backend)) {
         outcome.comparison = skipped("recorded outputs hold no layer gradients");
-      } else if (empty_rows && !conventions_of(backend, data.problem).empty()) {
-        // Its attention's gradients on those rows are judged on the SDPA
-        // cases, under its declaration (verify/backward.hpp); through the
-        // projections, every gradient would carry them.
-        outcome.comparison = skipped(fmt::format(
-            "it declares what its attention does on rows with no visible key ({}), and this layer has {} such rows: "
-            "a layer's gradients under a declared convention are not modelled",
-            conventions_of(backend, data.problem).front().why, empty_rows));
       } else if (!truth_of().beyond.empty()) {
         outcome.comparison = skipped(truth_of().beyond);
       } else {
         outcome.comparison = judged([&] {
           const LayerGradients got = run_layer_backward(backend, data, fixture.dout, fixture.bias_requires_grad, run_options);
-          return judge_layer_backward(data, fixture.bias_requires_grad, truth_of(), got);
+          Comparison c = judge_layer_backward(data, fixture.bias_requires_grad, truth_of(), got);
+          const std::vector<Convention> conventions = conventions_of(backend, data.problem);
+          if (c.verdict == Verdict::fail && empty_rows > 0 && !conventions.empty()) {
+            // Its attention's gradients on those rows are judged on the
+            // attention cases, under its declaration (verify/backward.hpp);
+            // through the projections every layer gradient carries them.
+            return skipped(fmt::format("its gradients are not the format's, and it declares what its attention does on "
+                                       "rows with no visible key ({}), which {} rows of this layer are: a layer's "
+                                       "gradients under a declared convention are not modelled ({})",
+                                       conventions.front().why, empty_rows, c.reason));
+          }
+          return c;
         });
       }
       outcome.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -237,7 +237,7 @@ def _module(torch, problem, data, dt):
             kwargs["attn_mask"] = torch.from_numpy(~attend).reshape(b * h, sq, sk)  # True = not allowed, in MHA
         else:
             bias = np.broadcast_to(data.bias, attend.shape)
-            additive = np.where(attend, np.where(np.isfinite(bias), bias, 0.0), -np.inf)
+            additive = np.where(attend, bias, -np.inf)  # a -inf of the bias hides its key too
             kwargs["attn_mask"] = t(additive).reshape(b * h, sq, sk)
     return m, kwargs
 
