@@ -126,9 +126,9 @@ cpp = [r for r in res if r["backend"] == "example-cpp"]
 assert sum(r["verdict"] == "PASS" for r in cpp) >= 10 and not any(r["verdict"] == "FAIL" for r in cpp), \
     [(r["fixture"], r["verdict"], r["reason"]) for r in cpp]
 # A layer's rows score its own gradients (the projections' around the plugin's attention backward).
-assert all(r["direction"] == "backward" and ({"dx_q", "dw_q", "dw_o"} if r["fixture"].startswith("layer/") else {"dq", "dk", "dv"})
+assert all(r["direction"] == "backward" and ({"dx_q", "dw_q", "dw_o"} if r["fixture"].startswith("layer_backward/") else {"dq", "dk", "dv"})
            <= {t["name"] for t in r["tensors"]} for r in cpp if r["verdict"] == "PASS")
-assert any(r["fixture"].startswith("layer/") for r in cpp if r["verdict"] == "PASS")
+assert any(r["fixture"].startswith("layer_backward/") for r in cpp if r["verdict"] == "PASS")
 c = [r for r in res if r["backend"] == "example-c"]
 assert c and all(r["verdict"] == "SKIP" for r in c), c
 assert any("does not implement the backward pass" in r["reason"] for r in c), c
