@@ -327,6 +327,25 @@ TEST(LayerFixtures, GradientsRoundTripAndClearErrors) {
     dout[5] = 1.0 + 1.0 / 1024;  // not a bfloat16
     put(f, "dout", {2, 8, 64}, dout, H5T_IEEE_F32LE);
   }, "not exactly representable in bfloat16");
+  // A file whose declared sizes fit in memory but whose projections (and
+  // their gradients) would take 10^12 multiply-adds is refused from its
+  // attributes, before a dataset is looked at: model 3072, 48 heads of 64,
+  // 2 x 1000 tokens.
+  refused([](hid_t f) {
+    const std::int64_t b = 2, s = 1000, m = 3072;
+    for (auto [name, value] : {std::pair{"batch", b}, std::pair{"seq_q", s}, std::pair{"seq_k", s}, std::pair{"model_dim", m},
+                               std::pair{"heads_q", std::int64_t{48}}, std::pair{"heads_kv", std::int64_t{48}},
+                               std::pair{"head_dim", std::int64_t{64}}, std::pair{"head_dim_v", std::int64_t{64}}}) {
+      H5Adelete(f, name);
+      const hid_t space = H5Screate(H5S_SCALAR);
+      const hid_t a = H5Acreate2(f, name, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT);
+      H5Awrite(a, H5T_NATIVE_INT64, &value);
+      H5Aclose(a);
+      H5Sclose(space);
+    }
+    H5Adelete(f, "bias_requires_grad");
+    for (const char* name : {"bias", "dbias"}) H5Ldelete(f, name, H5P_DEFAULT);
+  }, "multiply-adds, more than the limit");
   fs::remove_all(dir);
 }
 
