@@ -994,6 +994,33 @@ TEST(Verifier, ScaledResultsAmongTheSubnormalsAreNotJudgedBitForBit) {
   EXPECT_EQ(holds, 3 * 2);  // s2: the backward, s3: the forward, each for three backends
 }
 
+// Fuzz seed 6, case 904 (shrunk): a bfloat16 softcap of 5 under scores in
+// the tens. tanh rounds to 1 in float32, so every float implementation's
+// slope 1 - t^2 is exactly 0 where the true one is near 1e-8: dQ and dK are
+// 0 where the truth is 2e-8. The gradient bound now carries the slope's
+// absolute rounding (about 3 u_acc t^2); before, every backend, naive
+// included, FAILed it. Each returns those zeros and passes.
+TEST(Verifier, ASaturatedSoftcapsZeroSlopeIsWithinTheGradientBound) {
+  const fs::path file = fs::path(ATTN_SOURCE_DIR) / "tests" / "data" / "fuzz" / "seed6_case904_bf16_softcap_saturated.h5";
+  const Fixture f = read_fixture(file);
+  ASSERT_TRUE(f.gradients.has_value());
+  const auto backends = make_backends(std::vector<std::string>{"naive", "blocked", "streaming", "openblas", "onednn"});
+  VerifyOptions options;
+  options.forward = false;
+  const VerifySummary s = verify({file}, backends, options);
+  ASSERT_TRUE(s.input_errors.empty());
+  int judged = 0;
+  for (const auto& o : s.outcomes) {
+    if (!o.check.empty()) continue;
+    ++judged;
+    EXPECT_EQ(o.comparison.verdict, Verdict::pass) << o.backend << ": " << o.comparison.reason;
+    const TensorScore* dq = o.comparison.tensor("dq");
+    ASSERT_NE(dq, nullptr) << o.backend;
+    EXPECT_GT(dq->max_abs_error, 1e-8) << o.backend << ": the saturated slope's zeros are what is judged here";
+  }
+  EXPECT_EQ(judged, 5);
+}
+
 // Fuzz seed 2, case 322 (shrunk): a sink near 102 above every score, so the
 // plain float32 implementations' weights underflow and their bfloat16
 // results lean toward zero. naive, which rounds once from float64, leaned

@@ -61,7 +61,16 @@ class GradientErrorModel final : public BackwardObserver {
                          u * std::fabs(key.ds) + f_min;
       const double slope = p_.softcap != 0 ? 1.0 - key.tanh * key.tanh : 1.0;
       double e_x = e_s;
-      if (p_.softcap != 0) e_x = e_s * slope + std::fabs(key.ds) * 2.0 * std::fabs(key.tanh) * slope * score_error / p_.softcap;
+      if (p_.softcap != 0) {
+        // The slope 1 - t^2 is computed from t = tanh rounded in the
+        // arithmetic type: its error is absolute, about 3 u_acc t^2 (t's
+        // rounding, doubled by the square, and the square's own) plus the
+        // subtraction's rounding, whatever the slope's size. Where the cap
+        // saturates (|x| / cap beyond 9 in float32) t rounds to 1 and every
+        // float implementation's slope is 0 where the true one is 1e-8.
+        const double slope_rounding = ua * (3.0 * key.tanh * key.tanh + slope);
+        e_x = e_s * slope + std::fabs(key.ds) * (2.0 * std::fabs(key.tanh) * slope * score_error / p_.softcap + slope_rounding);
+      }
       const double sx = p_.scale * (p_.softcap != 0 ? key.ds * slope : key.ds);
       // The magnitude dS is rounded at before dP and D cancel: P (|dP| + |D|).
       const double before = scale * key.p * (key.abs_dp + std::fabs(r.D)) * slope;
