@@ -1021,6 +1021,30 @@ TEST(Verifier, ASaturatedSoftcapsZeroSlopeIsWithinTheGradientBound) {
   EXPECT_EQ(judged, 5);
 }
 
+// Fuzz seed 7, case 496 (shrunk): float32, a sink near 99 over one score
+// near 0 and |v| near 1e37: the key's weight e^-99 is a float32 subnormal,
+// so O (1e-6) keeps a few bits and D = dO . O and dsink = -P_sink D are off
+// by 4% in every float implementation. The forward bound had that term; the
+// gradient bound's error of O did not, and every backend FAILed dsinks.
+TEST(Verifier, AnUnderflowedWeightTimesAHugeValueIsInTheSinksGradientBound) {
+  const fs::path file = fs::path(ATTN_SOURCE_DIR) / "tests" / "data" / "fuzz" / "seed7_case496_f32_sink_over_huge_v.h5";
+  const auto backends = make_backends(std::vector<std::string>{"naive", "blocked", "streaming", "openblas"});
+  VerifyOptions options;
+  options.forward = false;
+  const VerifySummary s = verify({file}, backends, options);
+  ASSERT_TRUE(s.input_errors.empty());
+  int judged = 0;
+  for (const auto& o : s.outcomes) {
+    if (!o.check.empty()) continue;
+    ++judged;
+    EXPECT_EQ(o.comparison.verdict, Verdict::pass) << o.backend << ": " << o.comparison.reason;
+    const TensorScore* dsinks = o.comparison.tensor("dsinks");
+    ASSERT_NE(dsinks, nullptr) << o.backend;
+    EXPECT_GT(dsinks->max_rel_error, 0.01) << o.backend << ": the subnormal weight's error is what is judged here";
+  }
+  EXPECT_EQ(judged, 4);
+}
+
 // Fuzz seed 2, case 322 (shrunk): a sink near 102 above every score, so the
 // plain float32 implementations' weights underflow and their bfloat16
 // results lean toward zero. naive, which rounds once from float64, leaned

@@ -21,8 +21,6 @@ double underflow_floor(DType dtype) {
   return 0;
 }
 
-namespace {
-
 // The absolute error of one attention weight that underflows: computed in the
 // accumulation type and rounded to the dtype before P V, a weight below the
 // dtype's smallest normal keeps only the subnormal spacing (bfloat16 hardware
@@ -42,6 +40,9 @@ double weight_underflow(DType dtype) {
   }
   return 0;
 }
+
+namespace {
+
 // How far a weight may move, relative to itself, when each score may be off
 // by `score_error`: p' / p lies within exp(+-2 score_error), so |p' - p| <=
 // expm1(2 score_error) p / 2 times 2. That is score_error to first order (the

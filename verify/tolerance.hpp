@@ -156,6 +156,9 @@ double accumulation_roundoff(DType dtype);
 // type costs up to half of it, absolutely, which a relative term cannot cover;
 // the other half is for the accumulated error of a result that lands there.
 double underflow_floor(DType dtype);
+// Weights below this (of the row's largest, 1) keep only the subnormal
+// spacing or are flushed: each may lose all of itself (tolerance.cpp says why).
+double weight_underflow(DType dtype);
 
 // The gradients' a-priori bounds (docs/verification/tolerance.md,
 // "Gradients"; verify/tolerance_gradients.cpp), computed beside the truth

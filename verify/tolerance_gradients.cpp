@@ -46,8 +46,16 @@ class GradientErrorModel final : public BackwardObserver {
     double e_delta = (sqrt_dv + 1.0) * ua * r.abs_delta;
     for (std::int64_t d = 0; d < d_v; ++d) {
       const auto e = static_cast<std::size_t>(r.row * d_v + d);
+      // Weights that underflow lose up to themselves each, times |v| (the
+      // forward bound's term): with a sink far above the scores and |v| near
+      // float32's largest, that is O's whole error, and D's and dsink's.
+      double underflowed = 0;
+      if (e < stats_.tiny_weighted_v.size() && e < stats_.hull_lo.size()) {
+        const double v_max = std::max(std::fabs(stats_.hull_lo[e]), std::fabs(stats_.hull_hi[e]));
+        underflowed = std::min(stats_.tiny_weighted_v[e], static_cast<double>(keys.size()) * weight_underflow(p_.dtype) * v_max);
+      }
       const double e_o = u * std::fabs(r.o[d]) + f_min + (u + sqrt_n * ua) * stats_.weighted_abs_v[e] +
-                         score_error * stats_.weighted_dev_v[e];
+                         score_error * stats_.weighted_dev_v[e] + underflowed;
       e_delta += std::fabs(r.dout[d]) * e_o;
     }
     const double scale = std::fabs(p_.scale);
