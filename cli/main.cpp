@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.footer("Exit status, for every command: 0 success; 1 a verdict failed (a FAIL, a run where everything was "
              "skipped, a regression); 2 a usage or input error; 3 an internal error (a bug of attnbench); 4 report "
-             "--compare --fail-on-regression could not judge everything (too few repetitions) and found no regression.");
+             "--compare --fail-on-regression could not judge everything (too few repetitions, or machine limits differing beyond 1.5x) and found no regression.");
   app.set_version_flag("--version", "attn (attnbench) " ATTN_VERSION ", commit " ATTN_GIT_COMMIT ", " ATTN_BUILD_TYPE " build");
   std::vector<std::string> plugins;
   const std::string plugin_help =

@@ -41,7 +41,7 @@ def run_report(args):
 def run_compare(args):
     base_file, new_file = results.load_bench(args.base), results.load_bench(args.new)
     base, new = base_file.measurements, new_file.measurements
-    changes = cmp.compare(base, new)
+    changes = cmp.compare(base, new, base_file, new_file)
     if not changes:
         sys.exit("compare: the two files share no benchmark")
     for line in cmp.machine_warnings(base_file, new_file):
