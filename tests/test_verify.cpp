@@ -1045,6 +1045,26 @@ TEST(Verifier, AnUnderflowedWeightTimesAHugeValueIsInTheSinksGradientBound) {
   EXPECT_EQ(judged, 4);
 }
 
+// Fuzz seed 8, case 914 (shrunk): float64 with |v| near 5.6e306. dO x 4
+// kept dO within range but dP = dO . V overflowed in the backward, and the
+// relation blamed naive's NaN. The relation now scales by what the backward
+// multiplies dO by, and takes dO / 4 here.
+TEST(Verifier, TheDoutScaleRelationScalesDownWhereTheBackwardWouldOverflow) {
+  const fs::path file = fs::path(ATTN_SOURCE_DIR) / "tests" / "data" / "fuzz" / "seed8_case914_f64_huge_v_dout_scale.h5";
+  VerifyOptions options;
+  options.relations = true;
+  const VerifySummary s = verify({file}, make_backends(std::vector<std::string>{"naive"}), options);
+  ASSERT_TRUE(s.input_errors.empty());
+  int dout_scale = 0;
+  for (const auto& o : s.outcomes) {
+    EXPECT_EQ(o.comparison.verdict, Verdict::pass) << o.check << ": " << o.comparison.reason;
+    if (o.check.find("dout_scale") == std::string::npos) continue;
+    ++dout_scale;
+    EXPECT_NE(o.comparison.reason.find("dO / 4"), std::string::npos) << o.comparison.reason;
+  }
+  EXPECT_EQ(dout_scale, 1);
+}
+
 // Fuzz seed 2, case 322 (shrunk): a sink near 102 above every score, so the
 // plain float32 implementations' weights underflow and their bfloat16
 // results lean toward zero. naive, which rounds once from float64, leaned

@@ -387,7 +387,16 @@ std::vector<RelationRun> relation_runs(const CaseData& data, const std::vector<d
 
   // The backward only: dO x 2^2 scales every gradient by it.
   if (backward && (which & kRelationDoutScale)) {
-    if (const double f = exact_power(*dout, p.dtype, 2, 1.0); f != 0) {
+    // What the backward multiplies dO by on its way (in the arithmetic
+    // type): dP = dO . V and D = dO . O up to |v| dv, dS up to twice that,
+    // dQ and dK by |scale| |k| (|q| over every row) from dS, dV over every
+    // row. An up-scaled dO must keep all of them finite (|v| near float64's
+    // largest overflowed dP in every backend: fuzz seed 8, case 914).
+    const double rows = static_cast<double>(std::max<int64_t>(p.rows(), 1));
+    const double dp = largest_abs(data.v) * static_cast<double>(std::max<int64_t>(p.head_dim_v, 1));
+    const double a = std::fabs(p.scale);
+    const double growth = std::max(rows, dp * (4 + 4 * a * largest_abs(data.k) + 2 * a * largest_abs(data.q) * rows));
+    if (const double f = exact_power(*dout, p.dtype, 2, std::max(growth, 1.0)); f != 0) {
       RelationRun r = base(kRelationDoutScale, fmt::format("dO {}", power_text(f)));
       r.forward = false;
       r.dout = *dout;
