@@ -1,5 +1,6 @@
 #include "reference/reference.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -201,6 +202,22 @@ void compute_row(const CaseData& data, std::int64_t b, std::int64_t h, std::int6
     CompensatedSum squares;
     for (double w : scores) squares.add((w / total) * (w / total));
     stats->weight_norm[static_cast<std::size_t>(row)] = std::sqrt(squares.value());
+    // Weights equal in the arithmetic type (float32, float64 for float64
+    // cases) round alike when summed: sqrt(sum of each value's count^2).
+    std::vector<double> held(scores.size());
+    for (std::size_t n = 0; n < scores.size(); ++n) {
+      const double w = scores[n] / total;
+      held[n] = p.dtype == DType::f64 ? w : static_cast<double>(static_cast<float>(w));
+    }
+    std::sort(held.begin(), held.end());
+    double repeats = 0;
+    for (std::size_t n = 0; n < held.size();) {
+      std::size_t end = n + 1;
+      while (end < held.size() && held[end] == held[n]) ++end;
+      repeats += static_cast<double>(end - n) * static_cast<double>(end - n);
+      n = end;
+    }
+    stats->weight_repeats[static_cast<std::size_t>(row)] = std::sqrt(repeats);
   }
   auto v_at = [&](std::size_t n, std::int64_t d) {
     return key_row(data, data.v, at, visible_keys[n], p.head_dim_v)[d];
@@ -328,6 +345,7 @@ ReferenceResult reference_attention(const CaseData& data, ReferenceStats* stats,
     stats->added_magnitude.assign(result.lse.size(), 0.0);
     stats->visible.assign(result.lse.size(), 0);
     stats->weight_norm.assign(result.lse.size(), 0.0);
+    stats->weight_repeats.assign(result.lse.size(), 0.0);
     stats->hull_lo.assign(result.out.size(), 0.0);
     stats->hull_hi.assign(result.out.size(), 0.0);
   }

@@ -1065,6 +1065,28 @@ TEST(Verifier, TheDoutScaleRelationScalesDownWhereTheBackwardWouldOverflow) {
   EXPECT_EQ(dout_scale, 1);
 }
 
+// Fuzz seed 9, case 1499 (shrunk): float32, softcap 1.75 saturated by
+// scores of an e5m2 K, 1390 keys: the row's weights take few distinct
+// float32 values, each many times, and sums of equal terms round alike.
+// blocked's probe was 1 + 5.0e-6 against a root-n bound of 4.5e-6; the
+// probe's growth is now the root of each distinct weight's count squared.
+TEST(Verifier, TheProbeOfARowOfFewDistinctWeightsGrowsAsTheirCounts) {
+  const fs::path file = fs::path(ATTN_SOURCE_DIR) / "tests" / "data" / "fuzz" / "seed9_case1499_f32_saturated_softcap_probe.h5";
+  const Fixture f = read_fixture(file);
+  ReferenceStats stats;
+  reference_attention(f.data, &stats);
+  ASSERT_EQ(stats.visible.size(), 1u);
+  // Far more than root n (37), far less than n (1390).
+  EXPECT_GT(stats.weight_repeats[0], 100.0);
+  EXPECT_LT(stats.weight_repeats[0], 1000.0);
+  const VerifySummary s = verify({file}, make_backends(std::vector<std::string>{"blocked", "streaming", "naive"}), VerifyOptions{});
+  ASSERT_TRUE(s.input_errors.empty());
+  for (const auto& o : s.outcomes) {
+    if (!o.check.empty()) continue;
+    EXPECT_EQ(o.comparison.verdict, Verdict::pass) << o.backend << ": " << o.comparison.reason;
+  }
+}
+
 // Fuzz seed 2, case 322 (shrunk): a sink near 102 above every score, so the
 // plain float32 implementations' weights underflow and their bfloat16
 // results lean toward zero. naive, which rounds once from float64, leaned

@@ -194,15 +194,17 @@ MeasuredJudgement judge_measured(const ErrorNorms& errors, const MeasuredLimit& 
   return j;
 }
 
-std::vector<double> probe_bounds(const Problem& p, const ReferenceStats& stats, const std::vector<double>& kept) {
+std::vector<double> probe_bounds(const Problem& p, const ReferenceStats& stats) {
   const double u = unit_roundoff(p.dtype), u_acc = accumulation_roundoff(p.dtype);
   std::vector<double> bounds(stats.visible.size());
   for (std::size_t r = 0; r < bounds.size(); ++r) {
     const double n = static_cast<double>(stats.visible[r]);
-    const double share = kept.empty() ? 1.0 : kept[r];
-    // Equal weights have ||p||_2 = share / sqrt(n) exactly; anything else more.
-    const bool uniform = n > 1 && std::fabs(stats.weight_norm[r] * std::sqrt(n) - share) <= 1e-9 * share;
-    const double growth = uniform ? n : std::sqrt(std::max(n, 1.0));
+    // Rounding errors of equal terms do not cancel: root-n growth over
+    // distinct weights, linear within each group of weights the arithmetic
+    // type holds equal (n for a uniform row; a saturated softcap or the few
+    // codes of an fp8 K leave a long row a handful of distinct weights).
+    const double repeats = r < stats.weight_repeats.size() ? stats.weight_repeats[r] : 0.0;
+    const double growth = std::max(std::sqrt(std::max(n, 1.0)), repeats);
     bounds[r] = u + ToleranceConstants::probe_factor * (u * stats.weight_norm[r] + growth * u_acc);
   }
   return bounds;

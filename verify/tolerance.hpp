@@ -127,12 +127,13 @@ std::vector<double> forward_floor_magnitude(const Problem& p, const ReferenceSta
 // bfloat16 the smallest normal (its hardware flushes subnormals).
 double subnormal_allowance(DType dtype, double n);
 
-// Per row: how far from 1 a visible row of the normalisation probe may be.
-// `kept`: per row, the share of the weight the visible keys keep (1 without
-// sinks; empty means 1). Rows whose visible weights are all equal (scores all
-// equal, e.g. subnormal q and k) sum identical terms: their rounding errors
-// do not cancel, so the accumulation grows as n, not root n.
-std::vector<double> probe_bounds(const Problem& problem, const ReferenceStats& stats, const std::vector<double>& kept = {});
+// Per row: how far from 1 (or from the share the visible keys keep beside a
+// sink) a visible row of the normalisation probe may be. Equal weights sum
+// identical terms whose rounding errors do not cancel: the accumulation
+// grows as the root of the sum of each distinct weight's count squared
+// (ReferenceStats::weight_repeats): n for a uniform row, root n for distinct
+// weights.
+std::vector<double> probe_bounds(const Problem& problem, const ReferenceStats& stats);
 
 // Errors (max and RMS) judged against a measured limit: the ratios, the
 // budget (1 = at the limit of either check) and, when over the limit, why
