@@ -22,10 +22,6 @@ struct ReferenceStats {
   std::vector<double> score_magnitude; // per row: max over visible j of |scale| sum_k |q_ik k_jk| + |bias_ij|
   std::vector<std::int64_t> visible;   // per row: number of visible keys
   std::vector<double> weight_norm;     // per row: sqrt(sum_j p_ij^2), 0 for a row with no visible key
-  // Per row: sqrt(sum over the distinct weights of their count^2), weights
-  // compared as the arithmetic type holds them (float32; float64 for float64
-  // cases): n when every weight is equal, sqrt(n) when none are.
-  std::vector<double> weight_repeats;
   // Per out element: the convex hull of the visible values, [min_j v_jd,
   // max_j v_jd] (with 0 when the row has a sink, whose weight carries no
   // value): no correct output leaves it, whatever its scores. [0, 0] for a
@@ -35,6 +31,10 @@ struct ReferenceStats {
   // smallest normal, the largest of any dtype): those a dtype can underflow.
   std::vector<double> tiny_weighted_v;
   std::vector<double> added_magnitude; // per row: max over visible j of |ALiBi_ij| + |bias_ij| (what is added to scale q.k)
+  // Per row: sqrt(sum over the distinct weights of their count^2), weights
+  // compared as the arithmetic type holds them (float32; float64 for float64
+  // cases): n when every weight is equal, sqrt(n) when none are.
+  std::vector<double> weight_repeats;
 };
 
 // Whether key j is visible to query row (b, h, i) under the format's rules.
