@@ -994,6 +994,34 @@ TEST(Verifier, ScaledResultsAmongTheSubnormalsAreNotJudgedBitForBit) {
   EXPECT_EQ(holds, 3 * 2);  // s2: the backward, s3: the forward, each for three backends
 }
 
+namespace {
+
+// The golden comparison's backward rows of a shrunk fuzz case
+// (tests/data/fuzz/NAME) for each of `backends`: every one must PASS, and
+// `tensor`'s `error` (how far it is from the truth) must exceed `at_least`,
+// so that what the case is about is what gets judged.
+void expect_backward_passes(const std::string& name, const std::vector<std::string>& backends, const char* tensor,
+                            double TensorScore::*error, double at_least) {
+  const fs::path file = fs::path(ATTN_SOURCE_DIR) / "tests" / "data" / "fuzz" / name;
+  ASSERT_TRUE(read_fixture(file).gradients.has_value());
+  VerifyOptions options;
+  options.forward = false;
+  const VerifySummary s = verify({file}, make_backends(backends), options);
+  ASSERT_TRUE(s.input_errors.empty());
+  std::size_t judged = 0;
+  for (const auto& o : s.outcomes) {
+    if (!o.check.empty()) continue;
+    ++judged;
+    EXPECT_EQ(o.comparison.verdict, Verdict::pass) << o.backend << ": " << o.comparison.reason;
+    const TensorScore* score = o.comparison.tensor(tensor);
+    ASSERT_NE(score, nullptr) << o.backend;
+    EXPECT_GT(score->*error, at_least) << o.backend << ": " << tensor << "'s error is what the case is about";
+  }
+  EXPECT_EQ(judged, backends.size());
+}
+
+}  // namespace
+
 // Fuzz seed 6, case 904 (shrunk): a bfloat16 softcap of 5 under scores in
 // the tens. tanh rounds to 1 in float32, so every float implementation's
 // slope 1 - t^2 is exactly 0 where the true one is near 1e-8: dQ and dK are
@@ -1001,24 +1029,8 @@ TEST(Verifier, ScaledResultsAmongTheSubnormalsAreNotJudgedBitForBit) {
 // absolute rounding (about 3 u_acc t^2); before, every backend, naive
 // included, FAILed it. Each returns those zeros and passes.
 TEST(Verifier, ASaturatedSoftcapsZeroSlopeIsWithinTheGradientBound) {
-  const fs::path file = fs::path(ATTN_SOURCE_DIR) / "tests" / "data" / "fuzz" / "seed6_case904_bf16_softcap_saturated.h5";
-  const Fixture f = read_fixture(file);
-  ASSERT_TRUE(f.gradients.has_value());
-  const auto backends = make_backends(std::vector<std::string>{"naive", "blocked", "streaming", "openblas", "onednn"});
-  VerifyOptions options;
-  options.forward = false;
-  const VerifySummary s = verify({file}, backends, options);
-  ASSERT_TRUE(s.input_errors.empty());
-  int judged = 0;
-  for (const auto& o : s.outcomes) {
-    if (!o.check.empty()) continue;
-    ++judged;
-    EXPECT_EQ(o.comparison.verdict, Verdict::pass) << o.backend << ": " << o.comparison.reason;
-    const TensorScore* dq = o.comparison.tensor("dq");
-    ASSERT_NE(dq, nullptr) << o.backend;
-    EXPECT_GT(dq->max_abs_error, 1e-8) << o.backend << ": the saturated slope's zeros are what is judged here";
-  }
-  EXPECT_EQ(judged, 5);
+  expect_backward_passes("seed6_case904_bf16_softcap_saturated.h5", {"naive", "blocked", "streaming", "openblas", "onednn"},
+                         "dq", &TensorScore::max_abs_error, 1e-8);
 }
 
 // Fuzz seed 7, case 496 (shrunk): float32, a sink near 99 over one score
@@ -1027,22 +1039,8 @@ TEST(Verifier, ASaturatedSoftcapsZeroSlopeIsWithinTheGradientBound) {
 // by 4% in every float implementation. The forward bound had that term; the
 // gradient bound's error of O did not, and every backend FAILed dsinks.
 TEST(Verifier, AnUnderflowedWeightTimesAHugeValueIsInTheSinksGradientBound) {
-  const fs::path file = fs::path(ATTN_SOURCE_DIR) / "tests" / "data" / "fuzz" / "seed7_case496_f32_sink_over_huge_v.h5";
-  const auto backends = make_backends(std::vector<std::string>{"naive", "blocked", "streaming", "openblas"});
-  VerifyOptions options;
-  options.forward = false;
-  const VerifySummary s = verify({file}, backends, options);
-  ASSERT_TRUE(s.input_errors.empty());
-  int judged = 0;
-  for (const auto& o : s.outcomes) {
-    if (!o.check.empty()) continue;
-    ++judged;
-    EXPECT_EQ(o.comparison.verdict, Verdict::pass) << o.backend << ": " << o.comparison.reason;
-    const TensorScore* dsinks = o.comparison.tensor("dsinks");
-    ASSERT_NE(dsinks, nullptr) << o.backend;
-    EXPECT_GT(dsinks->max_rel_error, 0.01) << o.backend << ": the subnormal weight's error is what is judged here";
-  }
-  EXPECT_EQ(judged, 4);
+  expect_backward_passes("seed7_case496_f32_sink_over_huge_v.h5", {"naive", "blocked", "streaming", "openblas"}, "dsinks",
+                         &TensorScore::max_rel_error, 0.01);
 }
 
 // Fuzz seed 8, case 914 (shrunk): float64 with |v| near 5.6e306. dO x 4

@@ -217,8 +217,13 @@ def supports_layer(problem, model_dim):
     return ac.layer_shape_reason(problem, model_dim, "nn.MultiheadAttention") or supports(problem)
 
 
-def _module(torch, problem, data, dt):
-    """nn.MultiheadAttention holding the fixture's weights, and the keyword arguments of its call."""
+def _module(problem, data, threads):
+    """(torch, nn.MultiheadAttention holding the fixture's weights, the keyword arguments of its
+    call, a function making a tensor of the case's dtype)."""
+    torch = _import()
+    if threads > 0:
+        torch.set_num_threads(threads)
+    dt = getattr(torch, _DTYPES[problem.dtype])
     E = data.model_dim
     t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(dt)
     m = torch.nn.MultiheadAttention(E, problem.heads_q, bias=True, batch_first=True, dtype=dt)
@@ -239,16 +244,11 @@ def _module(torch, problem, data, dt):
             bias = np.broadcast_to(data.bias, attend.shape)
             additive = np.where(attend, bias, -np.inf)  # a -inf of the bias hides its key too
             kwargs["attn_mask"] = t(additive).reshape(b * h, sq, sk)
-    return m, kwargs
+    return torch, m, kwargs, t
 
 
 def layer(problem, data, threads):
-    torch = _import()
-    if threads > 0:
-        torch.set_num_threads(threads)
-    dt = getattr(torch, _DTYPES[problem.dtype])
-    t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(dt)
-    m, kwargs = _module(torch, problem, data, dt)
+    torch, m, kwargs, t = _module(problem, data, threads)
     with torch.inference_mode(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         y, _ = m(t(data.x_q), t(data.x_k), t(data.x_v), **kwargs)
@@ -261,12 +261,7 @@ def layer_backward(problem, data, dout, bias_requires_grad, threads):
     in-projection's split in three; a bias the layer does not have is not returned. A trainable
     attention bias is the float attn_mask as a leaf, its gradient summed over the bias's
     broadcast axes."""
-    torch = _import()
-    if threads > 0:
-        torch.set_num_threads(threads)
-    dt = getattr(torch, _DTYPES[problem.dtype])
-    t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(dt)
-    m, kwargs = _module(torch, problem, data, dt)
+    torch, m, kwargs, t = _module(problem, data, threads)
     E = data.model_dim
     x = [t(data.x_q).requires_grad_(), t(data.x_k).requires_grad_(), t(data.x_v).requires_grad_()]
     mask = kwargs.get("attn_mask")
