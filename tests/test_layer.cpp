@@ -48,6 +48,14 @@ fs::path scratch_dir() {
   return dir;
 }
 
+// The standard suite's case of that name; nullptr when it has none.
+const CaseSpec* suite_case(const std::string& name) {
+  for (const auto& s : standard_suite()) {
+    if (s.name == name) return &s;
+  }
+  return nullptr;
+}
+
 // model_dim 2, one head of 2, identity projections: the layer is plain attention on x.
 LayerData identity_layer() {
   LayerData l;
@@ -90,10 +98,7 @@ TEST(LayerReference, ProjectionsSplitHeadsByColumnBlocks) {
 
 TEST(LayerFixtures, RoundTripAndClearErrors) {
   fs::path dir = scratch_dir();
-  const CaseSpec* spec = nullptr;
-  for (const auto& s : standard_suite()) {
-    if (s.name == "layer/gqa_self_b2_s10_bf16") spec = &s;
-  }
+  const CaseSpec* spec = suite_case("layer/gqa_self_b2_s10_bf16");
   ASSERT_NE(spec, nullptr);
   LayerFixture written = generate_layer_fixture(*spec);
   write_layer_fixture(written, dir / "layer.h5");
@@ -278,10 +283,7 @@ TEST(LayerGradients, TheChainRuleMatchesFiniteDifferencesOfTheLayer) {
 
 TEST(LayerFixtures, GradientsRoundTripAndClearErrors) {
   fs::path dir = scratch_dir();
-  const CaseSpec* spec = nullptr;
-  for (const auto& s : standard_suite()) {
-    if (s.name == "layer_backward/bias_trainable_b2_s8_bf16") spec = &s;
-  }
+  const CaseSpec* spec = suite_case("layer_backward/bias_trainable_b2_s8_bf16");
   ASSERT_NE(spec, nullptr);
   const LayerFixture written = generate_layer_fixture(*spec);
   ASSERT_TRUE(written.gradients.has_value());

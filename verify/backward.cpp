@@ -151,27 +151,11 @@ const GradientTruth& BackwardTruth::measured_from(const std::vector<double>& out
   const Problem& p = data_.problem;
   const std::vector<ReferenceGradients> family =
       baseline_backward_family(data_, gradients_.dout, out, gradients_.bias_requires_grad);
-  const double u = unit_roundoff(p.dtype), ratio = accumulation_roundoff(p.dtype) / u;
   for (const GradientPart& part : gradient_parts(p)) {
-    const std::vector<double>& want = truth.value.*part.values;
-    // What the floor is a unit roundoff (of the dtype) of: the result itself,
-    // and the summed magnitude at the accumulation's roundoff.
-    std::vector<double> magnitude(want.size());
-    const std::vector<double>& summed = truth.magnitude.*part.values;
-    for (std::size_t e = 0; e < want.size(); ++e) {
-      magnitude[e] = std::fabs(want[e]) + (e < summed.size() ? ratio * summed[e] : 0.0);
-    }
-    std::vector<std::vector<double>> plain;
-    bool finite = true;
-    for (const ReferenceGradients& g : family) {
-      const std::vector<double>& x = g.*part.values;
-      for (double v : x) finite = finite && std::isfinite(v);
-      if (x.size() == want.size()) plain.push_back(x);
-    }
-    const std::vector<char> every(want.size(), 1);
-    MeasuredLimit m = measured_limit(p.dtype, want, plain, magnitude, 1, every, static_cast<std::int64_t>(gradient_terms(p)));
-    if (!finite) m.baseline_max = m.baseline_rms = std::numeric_limits<double>::infinity();
-    truth.measured.push_back(m);
+    std::vector<const std::vector<double>*> plain;
+    for (const ReferenceGradients& g : family) plain.push_back(&(g.*part.values));
+    truth.measured.push_back(gradient_measured_limit(p.dtype, truth.value.*part.values, truth.magnitude.*part.values, plain,
+                                                     static_cast<std::int64_t>(gradient_terms(p))));
   }
   return measured_.emplace_back(out, std::move(truth)).second;
 }

@@ -271,23 +271,12 @@ LayerGradientTruth layer_gradient_truth(const LayerData& layer, const LayerRefer
   // floored at a unit roundoff of the result plus one of the accumulation
   // at the summed magnitude.
   const std::vector<LayerGradients> family = baseline_layer_backward_family(layer, dout, bias_gradient);
-  const double ratio = accumulation_roundoff(dtype) / unit_roundoff(dtype);
+  // Sums run over the rows, the model width or the projections' widths, and the attention's terms.
+  const auto terms = std::max({q_rows, k_rows, m, layer.o_width(), static_cast<std::int64_t>(gradient_terms(p))});
   for (const LayerGradientPart& part : layer_gradient_parts(layer, bias_gradient)) {
-    const std::vector<double>& want = t.value.*part.values;
-    const std::vector<double>& summed = t.magnitude.*part.values;
-    std::vector<double> magnitude(want.size());
-    for (std::size_t e = 0; e < want.size(); ++e) magnitude[e] = std::fabs(want[e]) + (e < summed.size() ? ratio * summed[e] : 0.0);
-    std::vector<std::vector<double>> plain;
-    bool finite = true;
-    for (const LayerGradients& g : family) {
-      const std::vector<double>& x = g.*part.values;
-      for (double value : x) finite = finite && std::isfinite(value);
-      if (x.size() == want.size()) plain.push_back(x);
-    }
-    const std::int64_t terms = std::max({q_rows, k_rows, m, layer.o_width(), gradient_terms(p) > 0 ? static_cast<std::int64_t>(gradient_terms(p)) : 1});
-    MeasuredLimit limit = measured_limit(dtype, want, plain, magnitude, 1, std::vector<char>(want.size(), 1), terms);
-    if (!finite) limit.baseline_max = limit.baseline_rms = std::numeric_limits<double>::infinity();
-    t.measured.push_back(limit);
+    std::vector<const std::vector<double>*> plain;
+    for (const LayerGradients& g : family) plain.push_back(&(g.*part.values));
+    t.measured.push_back(gradient_measured_limit(dtype, t.value.*part.values, t.magnitude.*part.values, plain, terms));
   }
   return t;
 }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace attn {
 
@@ -164,6 +165,24 @@ MeasuredLimit measured_limit(DType dtype, const std::vector<double>& truth,
   const double absolute = subnormal_allowance(dtype, static_cast<double>(longest_row));
   return {ToleranceConstants::baseline_factor(dtype), base.max, base.rms, std::max(floor * scale.max, absolute),
           std::max(floor * scale.rms, absolute)};
+}
+
+MeasuredLimit gradient_measured_limit(DType dtype, const std::vector<double>& truth, const std::vector<double>& summed,
+                                      const std::vector<const std::vector<double>*>& plain, std::int64_t terms) {
+  const double ratio = accumulation_roundoff(dtype) / unit_roundoff(dtype);
+  std::vector<double> magnitude(truth.size());
+  for (std::size_t e = 0; e < truth.size(); ++e) {
+    magnitude[e] = std::fabs(truth[e]) + (e < summed.size() ? ratio * summed[e] : 0.0);
+  }
+  std::vector<std::vector<double>> baselines;
+  bool finite = true;
+  for (const std::vector<double>* x : plain) {
+    for (double v : *x) finite = finite && std::isfinite(v);
+    if (x->size() == truth.size()) baselines.push_back(*x);
+  }
+  MeasuredLimit m = measured_limit(dtype, truth, baselines, magnitude, 1, std::vector<char>(truth.size(), 1), terms);
+  if (!finite) m.baseline_max = m.baseline_rms = std::numeric_limits<double>::infinity();
+  return m;
 }
 
 std::vector<double> forward_floor_magnitude(const Problem& p, const ReferenceStats& stats) {

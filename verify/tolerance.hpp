@@ -110,6 +110,15 @@ MeasuredLimit measured_limit(DType dtype, const std::vector<double>& truth,
                              const std::vector<std::vector<double>>& baselines, const std::vector<double>& magnitude,
                              std::int64_t width, const std::vector<char>& counts, std::int64_t longest_row);
 
+// The measured bound of one gradient (an attention's or a layer's): k times
+// the least accurate of `plain` (the plain formulations' values; those not
+// of truth's size are left out), floored at a unit roundoff of the result
+// plus one of the accumulation at `summed` (each element's sum of |terms|),
+// subnormals allowed over `terms`; infinite (no measurement) where a plain
+// value is not finite.
+MeasuredLimit gradient_measured_limit(DType dtype, const std::vector<double>& truth, const std::vector<double>& summed,
+                                      const std::vector<const std::vector<double>*>& plain, std::int64_t terms);
+
 // The forward's floor magnitude per out element: sum_j p_ij |v_jd|, and what
 // adding a bias or ALiBi term moves: every float formulation rounds the score
 // at the size of what it adds, so P moves by |bias| + |ALiBi| accumulation
