@@ -20,6 +20,7 @@ Runner add_peak_command(CLI::App& app);
 Runner add_report_command(CLI::App& app);
 Runner add_fuzz_command(CLI::App& app);
 Runner add_merge_command(CLI::App& app);
+Runner add_dropout_command(CLI::App& app);
 
 // A data file of attnbench: under <prefix>/share/attnbench/ when this attn is
 // installed (found from the executable's own path), else in the source tree.

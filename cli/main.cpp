@@ -74,6 +74,7 @@ int main(int argc, char** argv) {
   add(attn::cli::add_verify_command);
   add(attn::cli::add_merge_command);
   add(attn::cli::add_fuzz_command);
+  add(attn::cli::add_dropout_command);
   add(attn::cli::add_fixtures_command);
   add(attn::cli::add_bench_command);
   add(attn::cli::add_show_command);

@@ -23,6 +23,7 @@ std::string describe_capabilities(const Capabilities& c) {
   if (!c.uses_threads) text += "; single-threaded";
   if (c.batch_invariant) text += "; batch-invariant";
   if (c.bitwise_relations) text += fmt::format("; bitwise {}", relation_names(c.bitwise_relations));
+  if (c.dropout) text += "; dropout";
   return text;
 }
 

@@ -272,6 +272,11 @@ ReferenceRowKeys reference_row_keys(const CaseData& data, std::int64_t b, std::i
   return {at.entry < 0 ? 0 : at.k_len, at.diag};
 }
 
+ReferenceRowEntry reference_row_entry(const CaseData& data, std::int64_t b, std::int64_t i) {
+  const RowPlace at = place(data, b, 0, i);
+  return {at.entry, at.i};
+}
+
 std::int64_t reference_key_offset(const CaseData& data, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j,
                                   std::int64_t width) {
   const RowPlace at = place(data, b, h, i);

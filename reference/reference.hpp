@@ -47,6 +47,12 @@ struct ReferenceRowKeys {
   std::int64_t keys = 0, diag = 0;
 };
 ReferenceRowKeys reference_row_keys(const CaseData& data, std::int64_t b, std::int64_t h, std::int64_t i);
+// The batch entry of that row and the query's position within it (what a
+// dropout mask is indexed by); entry -1 for a packed row past the last sequence.
+struct ReferenceRowEntry {
+  std::int64_t entry = 0, i = 0;
+};
+ReferenceRowEntry reference_row_entry(const CaseData& data, std::int64_t b, std::int64_t i);
 // Index in data.k (width head_dim) or data.v (width head_dim_v) of key j's row
 // for that query row: through the packed offsets or the page table.
 std::int64_t reference_key_offset(const CaseData& data, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j,

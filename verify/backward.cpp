@@ -10,6 +10,7 @@
 
 #include "core/float_state.hpp"
 #include "verify/backward_baseline.hpp"
+#include "verify/run_case.hpp"
 #include "verify/tolerance.hpp"
 
 namespace attn {
@@ -41,7 +42,7 @@ struct Filled {
 }  // namespace
 
 BackwardRun run_backward(const Backend& backend, const CaseData& data, const std::vector<double>& dout, bool bias_gradient,
-                         const RunOptions& options) {
+                         const RunOptions& options, const DropoutView& dropout) {
   const Problem& p = data.problem;
   DeviceReadyInputs inputs = make_backend_inputs(data);
   const Dims4 out_shape{p.q_batch(), p.heads_q, p.seq_q, p.head_dim_v};
@@ -60,6 +61,11 @@ BackwardRun run_backward(const Backend& backend, const CaseData& data, const std
   std::vector<double> dsinks(p.sinks ? static_cast<std::size_t>(p.heads_q) : 0, std::numeric_limits<double>::quiet_NaN());
 
   BackwardRun run;
+  if (dropout.active()) {
+    run.kept = unwritten_mask(p);
+    inputs.io.dropout = dropout;
+    inputs.io.dropout.kept = run.kept.data();
+  }
   const auto start = std::chrono::steady_clock::now();
   {
     const FloatStateGuard floats;  // the backend's floating-point state stays with it
@@ -70,6 +76,7 @@ BackwardRun run_backward(const Backend& backend, const CaseData& data, const std
     forward->read_output();
     BackwardIO io;
     io.forward = inputs.io;
+    io.forward.dropout.kept = nullptr;
     if (!forward->has_lse()) io.forward.lse = nullptr;
     io.dout = TensorView{grad_out.view.data, p.dtype, grad_out.view.shape, grad_out.view.strides};
     io.dq = dq.view;

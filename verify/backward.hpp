@@ -76,12 +76,15 @@ class BackwardTruth {
 struct BackwardRun {
   ReferenceGradients got;  // canonical row-major, widened from the dtype; dbias and dsinks empty when not asked
   std::vector<double> out;  // the backend's own forward output the backward started from (canonical)
+  std::vector<std::uint8_t> kept;  // with dropout: the mask its forward reported (verify/run_case.hpp)
   double seconds = 0;      // forward and backward, prepare and run
 };
 
-// Throws whatever the backend throws (attn::Unsupported: SKIP).
+// Throws whatever the backend throws (attn::Unsupported: SKIP). With
+// `dropout` active, the forward gets it with a mask buffer and the backward
+// the same p, seed and offset (no mask: it replays its forward's).
 BackwardRun run_backward(const Backend& backend, const CaseData& data, const std::vector<double>& dout, bool bias_gradient,
-                         const RunOptions& options);
+                         const RunOptions& options, const DropoutView& dropout = {});
 
 // Every gradient scored against `truth` (a NaN or infinity fails, naming the
 // gradient and the element).

@@ -270,6 +270,7 @@ std::string FuzzCase::describe() const {
   if (r.poison_hidden_v) text += ",poisoned_hidden_v";
   if (r.lattice_scores) text += ",lattice_scores";
   if (r.backward) text += r.bias_requires_grad ? ",backward,bias_requires_grad" : ",backward";
+  if (r.dropout_p > 0) text += fmt::format(",dropout_p={}", r.dropout_p);
   return text + fmt::format(" [threads {}, {}]", threads, layout_name(layout));
 }
 
@@ -418,6 +419,13 @@ FuzzCase draw_fuzz_case(std::uint64_t seed, std::int64_t index) {
   // Quantised inputs (format version 4), from a stream of their own: 3 cases in 10 without gradients.
   Rng quantised = Rng::from_name(fmt::format("attn fuzz v4 {} {}", seed, index));
   if (!r.backward && quantised.uniform() < 0.3) draw_version4(quantised, p, r.lattice_scores);
+  // Dropout on one case in six that is not quantised (verify/dropout.hpp),
+  // from a stream of its own.
+  Rng dropout = Rng::from_name(fmt::format("attn fuzz dropout {} {}", seed, index));
+  if (!p.quantised() && dropout.uniform() < 1.0 / 6) {
+    const double rates[] = {0.05, 0.1, 0.2, 0.5};
+    r.dropout_p = pick(dropout, rates);
+  }
   if (!store(c, p)) throw Error(fmt::format("attn fuzz: drew an invalid case {}: {}", c.spec.name, p.to_string()));
   return c;
 }
@@ -435,6 +443,7 @@ Fixture fuzz_fixture(const FuzzCase& c) {
   f.header.generator = "attnbench fuzz 1";
   f.header.tags = {"fuzz"};
   f.header.problem = f.data.problem;
+  if (c.spec.recipe.dropout_p > 0) f.header.dropout_p = c.spec.recipe.dropout_p;
   if (c.spec.recipe.backward && !f.data.problem.paged()) {
     // dout ~ N(0, 1) in the dtype; the goldens are computed where the case is written.
     FixtureGradients g;
@@ -525,6 +534,7 @@ std::vector<FuzzCase> simpler_fuzz_cases(const FuzzCase& c) {
   }
   if (r.poison_hidden_v) with([](FuzzCase& n, Problem&) { n.spec.recipe.poison_hidden_v = false; });
   if (r.lattice_scores) with([](FuzzCase& n, Problem&) { n.spec.recipe.lattice_scores = false; });
+  if (r.dropout_p > 0) with([](FuzzCase& n, Problem&) { n.spec.recipe.dropout_p = 0; });
   if (r.backward) {
     with([](FuzzCase& n, Problem&) { n.spec.recipe.backward = n.spec.recipe.bias_requires_grad = false; });
     if (r.bias_requires_grad) with([](FuzzCase& n, Problem&) { n.spec.recipe.bias_requires_grad = false; });
@@ -602,6 +612,7 @@ VerifyOptions options_of(const FuzzCase& c, const std::string* only = nullptr) {
   if (only) {
     options.invariance = *only == "batch invariance";
     options.relations = only->rfind("relation", 0) == 0;
+    options.dropout = *only == "dropout";
   }
   return options;
 }

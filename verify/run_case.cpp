@@ -15,7 +15,11 @@ constexpr std::size_t kGuardBytes = 4096;
 constexpr unsigned char kGuardByte = 0xA5;
 }  // namespace
 
-BackendRun run_backend(const Backend& backend, const CaseData& data, const RunOptions& options) {
+std::vector<std::uint8_t> unwritten_mask(const Problem& p) {
+  return std::vector<std::uint8_t>(static_cast<std::size_t>(p.batch * p.heads_q * p.seq_q * p.seq_k), kNotWritten);
+}
+
+BackendRun run_backend(const Backend& backend, const CaseData& data, const RunOptions& options, const DropoutView& dropout) {
   const Problem& p = data.problem;
   DeviceReadyInputs inputs = make_backend_inputs(data);
   Dims4 out_shape{p.q_batch(), p.heads_q, p.seq_q, p.head_dim_v};
@@ -33,9 +37,14 @@ BackendRun run_backend(const Backend& backend, const CaseData& data, const RunOp
   std::vector<double> lse(static_cast<std::size_t>(p.rows()), std::numeric_limits<double>::quiet_NaN());
   inputs.io.out = MutableTensorView{out, p.dtype, out_shape, out_strides};
   inputs.io.lse = lse.data();
+  BackendRun result;
+  if (dropout.active()) {
+    result.kept = unwritten_mask(p);
+    inputs.io.dropout = dropout;
+    inputs.io.dropout.kept = result.kept.data();
+  }
 
   auto start = std::chrono::steady_clock::now();
-  BackendRun result;
   bool has_lse = false;
   {
     // Whatever floating-point state the backend sets on this thread is undone

@@ -19,6 +19,7 @@
 #include "verify/backward.hpp"
 #include "verify/baseline.hpp"
 #include "attnbench/value_range.hpp"
+#include "verify/dropout.hpp"
 #include "verify/invariance.hpp"
 #include "verify/relations.hpp"
 #include "verify/layer.hpp"
@@ -530,6 +531,51 @@ void verify_golden_free(const FixtureHeader& header, const CaseData& case_data, 
   }
 }
 
+// A case with dropout_p: a "dropout" row per backend and direction at the
+// first run configuration (verify/dropout.hpp). A backend that does not
+// declare dropout is SKIP.
+void verify_dropout(const Fixture& fixture, const ForwardTruth& forward, const GradientTruth* gradient_truth,
+                    const BackendRefs& backends, const VerifyOptions& options, const RunConfig& config,
+                    const std::string& warning, const OutcomeCallback& on_outcome, VerifySummary& summary) {
+  CaseData data = fixture.data;
+  data.problem = laid_out_as(fixture.data.problem, config);
+  const Problem& problem = data.problem;
+  const double p = *fixture.header.dropout_p;
+  RunOptions run_options = options.run;
+  run_options.threads = config.threads;
+  const std::string beyond = dropout_out_of_reach(problem);
+  std::vector<Direction> directions;
+  if (options.forward) directions.push_back(Direction::forward);
+  if (options.backward && fixture.gradients && gradient_truth) directions.push_back(Direction::backward);
+  for (const Direction direction : directions) {
+    const std::vector<Status> support = support_of(backends, problem, direction);
+    for (std::size_t b = 0; b < backends.size(); ++b) {
+      const Backend& backend = *backends[b];
+      CaseOutcome outcome = outcome_of(backend, fixture.header, problem.to_string(), config, warning, direction);
+      outcome.check = "dropout";
+      const auto start = std::chrono::steady_clock::now();
+      if (!support[b].ok) {
+        outcome.comparison = skipped(support[b].reason);
+      } else if (!backend.capabilities().dropout) {
+        outcome.comparison = skipped("it does not declare dropout");
+      } else if (recorded_outputs_of(backend)) {
+        outcome.comparison = skipped("recorded outputs: nothing to run with dropout");
+      } else if (!beyond.empty()) {
+        outcome.comparison = skipped(beyond);
+      } else if (direction == Direction::forward) {
+        outcome.comparison = judged([&] { return judge_dropout(backend, data, p, forward, run_options); });
+      } else {
+        outcome.comparison = judged([&] {
+          return judge_dropout_backward(backend, data, p, fixture.gradients->dout, fixture.gradients->bias_requires_grad,
+                                        forward, *gradient_truth, run_options);
+        });
+      }
+      outcome.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      record(std::move(outcome), on_outcome, summary);
+    }
+  }
+}
+
 // One fixture: its truth once, then every (run configuration, direction,
 // backend) unit, each judged by the direction's judge.
 void verify_sdpa(const Fixture& fixture, const BackendRefs& backends, const VerifyOptions& options,
@@ -616,6 +662,9 @@ void verify_sdpa(const Fixture& fixture, const BackendRefs& backends, const Veri
   if (runs) {
     verify_golden_free(fixture.header, fixture.data, fixture.gradients ? &*fixture.gradients : nullptr, gradient_truth,
                        backends, options, configs.front(), warning, on_outcome, summary, failed_golden, &front_runs, &first);
+  }
+  if (runs && options.dropout && fixture.header.dropout_p) {
+    verify_dropout(fixture, forward, gradient_truth, backends, options, configs.front(), warning, on_outcome, summary);
   }
 }
 

@@ -46,6 +46,8 @@ struct VerifyOptions {
   unsigned backward_relations = kAllRelations;  // those judged on the backward too (the fuzzer: one a case)
   bool backward_invariance = true;              // batch invariance of the gradients too (the fuzzer: some cases)
   std::int64_t check_budget = std::int64_t{1} << 22;
+  // Cases with dropout_p: their "dropout" rows (verify/dropout.hpp).
+  bool dropout = true;
 };
 
 // One (threads, layout) pair of a run.

@@ -1,5 +1,6 @@
 #include "impls/naive/naive.hpp"
 
+#include "attnbench/dropout.hpp"
 #include "attnbench/error.hpp"
 #include "attnbench/value_range.hpp"
 #include "impls/naive/naive_backward.hpp"
@@ -59,6 +60,10 @@ void naive_attention(const Problem& p, const AttentionIO& io) {
   // The sums (the denominator and P V) in float64: a float32 sum of 2^25 equal
   // weights stops at 2^24, and one of a long row's tiny P V terms stops adding.
   std::vector<double> acc(static_cast<std::size_t>(p.head_dim_v));
+  // Dropout: one row's keep bits, drawn for its keys at once.
+  const DropoutMask dropout(p, io.dropout);
+  const A keep_scale = static_cast<A>(dropout.keep_scale());
+  std::vector<std::uint8_t> keep(io.dropout.active() ? static_cast<std::size_t>(p.seq_k) : 0);
   // Where key j of entry e lives in k and v: (tensor batch, seq).
   auto key_batch = [&](std::int64_t e, std::int64_t j) {
     if (p.paged()) return io.page_table[e * p.pages_per_entry() + j / p.page_size];
@@ -146,9 +151,20 @@ void naive_attention(const Problem& p, const AttentionIO& io) {
         // every small weight after it at its own magnitude (found by attn fuzz).
         if (io.sinks) sum += static_cast<double>(std::exp(sink - max_score));
         std::fill(acc.begin(), acc.end(), 0.0);
+        if (!keep.empty()) {
+          dropout.row(e, h, qi, 0, keys, keep.data());
+          if (io.dropout.kept) {
+            std::uint8_t* kept = io.dropout.kept + ((e * p.heads_q + h) * p.seq_q + qi) * p.seq_k;
+            for (std::int64_t j = 0; j < keys; ++j) {
+              if (visible[static_cast<std::size_t>(j)]) kept[j] = keep[static_cast<std::size_t>(j)];
+            }
+          }
+        }
         for (std::int64_t j = 0; j < keys; ++j) {
           if (!visible[static_cast<std::size_t>(j)]) continue;
-          const A w = static_cast<A>(static_cast<double>(weights[static_cast<std::size_t>(j)]) / sum) * v_descale;
+          if (!keep.empty() && !keep[static_cast<std::size_t>(j)]) continue;  // dropped: contributes 0
+          A w = static_cast<A>(static_cast<double>(weights[static_cast<std::size_t>(j)]) / sum) * v_descale;
+          if (!keep.empty()) w *= keep_scale;
           const std::int64_t kb = key_batch(e, j), kj = key_seq(e, j);
           for (std::int64_t d = 0; d < p.head_dim_v; ++d) {
             double& a = acc[static_cast<std::size_t>(d)];
@@ -219,7 +235,7 @@ class NaiveBackend final : public Backend {
   Capabilities capabilities() const override {
     return {.dtypes = kAllDTypes, .features = kAllFeatures, .lse = true, .backward = true, .uses_threads = false,
             .encodings = kAllEncodings, .batch_invariant = true,
-            .bitwise_relations = kRelationVScale | kRelationLayout | kRelationDoutScale};
+            .bitwise_relations = kRelationVScale | kRelationLayout | kRelationDoutScale, .dropout = true};
   }
   Status supports(const Problem&) const override { return Status::yes(); }
   std::unique_ptr<Plan> prepare(const Problem& problem, const AttentionIO& io, const RunOptions&) const override {

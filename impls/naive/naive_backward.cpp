@@ -9,6 +9,7 @@
 #include <limits>
 #include <vector>
 
+#include "attnbench/dropout.hpp"
 #include "attnbench/sequences.hpp"
 
 namespace attn {
@@ -59,6 +60,9 @@ void naive_backward(const Problem& p, const BackwardIO& io, Sums& sums) {
   const A scale = static_cast<A>(p.scale), cap = static_cast<A>(p.softcap);
   std::vector<std::int64_t>& keys = sums.keys;
   std::vector<double>&score = sums.score, &slope = sums.slope;
+  // Dropout: the forward's mask, replayed from its seed; kept weights times 1 / (1 - p).
+  const DropoutMask dropout(p, f.dropout);
+  const double keep_scale = static_cast<double>(static_cast<A>(dropout.keep_scale()));
   for (std::int64_t e = 0; e < p.batch; ++e) {
     const std::int64_t q_len = seq.q_len(e);
     for (std::int64_t h = 0; h < p.heads_q; ++h) {
@@ -109,18 +113,20 @@ void naive_backward(const Problem& p, const BackwardIO& io, Sums& sums) {
           const std::int64_t j = keys[n];
           const SequenceMap::Key key = seq.key(e, j);
           const double pj = std::exp(score[n] - lse);
+          // The weight's dropout factor: 1, or 0 or 1 / (1 - p) as the forward drew it.
+          const double c = !f.dropout.active() ? 1.0 : dropout.keeps(e, h, qi, j) ? keep_scale : 0.0;
           double dp = 0;
           for (std::int64_t d = 0; d < p.head_dim_v; ++d) {
             dp += load(io.dout, io.dout.offset(tb, h, ts, d)) * load(f.v, f.v.offset(key.b, g, key.s, d));
           }
-          const double ds = pj * (dp - delta);
+          const double ds = pj * (c * dp - delta);
           const double dx = ds * slope[n] * p.scale;
           for (std::int64_t d = 0; d < p.head_dim; ++d) {
             dq[canonical(tb, h, ts, d, p.heads_q, p.seq_q, p.head_dim)] += dx * load(f.k, f.k.offset(key.b, g, key.s, d));
             dk[canonical(key.b, g, key.s, d, p.heads_kv, p.kv_seq(), p.head_dim)] += dx * load(f.q, f.q.offset(tb, h, ts, d));
           }
           for (std::int64_t d = 0; d < p.head_dim_v; ++d) {
-            dv[canonical(key.b, g, key.s, d, p.heads_kv, p.kv_seq(), p.head_dim_v)] += pj * load(io.dout, io.dout.offset(tb, h, ts, d));
+            dv[canonical(key.b, g, key.s, d, p.heads_kv, p.kv_seq(), p.head_dim_v)] += pj * c * load(io.dout, io.dout.offset(tb, h, ts, d));
           }
           if (!dbias.empty()) {
             const std::int64_t bb = p.bias.batch == 1 ? 0 : tb, bh = p.bias.heads == 1 ? 0 : h, bq = p.bias.rows == 1 ? 0 : ts;

@@ -31,6 +31,24 @@ struct Status {
   explicit operator bool() const { return ok; }
 };
 
+// Dropout on the attention weights (docs/verification/dropout.md): each
+// weight p_ij of a visible (query, key) pair is kept with probability 1 - p
+// and multiplied by 1 / (1 - p), or dropped (0). The softmax's denominator,
+// and lse, are those without dropout. The same (seed, offset) gives the same
+// mask bits, in the forward and in the backward, which must use the mask its
+// forward drew (replayed from the seed: nothing is stored between them).
+struct DropoutView {
+  double p = 0;  // in [0, 1); 0: no dropout (every other field unused)
+  std::uint64_t seed = 0, offset = 0;
+  // Written by the forward when not nullptr: [batch entries, heads_q,
+  // seq_q, seq_k] row-major, kept[e, h, i, j] = 1 where the weight of query
+  // i of entry e (its position within the entry) for key j (its position
+  // within the entry) was kept and 0 where dropped, for every visible pair;
+  // other elements are not read. The backward never gets it.
+  std::uint8_t* kept = nullptr;
+  bool active() const { return p > 0; }
+};
+
 // Inputs and outputs of one call, all in the problem's dtype except where said.
 // Views are logical [batch, heads, seq, dim]; their strides follow
 // `problem.layout` but a backend must honour whatever strides it is given.
@@ -68,6 +86,8 @@ struct AttentionIO {
   // them; then the TensorView q, k or v keeps its shape and strides but its
   // data is nullptr. Empty for a tensor in dtype.
   QuantView q_codes, k_codes, v_codes;
+  // Dropout, for backends whose capabilities declare it; inactive otherwise.
+  DropoutView dropout;
   const QuantView& codes(char tensor) const { return tensor == 'q' ? q_codes : tensor == 'k' ? k_codes : v_codes; }
 };
 
@@ -135,6 +155,10 @@ struct Capabilities {
   // for bit; the verifier FAILs it when one of them is not, and judges the
   // others within the relation's bound (docs/verification/relations.md).
   unsigned bitwise_relations = 0;
+  // It implements AttentionIO::dropout in the forward (and in the backward
+  // when it declares `backward`): judged statistically and against the
+  // float64 attention under the mask it reports (docs/verification/dropout.md).
+  bool dropout = false;
 };
 // "float32, float16, bfloat16; window, softcap; lse; backward"
 std::string describe_capabilities(const Capabilities& capabilities);
