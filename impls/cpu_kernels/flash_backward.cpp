@@ -7,6 +7,7 @@
 #include <limits>
 #include <vector>
 
+#include "attnbench/dropout.hpp"
 #include "attnbench/error.hpp"
 #include "attnbench/value_range.hpp"
 #include "core/thread_pool.hpp"
@@ -43,7 +44,7 @@ class FlashBackwardPlan final : public BackwardPlan {
  public:
   FlashBackwardPlan(const Problem& p, const BackwardIO& io, const RunOptions& options, std::int64_t max_tile_rows,
                     bool forward_in_place)
-      : p_(p), io_(io), kernels_(best_kernels()), g_(Geometry::of(p, max_tile_rows, kernels_)) {
+      : p_(p), io_(io), kernels_(best_kernels()), g_(Geometry::of(p, max_tile_rows, kernels_)), mask_(p, io.forward.dropout) {
     if (p.ragged || p.paged()) throw Unsupported("the flash backward takes dense problems (packed ones run per entry)");
     if (!io.forward.lse) throw Unsupported("the flash backward needs the forward's lse");
     // bfloat16 cases multiply in bfloat16 pairs (vdpbf16ps), P and dS rounded
@@ -398,6 +399,8 @@ class FlashBackwardPlan final : public BackwardPlan {
 
   // dS = P (dP - D) in place of dP (rows x 64), dbias from it, then times
   // scale and the softcap's slope 1 - tanh^2 (from the raw scores in w.raw).
+  // With dropout, the forward's mask replayed from its seed: dS = P (c dP -
+  // D) and P becomes P c for dV (c: 0 dropped, 1 / (1 - p) kept).
   // With `smallest`, returns the smallest |dS| that is not 0 (infinity when
   // none; what the bfloat16 products must not be fed).
   float scores_to_ds(const QueryTile& t, std::int64_t rows, std::int64_t j0, std::int64_t keys, const float* delta, Worker& w,
@@ -405,10 +408,22 @@ class FlashBackwardPlan final : public BackwardPlan {
     float smallest = std::numeric_limits<float>::infinity();
     const float scale = static_cast<float>(p_.scale);
     const float cap2 = static_cast<float>(p_.softcap * kLog2e);
+    const bool dropout = io_.forward.dropout.active();
+    const float keep_scale = static_cast<float>(mask_.keep_scale());
+    std::array<std::uint8_t, kKeyBlock> keep{};
     for (std::int64_t r = 0; r < rows; ++r) {
-      const float* pr = w.s.data() + r * kKeyBlock;
+      float* pr = w.s.data() + r * kKeyBlock;
       float* dsr = w.dp.data() + r * kKeyBlock;
-      for (std::int64_t j = 0; j < kKeyBlock; ++j) dsr[j] = pr[j] * (dsr[j] - delta[r]);
+      if (dropout) {
+        mask_.row(t.b, t.head(g_, r), t.query(g_, r), j0, keys, keep.data());
+        for (std::int64_t j = 0; j < kKeyBlock; ++j) {
+          const float c = j < keys && keep[size(j)] ? keep_scale : 0.0f;
+          dsr[j] = pr[j] * (c * dsr[j] - delta[r]);
+          pr[j] *= c;
+        }
+      } else {
+        for (std::int64_t j = 0; j < kKeyBlock; ++j) dsr[j] = pr[j] * (dsr[j] - delta[r]);
+      }
       if (with_dbias_) add_dbias(t, r, j0, keys, dsr);
       if (p_.softcap != 0) {
         const float* raw = w.raw.data() + r * kKeyBlock;
@@ -471,6 +486,7 @@ class FlashBackwardPlan final : public BackwardPlan {
   BackwardIO io_;
   const Kernels& kernels_;
   Geometry g_;
+  DropoutMask mask_;  // the forward's dropout, replayed (AttentionIO::dropout)
   int threads_ = 1;
   std::int64_t d_pad_ = 16, units_ = 0, rows_ = 0, chunks_ = 1, per_chunk_ = 0;
   bool with_dbias_ = false;
