@@ -208,3 +208,27 @@ TEST(FixtureFormat, DropoutPRoundTripsAndOnlyAProbabilityIsAccepted) {
 }
 
 }  // namespace
+
+#include "tests/cli_run.hpp"
+
+namespace {
+
+// attn dropout as a user runs it: the table of each test's failures, and a
+// clear refusal of a backend without dropout or a packed problem.
+TEST(DropoutCli, CountsFailuresPerTestAndRefusesWhatItCannotRun) {
+  const attn::test::CliRun right = attn::test::run_attn("dropout -b streaming --seeds 5 --threads 1");
+  EXPECT_EQ(right.code, 0) << right.output;
+  EXPECT_NE(right.output.find("131072 visible weights a run"), std::string::npos) << right.output;
+  EXPECT_NE(right.output.find("any test (the run's verdict)                          0"), std::string::npos) << right.output;
+  const attn::test::CliRun off = attn::test::run_attn("dropout -b naive --drop-with 0.11 --seeds 3");
+  EXPECT_EQ(off.code, 0) << off.output;
+  EXPECT_NE(off.output.find("kept                                                  3    1.0000"), std::string::npos) << off.output;
+  const attn::test::CliRun none = attn::test::run_attn("dropout -b blocked --seeds 1");
+  EXPECT_EQ(none.code, 2);
+  EXPECT_NE(none.output.find("blocked does not declare dropout"), std::string::npos) << none.output;
+  const attn::test::CliRun packed = attn::test::run_attn("dropout -b naive --problem dtype=f32,b=2,hq=1,hkv=1,sq=8,sk=8,d=4,ragged");
+  EXPECT_EQ(packed.code, 2);
+  EXPECT_NE(packed.output.find("must be a dense batch"), std::string::npos) << packed.output;
+}
+
+}  // namespace
