@@ -1,5 +1,6 @@
 #include "attnbench/per_entry.hpp"
 
+#include "attnbench/error.hpp"
 #include "attnbench/value_range.hpp"
 
 #include <algorithm>
@@ -257,13 +258,28 @@ class PerEntryBackwardPlan final : public BackwardPlan {
 
 }  // namespace
 
+namespace {
+
+// An entry's dense problem draws its dropout mask at its own coordinates, not
+// the packed batch's (attnbench/dropout.hpp): refused rather than drawn wrong.
+void refuse_dropout(const AttentionIO& io) {
+  if (io.dropout.active()) {
+    throw Unsupported("dropout on packed sequences is not implemented here: they run entry by entry (plan_per_entry), "
+                      "each at its own mask coordinates");
+  }
+}
+
+}  // namespace
+
 std::unique_ptr<BackwardPlan> plan_backward_per_entry(const Problem& problem, const BackwardIO& io,
                                                       const RunOptions& options, const Backend& dense) {
+  refuse_dropout(io.forward);
   return std::make_unique<PerEntryBackwardPlan>(problem, io, options, dense);
 }
 
 std::unique_ptr<Plan> plan_per_entry(const Problem& problem, const AttentionIO& io, const RunOptions& options,
                                      const Backend& dense) {
+  refuse_dropout(io);
   return std::make_unique<PerEntryPlan>(problem, io, options, dense);
 }
 

@@ -28,7 +28,7 @@ using Scratch = cpu::TileScratch;
 class BlockedPlan final : public Plan {
  public:
   BlockedPlan(const Problem& p, const AttentionIO& io, const RunOptions& options)
-      : p_(p), io_(io), kernels_(cpu::best_kernels()), g_(Geometry::of(p, kMaxTileRows, kernels_)) {
+      : p_(p), io_(io), kernels_(cpu::best_kernels()), g_(Geometry::of(p, kMaxTileRows, kernels_)), mask_(p, io.dropout) {
     threads_ = resolve_threads(options.threads);
     require_workspace(threads_ * Scratch::bytes_for(p, g_, true, g_.key_blocks), "blocked's scores of a row block, per thread");
     scratch_.resize(static_cast<std::size_t>(threads_));
@@ -96,6 +96,8 @@ class BlockedPlan final : public Plan {
       }
       const std::int64_t j0 = block * kKeyBlock;
       const std::int64_t keys = std::min(kKeyBlock, p_.seq_k - j0);
+      // Dropout: the dropped weights 0 once l took them (cpu::drop_weights).
+      if (io_.dropout.active()) cpu::drop_weights(p_, g_, io_, mask_, t, r0, live, j0, keys, s.scores.data() + block * g_.scratch_rows * kKeyBlock, nullptr);
       float* o = s.o.data() + r0 * g_.dv_pad;
       if (g_.bf16_kernels) {
         // P in bfloat16, and the rows after it zero: the AMX kernels read the
@@ -108,6 +110,10 @@ class BlockedPlan final : public Plan {
         kernels_.pv_f32(tile_scores, live, keys, s.pack.v_f32(j0), s.pack.ldv(), g_.dv_pad, o);
       }
     }
+    if (io_.dropout.active()) {  // the kept weights' 1 / (1 - p), once on each sum
+      const float keep_scale = static_cast<float>(mask_.keep_scale());
+      std::for_each(s.o.begin(), s.o.begin() + rows * g_.dv_pad, [&](float& x) { x *= keep_scale; });
+    }
     if (shift == 0 && g_.weight_shift > 0 && !cpu::outputs_finite(g_, s.o.data(), rows)) {
       compute(tile_index, s, g_.weight_shift);
       return;
@@ -119,6 +125,7 @@ class BlockedPlan final : public Plan {
   AttentionIO io_;
   const cpu::Kernels& kernels_;
   Geometry g_;
+  DropoutMask mask_;  // AttentionIO::dropout's, when active
   int threads_ = 1;
   std::vector<Scratch> scratch_;
 };
@@ -135,7 +142,7 @@ class BlockedBackend final : public Backend {
   Capabilities capabilities() const override {
     return {.dtypes = dtype_bit(DType::f32) | dtype_bit(DType::f16) | dtype_bit(DType::bf16), .features = kAllFeatures, .lse = true, .backward = true,
             .encodings = kAllEncodings, .batch_invariant = true,
-            .bitwise_relations = kRelationLayout};
+            .bitwise_relations = kRelationLayout, .dropout = true};
   }
   Status supports(const Problem&) const override { return Status::yes(); }
   std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& options) const override {

@@ -402,6 +402,22 @@ void finish_scores(const Problem& p, const Geometry& g, const AttentionIO& io, c
   }
 }
 
+void drop_weights(const Problem& p, const Geometry& g, const AttentionIO& io, const DropoutMask& mask, const QueryTile& t,
+                  std::int64_t r0, std::int64_t live, std::int64_t j0, std::int64_t keys, float* weights,
+                  bf16* weights_bf16) {
+  std::uint8_t keep[kKeyBlock];
+  for (std::int64_t r = r0; r < r0 + live; ++r) {
+    const std::int64_t h = t.head(g, r), i = t.query(g, r);
+    mask.row(t.b, h, i, j0, keys, keep);
+    if (io.dropout.kept) std::copy_n(keep, keys, io.dropout.kept + ((t.b * p.heads_q + h) * p.seq_q + i) * p.seq_k + j0);
+    for (std::int64_t c = 0; c < keys; ++c) {
+      if (keep[c]) continue;
+      if (weights_bf16) weights_bf16[r * kKeyBlock + c] = bf16{};
+      else weights[r * kKeyBlock + c] = 0.0f;
+    }
+  }
+}
+
 void write_rows(const Problem& p, const Geometry& g, const AttentionIO& io, const QueryTile& t, const float* o,
                 const float* m, const float* l, int shift) {
   const MutableTensorView& out = io.out;

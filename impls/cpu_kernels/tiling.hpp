@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "attnbench/backend.hpp"
+#include "attnbench/dropout.hpp"
 #include "impls/cpu_kernels/kernels.hpp"
 
 namespace attn::cpu {
@@ -167,6 +168,16 @@ bool block_fully_visible(const Problem& p, const AttentionIO& io, const QueryTil
 // 64 keys are all visible, with no mask and no bias, is then left untouched.
 void finish_scores(const Problem& p, const Geometry& g, const AttentionIO& io, const Kernels& kernels,
                    const QueryTile& t, std::int64_t j0, float* s, float* row_max, bool kernel_max);
+
+// Dropout (AttentionIO::dropout): rows [r0, r0 + live) of tile t against
+// keys [j0, j0 + keys), weights at row stride 64 in `weights` (float32) or,
+// when not null, `weights_bf16`: the dropped ones set to 0, once the rows'
+// sums have taken them (dropout leaves the denominator alone), and the mask
+// written to io.dropout.kept when asked for. The kept weights' 1 / (1 - p)
+// is the caller's to apply, once, to each row's sum.
+void drop_weights(const Problem& p, const Geometry& g, const AttentionIO& io, const DropoutMask& mask, const QueryTile& t,
+                  std::int64_t r0, std::int64_t live, std::int64_t j0, std::int64_t keys, float* weights,
+                  bf16* weights_bf16);
 
 // out = O / l in the dtype; lse = (m + log2 l + shift) ln 2 (shift: the one
 // the weights were computed with), or 0 and -inf for rows with l = 0; a sink

@@ -253,7 +253,10 @@ class StreamingPlan final : public Plan {
         cpu::finish_scores(p_, g, io_, kernels_, seen, j0, scores, block_max, kernel_max);
       }
       online_softmax(s, r0, live, pending, shift);
-      if (io_.dropout.active()) drop_weights(s, t, r0, live, j0, keys);
+      if (io_.dropout.active()) {  // the dropped weights 0 once l took them (cpu::drop_weights)
+        cpu::drop_weights(p_, g_, io_, mask_, t, r0, live, j0, keys, s.scores.data(),
+                          g_.bf16_kernels ? s.p_bf16.data() : nullptr);
+      }
       float* const o = s.o.data() + r0 * g_.dv_pad;
       const bf16* const p_bf16 = s.p_bf16.data() + r0 * kKeyBlock;
       if (direct) {
@@ -370,31 +373,6 @@ class StreamingPlan final : public Plan {
     }
   }
 
-  // Dropout (AttentionIO::dropout): a block's dropped weights set to 0 once
-  // their rows' sums took them (dropout leaves the denominator alone), and
-  // the mask reported where asked for; the kept weights' 1 / (1 - p)
-  // multiplies each row's sum once, at the end of compute. The mask is a
-  // function of the coordinates (DropoutMask): chunks, tiles and threads
-  // draw the same bits.
-  void drop_weights(Scratch& s, const QueryTile& t, std::int64_t r0, std::int64_t live, std::int64_t j0,
-                    std::int64_t keys) const {
-    std::array<std::uint8_t, kKeyBlock> keep{};
-    for (std::int64_t r = r0; r < r0 + live; ++r) {
-      const std::int64_t h = t.head(g_, r), i = t.query(g_, r);
-      mask_.row(t.b, h, i, j0, keys, keep.data());
-      if (io_.dropout.kept) {
-        std::copy_n(keep.data(), keys, io_.dropout.kept + ((t.b * p_.heads_q + h) * p_.seq_q + i) * p_.seq_k + j0);
-      }
-      if (g_.bf16_kernels) {
-        bf16* const weights = s.p_bf16.data() + r * kKeyBlock;
-        for (std::int64_t c = 0; c < keys; ++c) weights[c] = keep[static_cast<std::size_t>(c)] ? weights[c] : bf16{};
-      } else {
-        float* const weights = s.scores.data() + r * kKeyBlock;
-        for (std::int64_t c = 0; c < keys; ++c) weights[c] = keep[static_cast<std::size_t>(c)] ? weights[c] : 0.0f;
-      }
-    }
-  }
-
   // Combines the chunks of one tile: weights 2^(m_c - M) so each partial sum
   // is measured against the common max M.
   // The key blocks [begin, end) that hold a tile's visible keys (compute's
@@ -456,12 +434,6 @@ class StreamingPlan final : public Plan {
   std::vector<float> partial_o_, partial_m_, partial_l_;
 };
 
-// Packed batches run entry by entry as problems of their own, whose mask
-// coordinates are not the batch's.
-void refuse_packed_dropout(const Problem& p, const AttentionIO& io) {
-  if (p.ragged && io.dropout.active()) throw Unsupported("dropout on packed sequences is not implemented in streaming");
-}
-
 class StreamingBackend final : public Backend {
  public:
   StreamingBackend() {
@@ -479,14 +451,12 @@ class StreamingBackend final : public Backend {
   Status supports(const Problem&) const override { return Status::yes(); }
   std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& options) const override {
     require_float32_scores(p, io);  // scores in float32: values beyond its range are refused, not computed wrong
-    refuse_packed_dropout(p, io);
     if (p.ragged) return plan_per_entry(p, io, options, *this);  // each entry a dense problem, in place
     return std::make_unique<StreamingPlan>(p, io, options);
   }
   // FlashAttention-2's backward (impls/cpu_kernels/flash_backward.hpp), with this backend's tile height.
   std::unique_ptr<BackwardPlan> prepare_backward(const Problem& p, const BackwardIO& io, const RunOptions& options) const override {
     require_float32_scores(p, io.forward);
-    refuse_packed_dropout(p, io.forward);
     if (p.ragged) return plan_backward_per_entry(p, io, options, *this);
     // A float32-product forward that read K in place summed Q K^T in the
     // in-place kernel's order: the backward recomputes S in it too.

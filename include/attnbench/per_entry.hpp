@@ -15,6 +15,8 @@ Problem entry_problem(const Problem& packed, std::int64_t q_len, std::int64_t k_
 
 // Sub-plans prepared here (not timed); run() runs them one after the other
 // and writes the rows past the last sequence (out 0, lse the sink or -inf).
+// Dropout (AttentionIO::dropout) is refused (attn::Unsupported): an entry's
+// dense problem would draw its mask at its own coordinates.
 std::unique_ptr<Plan> plan_per_entry(const Problem& problem, const AttentionIO& io, const RunOptions& options,
                                      const Backend& dense);
 
