@@ -45,6 +45,14 @@ std::int64_t first_difference(const std::vector<std::uint8_t>& visible, const st
   return -1;
 }
 
+// The first visible element a mask holds neither 0 nor 1 at; -1 when none.
+std::int64_t first_unwritten(const std::vector<std::uint8_t>& visible, const std::vector<std::uint8_t>& kept) {
+  for (std::size_t n = 0; n < visible.size(); ++n) {
+    if (visible[n] && kept[n] > 1) return static_cast<std::int64_t>(n);
+  }
+  return -1;
+}
+
 std::int64_t count_visible(const std::vector<std::uint8_t>& visible) {
   std::int64_t n = 0;
   for (std::uint8_t v : visible) n += v;
@@ -116,13 +124,11 @@ std::vector<std::uint8_t> dropout_visible(const CaseData& data) {
 MaskVerdict test_dropout_mask(const Problem& p, double drop, const std::vector<std::uint8_t>& visible,
                               const std::vector<std::uint8_t>& kept, double significance) {
   MaskVerdict verdict;
-  std::int64_t unwritten = 0, invalid = 0, first_bad = -1;
-  for (std::size_t n = 0; n < visible.size(); ++n) {
-    if (!visible[n] || kept[n] <= 1) continue;
-    if (first_bad < 0) first_bad = static_cast<std::int64_t>(n);
-    ++(kept[n] == kNotWritten ? unwritten : invalid);
-  }
-  if (first_bad >= 0) {
+  if (const std::int64_t first_bad = first_unwritten(visible, kept); first_bad >= 0) {
+    std::int64_t unwritten = 0, invalid = 0;
+    for (std::size_t n = 0; n < visible.size(); ++n) {
+      if (visible[n] && kept[n] > 1) ++(kept[n] == kNotWritten ? unwritten : invalid);
+    }
     verdict.failure = fmt::format("mask: {} of {} visible pairs not written and {} neither 0 nor 1 (first at [entry, "
                                   "head, query, key] = {})", unwritten, count_visible(visible), invalid,
                                   mask_at(p, static_cast<std::size_t>(first_bad)));
@@ -203,14 +209,13 @@ std::string dropout_out_of_reach(const Problem& p) {
   return {};
 }
 
-Comparison judge_dropout(const Backend& backend, const CaseData& data, double drop, const ForwardTruth& truth,
-                         const RunOptions& options) {
+Comparison judge_dropout(const Backend& backend, const CaseData& data, double drop, const std::vector<std::uint8_t>& visible,
+                         const ForwardTruth& truth, const RunOptions& options) {
   const Problem& p = data.problem;
   const DropoutView view{.p = drop, .seed = DropoutConstants::seed, .offset = DropoutConstants::offset};
   const BackendRun run = run_backend(backend, data, options, view);
   Comparison c;
   if (!run.guard_damage.empty()) c.fail(run.guard_damage);
-  const std::vector<std::uint8_t> visible = dropout_visible(data);
   const MaskVerdict mask = test_dropout_mask(p, drop, visible, run.kept);
   if (!mask.failure.empty()) c.fail(mask.failure);
   // The same seed, the same bits; another seed, another mask (where a
@@ -265,19 +270,18 @@ Comparison judge_dropout(const Backend& backend, const CaseData& data, double dr
 }
 
 Comparison judge_dropout_backward(const Backend& backend, const CaseData& data, double drop,
-                                  const std::vector<double>& dout, bool bias_gradient, const ForwardTruth& truth,
-                                  const GradientTruth& a_priori, const RunOptions& options) {
+                                  const std::vector<std::uint8_t>& visible, const std::vector<double>& dout,
+                                  bool bias_gradient, const ForwardTruth& truth, const GradientTruth& a_priori,
+                                  const RunOptions& options) {
   const Problem& p = data.problem;
   const DropoutView view{.p = drop, .seed = DropoutConstants::seed, .offset = DropoutConstants::offset};
   const BackwardRun run = run_backward(backend, data, dout, bias_gradient, options, view);
   Comparison c;
-  const std::vector<std::uint8_t> visible = dropout_visible(data);
-  for (std::size_t n = 0; n < visible.size(); ++n) {
-    if (visible[n] && run.kept[n] > 1) {
-      c.fail(fmt::format("its forward wrote no mask (0 or 1) at {}: the gradients have no truth to meet", mask_at(p, n)));
-      c.conclude();
-      return c;
-    }
+  if (const std::int64_t n = first_unwritten(visible, run.kept); n >= 0) {
+    c.fail(fmt::format("its forward wrote no mask (0 or 1) at {}: the gradients have no truth to meet",
+                       mask_at(p, static_cast<std::size_t>(n))));
+    c.conclude();
+    return c;
   }
   const DropoutMaskView mask{run.kept.data(), 1.0 / (1.0 - drop)};
   const DropoutForwardTruth forward = reference_dropout(data, truth.truth, mask);

@@ -80,12 +80,14 @@ DropoutCalibration calibrate_dropout(const Backend& backend, const CaseData& dat
 // SKIP reason for a case whose dropout is not judged here ("" when it is).
 std::string dropout_out_of_reach(const Problem& problem);
 
-// The forward: the mask, determinism, out under the mask.
-Comparison judge_dropout(const Backend& backend, const CaseData& data, double p, const ForwardTruth& truth,
-                         const RunOptions& options);
+// The forward: the mask, determinism, out under the mask. `visible` is
+// dropout_visible(data), computed once for every backend.
+Comparison judge_dropout(const Backend& backend, const CaseData& data, double p, const std::vector<std::uint8_t>& visible,
+                         const ForwardTruth& truth, const RunOptions& options);
 // The backward: the gradients under the mask its own forward reported,
 // bounds from the case's a-priori gradient bounds (`a_priori`).
-Comparison judge_dropout_backward(const Backend& backend, const CaseData& data, double p, const std::vector<double>& dout,
+Comparison judge_dropout_backward(const Backend& backend, const CaseData& data, double p,
+                                  const std::vector<std::uint8_t>& visible, const std::vector<double>& dout,
                                   bool bias_gradient, const ForwardTruth& truth, const GradientTruth& a_priori,
                                   const RunOptions& options);
 

@@ -544,6 +544,8 @@ void verify_dropout(const Fixture& fixture, const ForwardTruth& forward, const G
   RunOptions run_options = options.run;
   run_options.threads = config.threads;
   const std::string beyond = dropout_out_of_reach(problem);
+  // The pairs a mask is read at, once for every backend (none beyond reach).
+  const std::vector<std::uint8_t> visible = beyond.empty() ? dropout_visible(data) : std::vector<std::uint8_t>{};
   std::vector<Direction> directions;
   if (options.forward) directions.push_back(Direction::forward);
   if (options.backward && fixture.gradients && gradient_truth) directions.push_back(Direction::backward);
@@ -563,11 +565,11 @@ void verify_dropout(const Fixture& fixture, const ForwardTruth& forward, const G
       } else if (!beyond.empty()) {
         outcome.comparison = skipped(beyond);
       } else if (direction == Direction::forward) {
-        outcome.comparison = judged([&] { return judge_dropout(backend, data, p, forward, run_options); });
+        outcome.comparison = judged([&] { return judge_dropout(backend, data, p, visible, forward, run_options); });
       } else {
         outcome.comparison = judged([&] {
-          return judge_dropout_backward(backend, data, p, fixture.gradients->dout, fixture.gradients->bias_requires_grad,
-                                        forward, *gradient_truth, run_options);
+          return judge_dropout_backward(backend, data, p, visible, fixture.gradients->dout,
+                                        fixture.gradients->bias_requires_grad, forward, *gradient_truth, run_options);
         });
       }
       outcome.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
