@@ -111,10 +111,11 @@ int show_layer(const FixturesArgs& args, const FixtureHeader& h) {
              "layer: projections, attention, output projection)\nproblem     {}\nmodel_dim   {}\n",
              printable(h.path.string()), printable(h.name), printable(h.description), printable(h.generator),
              printable(fmt::format("{}", fmt::join(h.tags, ","))), p.to_string(), w.model_dim);
+  if (w.k_in() != w.model_dim || w.v_in() != w.model_dim) fmt::print("kdim, vdim  {}, {}\n", w.k_in(), w.v_in());
   fmt::print("datasets\n  x_q  [{}, {}, {}]\n  x_k  [{}, {}, {}]\n  x_v  [{}, {}, {}]\n", p.batch, p.seq_q, w.model_dim,
-             p.batch, p.seq_k, w.model_dim, p.batch, p.seq_k, w.model_dim);
+             p.batch, p.seq_k, w.k_in(), p.batch, p.seq_k, w.v_in());
   fmt::print("  w_q  [{}, {}]{}\n  w_k  [{}, {}]{}\n  w_v  [{}, {}]{}\n  w_o  [{}, {}]{}\n", w.model_dim, w.q_width(),
-             w.b_q.empty() ? "" : " + b_q", w.model_dim, w.k_width(), w.b_k.empty() ? "" : " + b_k", w.model_dim,
+             w.b_q.empty() ? "" : " + b_q", w.k_in(), w.k_width(), w.b_k.empty() ? "" : " + b_k", w.v_in(),
              w.v_width(), w.b_v.empty() ? "" : " + b_v", w.o_width(), w.model_dim, w.b_o.empty() ? "" : " + b_o");
   fmt::print("  y    [{}, {}, {}]\n", p.batch, p.seq_q, w.model_dim);
   const auto rows = static_cast<std::int64_t>(args.rows);

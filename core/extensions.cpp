@@ -16,7 +16,7 @@ std::string_view convention_name(ConventionKind kind) {
   return "unknown";
 }
 
-Status BackendExtensions::supports_layer(const Problem& /*problem*/, std::int64_t /*model_dim*/) const {
+Status BackendExtensions::supports_layer(const Problem& /*problem*/, const LayerData& /*layer*/) const {
   return Status::no("this backend does not run layers itself");
 }
 

@@ -44,7 +44,9 @@ class BackendExtensions {
   // and implements the two below; otherwise the verifier computes the
   // projections itself around the backend's attention (verify/layer.hpp).
   virtual bool runs_layers() const { return false; }
-  virtual Status supports_layer(const Problem& problem, std::int64_t model_dim) const;
+  // `problem` is the layer's attention as it will run (its layout); `layer`
+  // gives the widths (model_dim, k_in(), v_in()) and weights.
+  virtual Status supports_layer(const Problem& problem, const LayerData& layer) const;
   // y [batch, seq_q, model_dim], widened to float64. Not timed.
   virtual std::vector<double> run_layer(const LayerData& layer, const RunOptions& options) const;
   // The layer's backward on a layer case with gradients (docs/format/v3.md,

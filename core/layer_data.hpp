@@ -1,7 +1,8 @@
 // One multi-head attention layer case's inputs (kind = mha in the fixture
-// format): the attention problem, model_dim, x_q/x_k/x_v, the projection
-// weights and biases, and the masking of the attention inside. Row-major;
-// weights multiply from the right (x @ w).
+// format): the attention problem, model_dim (and the key's and value's input
+// widths where they differ), x_q/x_k/x_v, the projection weights and biases,
+// and the masking of the attention inside. Row-major; weights multiply from
+// the right (x @ w).
 #pragma once
 
 #include <functional>
@@ -14,16 +15,19 @@ namespace attn {
 
 struct LayerData {
   Problem problem;               // the attention inside the layer
-  std::int64_t model_dim = 0;
+  std::int64_t model_dim = 0;    // x_q's width and y's
+  std::int64_t kdim = 0, vdim = 0;  // x_k's and x_v's widths; 0: model_dim (use k_in(), v_in())
   std::vector<double> x_q;       // [batch, seq_q, model_dim]
-  std::vector<double> x_k, x_v;  // [batch, seq_k, model_dim]
+  std::vector<double> x_k, x_v;  // [batch, seq_k, k_in()], [batch, seq_k, v_in()]
   std::vector<double> w_q;       // [model_dim, heads_q * head_dim]
-  std::vector<double> w_k;       // [model_dim, heads_kv * head_dim]
-  std::vector<double> w_v;       // [model_dim, heads_kv * head_dim_v]
+  std::vector<double> w_k;       // [k_in(), heads_kv * head_dim]
+  std::vector<double> w_v;       // [v_in(), heads_kv * head_dim_v]
   std::vector<double> w_o;       // [heads_q * head_dim_v, model_dim]
   std::vector<double> b_q, b_k, b_v, b_o;  // projection widths; empty = zero
   CaseData masking;              // problem + mask, bias, kv_len; q, k, v unused
 
+  std::int64_t k_in() const { return kdim ? kdim : model_dim; }
+  std::int64_t v_in() const { return vdim ? vdim : model_dim; }
   std::int64_t q_width() const { return problem.heads_q * problem.head_dim; }
   std::int64_t k_width() const { return problem.heads_kv * problem.head_dim; }
   std::int64_t v_width() const { return problem.heads_kv * problem.head_dim_v; }
@@ -34,7 +38,7 @@ struct LayerData {
 // docs/format/v3.md, "Layers"): of L = sum(dout * y) with respect to every
 // input and parameter, each in the shape of what it is the gradient of.
 struct LayerGradients {
-  std::vector<double> dx_q, dx_k, dx_v;        // [batch, seq, model_dim]
+  std::vector<double> dx_q, dx_k, dx_v;        // the inputs' shapes
   std::vector<double> dw_q, dw_k, dw_v, dw_o;  // the weights' shapes
   std::vector<double> db_q, db_k, db_v, db_o;  // the biases' shapes; empty where the layer has none
   std::vector<double> dbias;                   // the attention bias's stored shape, when it requires a gradient

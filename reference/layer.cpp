@@ -17,9 +17,9 @@ CaseData exact_attention_inputs(const LayerData& layer) {
   data.problem = p;
   data.q = split_heads(reference_projection(layer.x_q, p.batch * p.seq_q, m, layer.w_q, layer.q_width(), layer.b_q),
                        p.batch, p.seq_q, p.heads_q, p.head_dim);
-  data.k = split_heads(reference_projection(layer.x_k, p.batch * p.seq_k, m, layer.w_k, layer.k_width(), layer.b_k),
+  data.k = split_heads(reference_projection(layer.x_k, p.batch * p.seq_k, layer.k_in(), layer.w_k, layer.k_width(), layer.b_k),
                        p.batch, p.seq_k, p.heads_kv, p.head_dim);
-  data.v = split_heads(reference_projection(layer.x_v, p.batch * p.seq_k, m, layer.w_v, layer.v_width(), layer.b_v),
+  data.v = split_heads(reference_projection(layer.x_v, p.batch * p.seq_k, layer.v_in(), layer.w_v, layer.v_width(), layer.b_v),
                        p.batch, p.seq_k, p.heads_kv, p.head_dim_v);
   return data;
 }

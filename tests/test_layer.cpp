@@ -169,17 +169,20 @@ double layer_loss(const LayerData& l, const std::vector<double>& dout) {
   return loss;
 }
 
-// A small float64 layer with every parameter: GQA 4:2, a padded key, biases.
+// A small float64 layer with every parameter: GQA 4:2, a padded key, biases,
+// keys 4 and values 2 wide into a model of 3 (kdim, vdim).
 LayerData gradient_layer(Rng& rng) {
   LayerData l;
   l.problem = Problem::parse("dtype=f64,b=2,hq=4,hkv=2,sq=3,sk=4,d=2,kv_len");
   l.model_dim = 3;
+  l.kdim = 4;
+  l.vdim = 2;
   auto draw = [&](std::vector<double>& v, std::int64_t n) {
     v.resize(static_cast<std::size_t>(n));
     for (double& x : v) x = rng.normal();
   };
-  draw(l.x_q, 2 * 3 * 3), draw(l.x_k, 2 * 4 * 3), draw(l.x_v, 2 * 4 * 3);
-  draw(l.w_q, 3 * l.q_width()), draw(l.w_k, 3 * l.k_width()), draw(l.w_v, 3 * l.v_width()), draw(l.w_o, l.o_width() * 3);
+  draw(l.x_q, 2 * 3 * 3), draw(l.x_k, 2 * 4 * 4), draw(l.x_v, 2 * 4 * 2);
+  draw(l.w_q, 3 * l.q_width()), draw(l.w_k, 4 * l.k_width()), draw(l.w_v, 2 * l.v_width()), draw(l.w_o, l.o_width() * 3);
   draw(l.b_q, l.q_width()), draw(l.b_k, l.k_width()), draw(l.b_v, l.v_width()), draw(l.b_o, 3);
   l.masking.problem = l.problem;
   l.masking.kv_len = {4, 2};
@@ -211,7 +214,7 @@ class FlawedLayer final : public Backend, public BackendExtensions {
   }
   const BackendExtensions* extensions() const override { return this; }
   bool runs_layers() const override { return true; }
-  Status supports_layer(const Problem&, std::int64_t) const override { return Status::yes(); }
+  Status supports_layer(const Problem&, const LayerData&) const override { return Status::yes(); }
   std::vector<double> run_layer(const LayerData& layer, const RunOptions& options) const override {
     return attn::run_layer(naive_, layer, options).y;
   }
@@ -278,7 +281,7 @@ TEST(LayerGradients, TheChainRuleMatchesFiniteDifferencesOfTheLayer) {
   for (double x : g.db_k) EXPECT_NEAR(x, 0.0, 1e-14);
   // The padded keys of entry 1 (positions 2 and 3) reach no gradient of x_k.
   for (std::int64_t j = 2; j < 4; ++j)
-    for (std::int64_t c = 0; c < 3; ++c) EXPECT_EQ(g.dx_k[static_cast<std::size_t>((4 + j) * 3 + c)], 0.0) << j;
+    for (std::int64_t c = 0; c < 4; ++c) EXPECT_EQ(g.dx_k[static_cast<std::size_t>((4 + j) * 4 + c)], 0.0) << j;
 }
 
 TEST(LayerFixtures, GradientsRoundTripAndClearErrors) {
@@ -348,12 +351,34 @@ TEST(LayerFixtures, GradientsRoundTripAndClearErrors) {
     H5Adelete(f, "bias_requires_grad");
     for (const char* name : {"bias", "dbias"}) H5Ldelete(f, name, H5P_DEFAULT);
   }, "multiply-adds, more than the limit");
+  // kdim and vdim: a key input of another width without its attribute, one
+  // that disagrees with the attribute, and an impossible width.
+  const fs::path widths = fs::path(ATTN_SOURCE_DIR) / "tests/data/h5py_pytorch_style_layer_gradients_kdim_vdim.h5";
+  const LayerFixture h5py_layer = read_layer_fixture(widths);
+  EXPECT_EQ(h5py_layer.data.k_in(), 12);
+  EXPECT_EQ(h5py_layer.data.v_in(), 6);
+  auto set_width = [](hid_t f, const char* name, std::int64_t value) {
+    if (H5Aexists(f, name) > 0) H5Adelete(f, name);
+    if (value < 0) return;
+    const hid_t space = H5Screate(H5S_SCALAR);
+    const hid_t a = H5Acreate2(f, name, H5T_STD_I64LE, space, H5P_DEFAULT, H5P_DEFAULT);
+    H5Awrite(a, H5T_NATIVE_INT64, &value);
+    H5Aclose(a);
+    H5Sclose(space);
+  };
+  fs::copy_file(widths, dir / "layer.h5", fs::copy_options::overwrite_existing);
+  refused([&](hid_t f) { set_width(f, "kdim", -1); }, "dataset 'x_k' is 12 wide, model_dim is 16: a layer whose key input");
+  refused([&](hid_t f) { set_width(f, "vdim", 7); }, "dataset 'x_v' has shape [2, 5, 6], expected [2, 5, 7]");
+  refused([&](hid_t f) { set_width(f, "kdim", 0); }, "attribute 'kdim' is 0, expected at least 1");
   fs::remove_all(dir);
 }
 
 TEST(LayerGradients, EveryBackendPassesAndEachFlawedLayerFails) {
-  const auto files = find_fixture_files({kGolden / "layer_backward"});
-  ASSERT_EQ(files.size(), 22u);
+  // The suite's, and one h5py wrote from NumPy as a converter from
+  // nn.MultiheadAttention with kdim and vdim would.
+  const auto files = find_fixture_files(
+      {kGolden / "layer_backward", fs::path(ATTN_SOURCE_DIR) / "tests/data/h5py_pytorch_style_layer_gradients_kdim_vdim.h5"});
+  ASSERT_EQ(files.size(), 26u);
   const auto backends = make_backends(std::vector<std::string>{"naive", "blocked", "streaming", "openblas", "onednn"});
   VerifyOptions backward_only;
   backward_only.forward = false;
@@ -369,7 +394,7 @@ TEST(LayerGradients, EveryBackendPassesAndEachFlawedLayerFails) {
       }
     }
   }
-  EXPECT_EQ(judged, 21 * 5 - 3 + 1);  // float64: naive alone; sinks: not onednn
+  EXPECT_EQ(judged, 25 * 5 - 3 + 1);  // float64: naive alone; sinks: not onednn
   // Each flaw fails where the suite has what it breaks, and nowhere else.
   for (auto flaw : {FlawedLayer::Flaw::dw_o_transposed, FlawedLayer::Flaw::b_v_gradient_left_out,
                     FlawedLayer::Flaw::key_padding_ignored_in_dw_k}) {
@@ -384,9 +409,9 @@ TEST(LayerGradients, EveryBackendPassesAndEachFlawedLayerFails) {
       names += o.fixture + ": " + o.comparison.reason.substr(0, 80) + "\n";
     }
     switch (flaw) {
-      case FlawedLayer::Flaw::dw_o_transposed: EXPECT_EQ(failed, 22) << names; break;
-      case FlawedLayer::Flaw::b_v_gradient_left_out: EXPECT_EQ(failed, 19) << names; break;  // the cases with biases
-      case FlawedLayer::Flaw::key_padding_ignored_in_dw_k: EXPECT_EQ(failed, 3) << names; break;  // the padded ones
+      case FlawedLayer::Flaw::dw_o_transposed: EXPECT_EQ(failed, 26) << names; break;
+      case FlawedLayer::Flaw::b_v_gradient_left_out: EXPECT_EQ(failed, 23) << names; break;  // the cases with biases
+      case FlawedLayer::Flaw::key_padding_ignored_in_dw_k: EXPECT_EQ(failed, 6) << names; break;  // kv_len's
     }
   }
 }
@@ -396,7 +421,8 @@ TEST(LayerGradients, EveryBackendPassesAndEachFlawedLayerFails) {
 TEST(LayerGradients, APythonLayersOwnBackwardIsJudgedThroughTheBridge) {
   const std::string plugin = std::string(ATTN_SOURCE_DIR) + "/tests/plugins/python_layer/numpy_layer.py";
   const std::string cases = (kGolden / "layer_backward/padding_cross_q6_k9_f32.h5").string() + " " +
-                            (kGolden / "layer_backward/bias_trainable_b2_s8_bf16.h5").string();
+                            (kGolden / "layer_backward/bias_trainable_b2_s8_bf16.h5").string() + " " +
+                            (kGolden / "layer_backward/kdim40_vdim24_padding_q6_k9_f16.h5").string();
   int code = 0;
   std::string out = run_cli("verify --plugin " + plugin + " -b py-numpy-layer " + cases, &code);
   EXPECT_EQ(code, 0) << out;

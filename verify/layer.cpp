@@ -40,9 +40,9 @@ CaseData layer_attention_inputs(const LayerData& layer) {
   for (double& x : data.bias) x = round_to_dtype(x, p.dtype);
   data.q = split_heads(project_in_dtype(layer.x_q, p.batch * p.seq_q, m, layer.w_q, layer.q_width(), layer.b_q, p.dtype),
                        p.batch, p.seq_q, p.heads_q, p.head_dim);
-  data.k = split_heads(project_in_dtype(layer.x_k, p.batch * p.seq_k, m, layer.w_k, layer.k_width(), layer.b_k, p.dtype),
+  data.k = split_heads(project_in_dtype(layer.x_k, p.batch * p.seq_k, layer.k_in(), layer.w_k, layer.k_width(), layer.b_k, p.dtype),
                        p.batch, p.seq_k, p.heads_kv, p.head_dim);
-  data.v = split_heads(project_in_dtype(layer.x_v, p.batch * p.seq_k, m, layer.w_v, layer.v_width(), layer.b_v, p.dtype),
+  data.v = split_heads(project_in_dtype(layer.x_v, p.batch * p.seq_k, layer.v_in(), layer.w_v, layer.v_width(), layer.b_v, p.dtype),
                        p.batch, p.seq_k, p.heads_kv, p.head_dim_v);
   return data;
 }

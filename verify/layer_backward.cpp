@@ -230,29 +230,29 @@ LayerGradientTruth layer_gradient_truth(const LayerData& layer, const LayerRefer
   }
   // Each input projection's: x^T @ d, the column sums of d, d @ w^T, with d
   // the attention's gradient of that projection (merged) and its bound.
-  auto projection = [&](const std::vector<double>& x, std::int64_t rows, const std::vector<double>& w, std::int64_t width,
-                        std::vector<double> d, std::vector<double> e_d, bool has_bias, const Operand& ones,
-                        std::vector<double> LayerGradients::*dx, std::vector<double> LayerGradients::*dw,
-                        std::vector<double> LayerGradients::*db) {
-    const Operand x_t{transposed(x, rows, m), transposed(rounding_of(x, dtype), rows, m)};
+  auto projection = [&](const std::vector<double>& x, std::int64_t rows, std::int64_t in, const std::vector<double>& w,
+                        std::int64_t width, std::vector<double> d, std::vector<double> e_d, bool has_bias,
+                        const Operand& ones, std::vector<double> LayerGradients::*dx,
+                        std::vector<double> LayerGradients::*dw, std::vector<double> LayerGradients::*db) {
+    const Operand x_t{transposed(x, rows, in), transposed(rounding_of(x, dtype), rows, in)};
     const Operand g{std::move(d), std::move(e_d)};
-    const Operand w_t{transposed(w, m, width), transposed(rounding_of(w, dtype), m, width)};
-    ProductBound pb = product_bound(x_t, m, rows, g, width, v.*dw, dtype);
+    const Operand w_t{transposed(w, in, width), transposed(rounding_of(w, dtype), in, width)};
+    ProductBound pb = product_bound(x_t, in, rows, g, width, v.*dw, dtype);
     t.bound.*dw = std::move(pb.bound), t.magnitude.*dw = std::move(pb.magnitude);
     if (has_bias) {
       pb = product_bound(ones, 1, rows, g, width, v.*db, dtype);
       t.bound.*db = std::move(pb.bound), t.magnitude.*db = std::move(pb.magnitude);
     }
-    pb = product_bound(g, rows, width, w_t, m, v.*dx, dtype);
+    pb = product_bound(g, rows, width, w_t, in, v.*dx, dtype);
     t.bound.*dx = std::move(pb.bound), t.magnitude.*dx = std::move(pb.magnitude);
   };
-  projection(layer.x_q, q_rows, layer.w_q, layer.q_width(), merge_heads(truth.attention.dq, p.batch, p.heads_q, p.seq_q, p.head_dim),
+  projection(layer.x_q, q_rows, m, layer.w_q, layer.q_width(), merge_heads(truth.attention.dq, p.batch, p.heads_q, p.seq_q, p.head_dim),
              merge_heads(attention_error(attention.bound.dq, moved.dq), p.batch, p.heads_q, p.seq_q, p.head_dim),
              !layer.b_q.empty(), ones_q, &LayerGradients::dx_q, &LayerGradients::dw_q, &LayerGradients::db_q);
-  projection(layer.x_k, k_rows, layer.w_k, layer.k_width(), merge_heads(truth.attention.dk, p.batch, p.heads_kv, p.seq_k, p.head_dim),
+  projection(layer.x_k, k_rows, layer.k_in(), layer.w_k, layer.k_width(), merge_heads(truth.attention.dk, p.batch, p.heads_kv, p.seq_k, p.head_dim),
              merge_heads(attention_error(attention.bound.dk, moved.dk), p.batch, p.heads_kv, p.seq_k, p.head_dim),
              !layer.b_k.empty(), ones_k, &LayerGradients::dx_k, &LayerGradients::dw_k, &LayerGradients::db_k);
-  projection(layer.x_v, k_rows, layer.w_v, layer.v_width(),
+  projection(layer.x_v, k_rows, layer.v_in(), layer.w_v, layer.v_width(),
              merge_heads(truth.attention.dv, p.batch, p.heads_kv, p.seq_k, p.head_dim_v),
              merge_heads(attention_error(attention.bound.dv, moved.dv), p.batch, p.heads_kv, p.seq_k, p.head_dim_v),
              !layer.b_v.empty(), ones_k, &LayerGradients::dx_v, &LayerGradients::dw_v, &LayerGradients::db_v);
@@ -272,7 +272,7 @@ LayerGradientTruth layer_gradient_truth(const LayerData& layer, const LayerRefer
   // at the summed magnitude.
   const std::vector<LayerGradients> family = baseline_layer_backward_family(layer, dout, bias_gradient);
   // Sums run over the rows, the model width or the projections' widths, and the attention's terms.
-  const auto terms = std::max({q_rows, k_rows, m, layer.o_width(), static_cast<std::int64_t>(gradient_terms(p))});
+  const auto terms = std::max({q_rows, k_rows, m, layer.k_in(), layer.v_in(), layer.o_width(), static_cast<std::int64_t>(gradient_terms(p))});
   for (const LayerGradientPart& part : layer_gradient_parts(layer, bias_gradient)) {
     std::vector<const std::vector<double>*> plain;
     for (const LayerGradients& g : family) plain.push_back(&(g.*part.values));

@@ -255,16 +255,16 @@ std::vector<double> projection_error(const std::vector<double>& exact, const std
 
 LayerProjectionErrors layer_projection_errors(const LayerData& layer, const LayerReference& ref) {
   const Problem& p = layer.problem;
-  const std::int64_t m = layer.model_dim;
   const CaseData& a = ref.attention;  // exact Q, K, V split into heads
   auto error_of = [&](const std::vector<double>& exact_split, std::int64_t seq, std::int64_t heads, std::int64_t dim,
-                      const std::vector<double>& x, const std::vector<double>& w, const std::vector<double>& bias) {
+                      const std::vector<double>& x, std::int64_t in, const std::vector<double>& w,
+                      const std::vector<double>& bias) {
     std::vector<double> exact = merge_heads(exact_split, p.batch, heads, seq, dim);
-    return split_heads(projection_error(exact, x, p.batch * seq, m, w, heads * dim, bias, p.dtype), p.batch, seq, heads, dim);
+    return split_heads(projection_error(exact, x, p.batch * seq, in, w, heads * dim, bias, p.dtype), p.batch, seq, heads, dim);
   };
-  return {error_of(a.q, p.seq_q, p.heads_q, p.head_dim, layer.x_q, layer.w_q, layer.b_q),
-          error_of(a.k, p.seq_k, p.heads_kv, p.head_dim, layer.x_k, layer.w_k, layer.b_k),
-          error_of(a.v, p.seq_k, p.heads_kv, p.head_dim_v, layer.x_v, layer.w_v, layer.b_v)};
+  return {error_of(a.q, p.seq_q, p.heads_q, p.head_dim, layer.x_q, layer.model_dim, layer.w_q, layer.b_q),
+          error_of(a.k, p.seq_k, p.heads_kv, p.head_dim, layer.x_k, layer.k_in(), layer.w_k, layer.b_k),
+          error_of(a.v, p.seq_k, p.heads_kv, p.head_dim_v, layer.x_v, layer.v_in(), layer.w_v, layer.b_v)};
 }
 
 std::vector<double> layer_attention_error(const LayerData& layer, const LayerReference& ref) {

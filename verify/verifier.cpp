@@ -76,19 +76,27 @@ bool wanted(const FixtureHeader& header, const std::vector<std::string>& tags) {
   return std::any_of(tags.begin(), tags.end(), [&](const std::string& t) { return header.has_tag(t); });
 }
 
-// model_dim > 0: a layer case, which a backend with its own layer judges by
+// layer: a layer case, which a backend with its own layer judges by
 // supports_layer.
 std::vector<Status> support_of(const BackendRefs& backends, const Problem& problem, Direction direction,
-                               std::int64_t model_dim = 0) {
+                               const LayerData* layer = nullptr) {
   std::vector<Status> support;
   for (const auto& backend : backends) {
     Status s = backend->available();
     if (s) s = backend_accepts(*backend, problem, direction);
     // A framework's own layer (torch.nn.MultiheadAttention, Keras) has its own limits.
-    if (s && model_dim > 0 && runs_own_layers(*backend)) s = backend->extensions()->supports_layer(problem, model_dim);
+    if (s && layer && runs_own_layers(*backend)) s = backend->extensions()->supports_layer(problem, *layer);
     support.push_back(s);
   }
   return support;
+}
+
+// A layer's widths as its rows print them: model=64, then kdim/vdim where they differ.
+std::string layer_widths_text(const LayerData& layer) {
+  std::string text = fmt::format("model={}", layer.model_dim);
+  if (layer.k_in() != layer.model_dim) text += fmt::format(",kdim={}", layer.k_in());
+  if (layer.v_in() != layer.model_dim) text += fmt::format(",vdim={}", layer.v_in());
+  return text;
 }
 
 Problem laid_out_as(Problem problem, const RunConfig& config) {
@@ -98,9 +106,9 @@ Problem laid_out_as(Problem problem, const RunConfig& config) {
 
 // Whether any backend runs the problem under any of the configurations.
 bool anyone_runs(const BackendRefs& backends, const Problem& problem,
-                 const std::vector<RunConfig>& configs, std::int64_t model_dim = 0) {
+                 const std::vector<RunConfig>& configs, const LayerData* layer = nullptr) {
   for (const RunConfig& config : configs) {
-      const std::vector<Status> support = support_of(backends, laid_out_as(problem, config), Direction::forward, model_dim);
+      const std::vector<Status> support = support_of(backends, laid_out_as(problem, config), Direction::forward, layer);
       if (std::any_of(support.begin(), support.end(), [](const Status& s) { return s.ok; })) return true;
   }
   return false;
@@ -270,7 +278,6 @@ CaseOutcome outcome_of(const Backend& backend, const FixtureHeader& header, std:
 void verify_layer_backward(const LayerFixture& fixture, const LayerReference& reference, const BackendRefs& backends,
                            const VerifyOptions& options, const OutcomeCallback& on_outcome, VerifySummary& summary) {
   const LayerData& layer = fixture.data;
-  const std::int64_t model_dim = layer.model_dim;
   const std::vector<RunConfig> configs = run_configs(options);
   const auto empty_rows = std::count(reference.stats.visible.begin(), reference.stats.visible.end(), std::int64_t{0});
   std::optional<LayerGradientTruth> truth;
@@ -291,14 +298,14 @@ void verify_layer_backward(const LayerFixture& fixture, const LayerReference& re
     LayerData data = layer;
     data.problem = laid_out_as(data.problem, config);
     // A framework's own layer answers for its backward itself (run_layer_backward).
-    const std::vector<Status> forward = support_of(backends, data.problem, Direction::forward, model_dim);
-    const std::vector<Status> backward = support_of(backends, data.problem, Direction::backward, model_dim);
+    const std::vector<Status> forward = support_of(backends, data.problem, Direction::forward, &layer);
+    const std::vector<Status> backward = support_of(backends, data.problem, Direction::backward, &layer);
     RunOptions run_options = options.run;
     run_options.threads = config.threads;
     for (std::size_t b = 0; b < backends.size(); ++b) {
       const Backend& backend = *backends[b];
       const std::vector<Status>& support = runs_own_layers(backend) ? forward : backward;
-      CaseOutcome outcome = outcome_of(backend, fixture.header, fmt::format("{},model={}", data.problem.to_string(), model_dim),
+      CaseOutcome outcome = outcome_of(backend, fixture.header, fmt::format("{},{}", data.problem.to_string(), layer_widths_text(data)),
                                        config, {}, Direction::backward);
       const auto start = std::chrono::steady_clock::now();
       const std::string elsewhere = judged_elsewhere(backend, config, configs);
@@ -355,11 +362,11 @@ void verify_layer(const std::filesystem::path& file, const BackendRefs& backends
   std::vector<std::vector<double>> baseline;
   std::vector<double> tolerance;
   std::string warning;
-  if (anyone_runs(backends, problem, configs, model_dim)) {
+  if (anyone_runs(backends, problem, configs, &fixture.data)) {
     const std::vector<char> counts(static_cast<std::size_t>(problem.batch * problem.seq_q), 1);
     baseline = {baseline_layer(fixture.data, options.run.threads)};
     measured = measured_limit(problem.dtype, reference.y, baseline, reference.y, model_dim, counts,
-                              std::max(problem.seq_k, model_dim));
+                              std::max({problem.seq_k, model_dim, fixture.data.k_in(), fixture.data.v_in()}));
     tolerance = fixture_tolerance(fixture.header, fixture.y);
     warning = loose_tolerance_warning(fixture.header, reference.y, tolerance);
     if (!warning.empty()) summary.warnings.push_back(fmt::format("{}: {}", file.string(), warning));
@@ -371,12 +378,12 @@ void verify_layer(const std::filesystem::path& file, const BackendRefs& backends
   for (const RunConfig& config : configs) {
     LayerData data = fixture.data;
     data.problem = laid_out_as(data.problem, config);
-    const std::vector<Status> support = support_of(backends, data.problem, Direction::forward, model_dim);
+    const std::vector<Status> support = support_of(backends, data.problem, Direction::forward, &fixture.data);
     RunOptions run_options = options.run;
     run_options.threads = config.threads;
     for (std::size_t b = 0; b < backends.size(); ++b) {
       const Backend& backend = *backends[b];
-      CaseOutcome outcome = outcome_of(backend, fixture.header, fmt::format("{},model={}", data.problem.to_string(), model_dim),
+      CaseOutcome outcome = outcome_of(backend, fixture.header, fmt::format("{},{}", data.problem.to_string(), layer_widths_text(data)),
                                        config, warning, Direction::forward);
       const auto start = std::chrono::steady_clock::now();
       const RecordedOutputs* recorded = recorded_outputs_of(backend);
@@ -724,7 +731,11 @@ double unit_cost(const FixtureHeader& header, std::size_t configs) {
   const Problem& p = header.problem;
   auto d = [](std::int64_t x) { return static_cast<double>(x); };
   double work = d(p.batch) * d(p.heads_q) * d(p.seq_q) * d(p.seq_k) * d(p.head_dim + p.head_dim_v);
-  if (header.kind == FixtureKind::mha) work += 3.0 * d(p.batch) * d(p.seq_q + 2 * p.seq_k) * d(header.model_dim) * d(header.model_dim);
+  if (header.kind == FixtureKind::mha) {
+    const double m = d(header.model_dim), mk = d(header.kdim ? header.kdim : header.model_dim),
+                 mv = d(header.vdim ? header.vdim : header.model_dim);
+    work += 3.0 * d(p.batch) * (d(p.seq_q) * m * m + d(p.seq_k) * (mk + mv) * m);
+  }
   return (work + 1e5) * static_cast<double>(configs);
 }
 

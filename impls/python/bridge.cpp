@@ -613,16 +613,28 @@ class PythonBackend final : public Backend, private BackendExtensions {
     return result;
   }
   bool runs_layers() const override { return runs_layers_; }
-  Status supports_layer(const Problem& p, std::int64_t model_dim) const override {
+  // supports_layer(problem, model_dim), with kdim= and vdim= as keywords
+  // only for a layer whose x_k or x_v width differs from model_dim (a
+  // function written before them then says, by its TypeError, that it does
+  // not know them: SKIP).
+  Status supports_layer(const Problem& p, const LayerData& layer) const override {
     if (!unavailable_.empty()) return Status::no(unavailable_);
     FloatStateGuard floats;
     py::gil_scoped_acquire gil;
+    const bool widths = layer.k_in() != layer.model_dim || layer.v_in() != layer.model_dim;
     try {
       if (!py::hasattr(*module_, "supports_layer")) return Status::yes();
-      py::object why = module_->attr("supports_layer")(problem_object(p), model_dim);
+      py::object fn = module_->attr("supports_layer");
+      py::object why = widths ? fn(problem_object(p), layer.model_dim, py::arg("kdim") = layer.k_in(),
+                                   py::arg("vdim") = layer.v_in())
+                              : fn(problem_object(p), layer.model_dim);
       if (why.is_none()) return Status::yes();
       return Status::no(printable(std::string(py::str(why))));
     } catch (py::error_already_set& e) {
+      if (widths && e.matches(PyExc_TypeError)) {
+        return Status::no(fmt::format("supports_layer() takes no kdim/vdim, and this layer's x_k or x_v is not "
+                                      "model_dim wide: {}", python_error(e)));
+      }
       return Status::no(fmt::format("supports_layer() raised {}", python_error(e)));
     }
   }
@@ -636,12 +648,14 @@ class PythonBackend final : public Backend, private BackendExtensions {
     auto ss = [](std::int64_t x) { return static_cast<py::ssize_t>(x); };
       py::dict d;
       d["model_dim"] = layer.model_dim;
+      d["kdim"] = layer.k_in();
+      d["vdim"] = layer.v_in();
       d["x_q"] = array(layer.x_q, {ss(p.batch), ss(p.seq_q), ss(layer.model_dim)});
-      d["x_k"] = array(layer.x_k, {ss(p.batch), ss(p.seq_k), ss(layer.model_dim)});
-      d["x_v"] = array(layer.x_v, {ss(p.batch), ss(p.seq_k), ss(layer.model_dim)});
+      d["x_k"] = array(layer.x_k, {ss(p.batch), ss(p.seq_k), ss(layer.k_in())});
+      d["x_v"] = array(layer.x_v, {ss(p.batch), ss(p.seq_k), ss(layer.v_in())});
       d["w_q"] = array(layer.w_q, {ss(layer.model_dim), ss(layer.q_width())});
-      d["w_k"] = array(layer.w_k, {ss(layer.model_dim), ss(layer.k_width())});
-      d["w_v"] = array(layer.w_v, {ss(layer.model_dim), ss(layer.v_width())});
+      d["w_k"] = array(layer.w_k, {ss(layer.k_in()), ss(layer.k_width())});
+      d["w_v"] = array(layer.w_v, {ss(layer.v_in()), ss(layer.v_width())});
       d["w_o"] = array(layer.w_o, {ss(layer.o_width()), ss(layer.model_dim)});
       d["b_q"] = array(layer.b_q, {ss(layer.q_width())});
       d["b_k"] = array(layer.b_k, {ss(layer.k_width())});

@@ -157,7 +157,67 @@ def case_pytorch_style_layer(path):
             f.create_dataset(name, data=np.ascontiguousarray(data))
 
 
+def case_pytorch_style_layer_gradients(path):
+    """A layer's gradients (format version 3) as a converter from
+    torch.nn.MultiheadAttention(embed_dim=16, num_heads=2, kdim=12, vdim=6)
+    writes them: separate q/k/v_proj_weight [E, in] transposed into w_q, w_k,
+    w_v, cross-attention with a key padding mask, every gradient by the chain
+    rule in float64 NumPy (weights' .grad transposed, as the format asks)."""
+    rng = np.random.default_rng(11)
+    embed, heads, kdim, vdim, batch, sq, sk = 16, 2, 12, 6, 2, 4, 5
+    d = embed // heads
+    f32 = lambda shape, s: (rng.standard_normal(shape) * s).astype(np.float32)
+    q_proj, k_proj, v_proj = f32((embed, embed), 0.25), f32((embed, kdim), 0.3), f32((embed, vdim), 0.4)
+    in_proj_bias, out_weight, out_bias = f32(3 * embed, 0.1), f32((embed, embed), 0.25), f32(embed, 0.1)
+    xq, xk, xv = f32((batch, sq, embed), 1), f32((batch, sk, kdim), 1), f32((batch, sk, vdim), 1)
+    dout = f32((batch, sq, embed), 1)
+    key_padding = np.array([[False] * 5, [False, False, True, True, True]])  # torch: True = ignore
+    f64 = lambda a: a.astype(np.float64)
+    w_q, w_k, w_v, w_o = f64(q_proj.T), f64(k_proj.T), f64(v_proj.T), f64(out_weight.T)
+    b_q, b_k, b_v = (f64(in_proj_bias[i * embed:(i + 1) * embed]) for i in range(3))
+    split = lambda t: t.reshape(batch, -1, heads, d).transpose(0, 2, 1, 3)
+    merge = lambda t: t.transpose(0, 2, 1, 3).reshape(batch, -1, embed)
+    q, k, v = split(f64(xq) @ w_q + b_q), split(f64(xk) @ w_k + b_k), split(f64(xv) @ w_v + b_v)
+    scale = 1 / np.sqrt(d)
+    visible = ~key_padding[:, None, None, :]
+    s = np.where(visible, scale * q @ k.transpose(0, 1, 3, 2), -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    o = p @ v
+    y = merge(o) @ w_o + f64(out_bias)
+    g = f64(dout)
+    d_o = split(g @ w_o.T)
+    dv = p.transpose(0, 1, 3, 2) @ d_o
+    dp = d_o @ v.transpose(0, 1, 3, 2)
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True))
+    dq, dk = scale * ds @ k, scale * ds.transpose(0, 1, 3, 2) @ q
+    flat = lambda t: t.reshape(-1, t.shape[-1])
+    grads = {"dw_o": flat(merge(o)).T @ flat(g), "db_o": flat(g).sum(0)}
+    for name, x, w, dproj in (("q", xq, w_q, dq), ("k", xk, w_k, dk), ("v", xv, w_v, dv)):
+        m = merge(dproj)
+        grads["dx_" + name] = m @ w.T
+        grads["dw_" + name] = flat(f64(x)).T @ flat(m)
+        grads["db_" + name] = flat(m).sum(0)
+    with h5py.File(path, "w") as f:
+        for key, value in [("format", "attn-fixture"), ("kind", "mha"), ("name", "h5py/pytorch_style_layer_gradients"),
+                           ("description", "nn.MultiheadAttention with kdim 12 and vdim 6: its gradients, h5py-written"),
+                           ("generator", f"numpy {np.__version__}"), ("dtype", "float32"), ("causal", "none"),
+                           ("tags", "h5py,layer,backward")]:
+            f.attrs[key] = value
+        for key, value in [("format_version", 3), ("batch", batch), ("heads_q", heads), ("heads_kv", heads),
+                           ("seq_q", sq), ("seq_k", sk), ("head_dim", d), ("head_dim_v", d), ("model_dim", embed),
+                           ("kdim", kdim), ("vdim", vdim)]:
+            f.attrs[key] = np.int64(value)
+        f.attrs["scale"] = scale
+        for name, data in [("x_q", xq), ("x_k", xk), ("x_v", xv), ("w_q", q_proj.T), ("w_k", k_proj.T),
+                           ("w_v", v_proj.T), ("w_o", out_weight.T), ("b_q", in_proj_bias[:embed]),
+                           ("b_k", in_proj_bias[embed:2 * embed]), ("b_v", in_proj_bias[2 * embed:]), ("b_o", out_bias),
+                           ("mask", visible), ("y", y), ("dout", dout)] + list(grads.items()):
+            f.create_dataset(name, data=np.ascontiguousarray(data))
+
+
 if __name__ == "__main__":
     case_variable_strings_bool_mask_compressed("h5py_vlen_bool_mask_compressed.h5")
     case_fixed_strings_int8_mask_f16("h5py_fixed_strings_int8_mask_f16.h5")
     case_pytorch_style_layer("h5py_pytorch_style_layer.h5")
+    case_pytorch_style_layer_gradients("h5py_pytorch_style_layer_gradients_kdim_vdim.h5")

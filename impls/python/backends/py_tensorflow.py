@@ -139,7 +139,8 @@ def prepare_backward(problem, io, threads):
 # mask that differs per head, and a bias, do not fit it.
 
 
-def supports_layer(problem, model_dim):
+def supports_layer(problem, model_dim, kdim=None, vdim=None):
+    # Keras takes the key's and value's widths from its inputs: any kdim and vdim.
     if problem.dtype != "float32":
         return f"the Keras layer of the document runs in float32; this case is {problem.dtype}"
     if problem.heads_kv != problem.heads_q:
@@ -157,6 +158,7 @@ def _layer(tf, problem, data):
     """The Keras layer holding the fixture's weights, its inputs and attention_mask."""
     keras = tf.keras
     h, d, dv, E = problem.heads_q, problem.head_dim, problem.head_dim_v, data.model_dim
+    Ek, Ev = data.kdim, data.vdim
     mha = keras.layers.MultiHeadAttention(num_heads=h, key_dim=d, value_dim=dv, use_bias=True, output_shape=E)
     xq, xk, xv = (tf.constant(a.astype(np.float32)) for a in (data.x_q, data.x_k, data.x_v))
     mask = None
@@ -165,8 +167,8 @@ def _layer(tf, problem, data):
     mha(xq, xv, key=xk, attention_mask=mask)  # builds the weights
     z = ac.zeros_if_none
     weights = [data.w_q.reshape(E, h, d), z(data.b_q, h * d).reshape(h, d),
-               data.w_k.reshape(E, h, d), z(data.b_k, h * d).reshape(h, d),
-               data.w_v.reshape(E, h, dv), z(data.b_v, h * dv).reshape(h, dv),
+               data.w_k.reshape(Ek, h, d), z(data.b_k, h * d).reshape(h, d),
+               data.w_v.reshape(Ev, h, dv), z(data.b_v, h * dv).reshape(h, dv),
                data.w_o.reshape(h, dv, E), z(data.b_o, E)]
     mha.set_weights([w.astype(np.float32) for w in weights])
     return mha, (xq, xk, xv), mask
@@ -194,8 +196,8 @@ def layer_backward(problem, data, dout, bias_requires_grad, threads):
     g = tape.gradient(loss, [xq, xk, xv] + variables)
     f64 = lambda t: np.asarray(t.numpy(), dtype=np.float64)
     grads = {"dx_q": f64(g[0]), "dx_k": f64(g[1]), "dx_v": f64(g[2]),
-             "dw_q": f64(g[3]).reshape(E, h * d), "dw_k": f64(g[5]).reshape(E, h * d),
-             "dw_v": f64(g[7]).reshape(E, h * dv), "dw_o": f64(g[9]).reshape(h * dv, E)}
+             "dw_q": f64(g[3]).reshape(E, h * d), "dw_k": f64(g[5]).reshape(data.kdim, h * d),
+             "dw_v": f64(g[7]).reshape(data.vdim, h * dv), "dw_o": f64(g[9]).reshape(h * dv, E)}
     for name, present, grad, width in (("db_q", data.b_q, g[4], h * d), ("db_k", data.b_k, g[6], h * d),
                                        ("db_v", data.b_v, g[8], h * dv), ("db_o", data.b_o, g[10], E)):
         if present is not None:

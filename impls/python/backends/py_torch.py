@@ -213,7 +213,8 @@ def prepare_backward(problem, io, threads):
 _DTYPES = {"float64": "float64", "float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
 
 
-def supports_layer(problem, model_dim):
+def supports_layer(problem, model_dim, kdim=None, vdim=None):
+    # nn.MultiheadAttention takes kdim and vdim (then separate q/k/v_proj_weight).
     return ac.layer_shape_reason(problem, model_dim, "nn.MultiheadAttention") or supports(problem)
 
 
@@ -226,9 +227,14 @@ def _module(problem, data, threads):
     dt = getattr(torch, _DTYPES[problem.dtype])
     E = data.model_dim
     t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(dt)
-    m = torch.nn.MultiheadAttention(E, problem.heads_q, bias=True, batch_first=True, dtype=dt)
+    m = torch.nn.MultiheadAttention(E, problem.heads_q, bias=True, batch_first=True, kdim=data.kdim, vdim=data.vdim,
+                                    dtype=dt)
     with torch.no_grad():
-        m.in_proj_weight.copy_(torch.cat([t(data.w_q.T), t(data.w_k.T), t(data.w_v.T)]))
+        if m._qkv_same_embed_dim:
+            m.in_proj_weight.copy_(torch.cat([t(data.w_q.T), t(data.w_k.T), t(data.w_v.T)]))
+        else:
+            for weight, w in ((m.q_proj_weight, data.w_q), (m.k_proj_weight, data.w_k), (m.v_proj_weight, data.w_v)):
+                weight.copy_(t(w.T))
         m.in_proj_bias.copy_(torch.cat([t(ac.zeros_if_none(data.b_q, E)), t(ac.zeros_if_none(data.b_k, E)),
                                         t(ac.zeros_if_none(data.b_v, E))]))
         m.out_proj.weight.copy_(t(data.w_o.T))
@@ -272,9 +278,14 @@ def layer_backward(problem, data, dout, bias_requires_grad, threads):
         y, _ = m(*x, **kwargs)
         y.backward(t(dout))
     f64 = lambda g: g.detach().to(torch.float64).numpy()
-    w, b = m.in_proj_weight.grad, m.in_proj_bias.grad
+    b = m.in_proj_bias.grad
+    if m._qkv_same_embed_dim:
+        w = m.in_proj_weight.grad
+        dw = (w[:E], w[E:2 * E], w[2 * E:])
+    else:
+        dw = (m.q_proj_weight.grad, m.k_proj_weight.grad, m.v_proj_weight.grad)
     grads = {"dx_q": f64(x[0].grad), "dx_k": f64(x[1].grad), "dx_v": f64(x[2].grad),
-             "dw_q": f64(w[:E]).T, "dw_k": f64(w[E:2 * E]).T, "dw_v": f64(w[2 * E:]).T,
+             "dw_q": f64(dw[0]).T, "dw_k": f64(dw[1]).T, "dw_v": f64(dw[2]).T,
              "dw_o": f64(m.out_proj.weight.grad).T}
     for name, present, g in (("db_q", data.b_q, b[:E]), ("db_k", data.b_k, b[E:2 * E]), ("db_v", data.b_v, b[2 * E:]),
                              ("db_o", data.b_o, m.out_proj.bias.grad)):

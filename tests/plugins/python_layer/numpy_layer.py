@@ -53,7 +53,7 @@ def prepare(problem, io, threads):
     return run
 
 
-def supports_layer(problem, model_dim):
+def supports_layer(problem, model_dim, kdim=None, vdim=None):
     return supports(problem)
 
 
