@@ -31,7 +31,7 @@ TEST(ExternalData, H5pyWrittenFilesLoadAndPass) {
   for (const fs::path& f : find_fixture_files({fs::path(ATTN_SOURCE_DIR) / "tests" / "data"})) {
     if (f.filename().string().rfind("h5py_", 0) == 0) files.push_back(f);
   }
-  ASSERT_EQ(files.size(), 3u);  // two sdpa cases and a PyTorch-style layer
+  ASSERT_EQ(files.size(), 4u);  // two sdpa cases, a PyTorch-style layer, and one's gradients (kdim, vdim)
   Fixture vlen = read_fixture(fs::path(ATTN_SOURCE_DIR) / "tests/data/h5py_vlen_bool_mask_compressed.h5");
   EXPECT_EQ(vlen.header.tags, (std::vector<std::string>{"h5py", "external"}));
   EXPECT_EQ(vlen.problem().to_string().find("mask=1x4x5,bias=2x1x1,kv_len") != std::string::npos, true);
@@ -40,7 +40,7 @@ TEST(ExternalData, H5pyWrittenFilesLoadAndPass) {
   EXPECT_EQ(fixed.problem().dtype, DType::f16);
   EXPECT_EQ(fixed.problem().head_dim_v, 8);
   EXPECT_FALSE(fixed.lse.has_value());
-  expect_all_pass(files, 3);
+  expect_all_pass(files, 4);
 }
 
 TEST(ExternalData, OnnxConformanceCasesPass) {
