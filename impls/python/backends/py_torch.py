@@ -12,6 +12,7 @@
 - The backward is autograd through the same call (prepare_backward below).
 """
 
+import contextlib
 import os
 import sys
 import warnings
@@ -218,27 +219,50 @@ def supports_layer(problem, model_dim, kdim=None, vdim=None):
     return ac.layer_shape_reason(problem, model_dim, "nn.MultiheadAttention") or supports(problem)
 
 
+def mixed_precision(torch, problem, data):
+    """A 16-bit layer whose weights or biases are not all exact in its dtype holds float32 master
+    weights: it runs as mixed-precision training does, the module in float32 under
+    torch.autocast (which casts the weights to the dtype for each product; their .grad is
+    float32)."""
+    if problem.dtype not in ("bfloat16", "float16"):
+        return False
+    dt = getattr(torch, _DTYPES[problem.dtype])
+    for w in (data.w_q, data.w_k, data.w_v, data.w_o, data.b_q, data.b_k, data.b_v, data.b_o):
+        if w is not None and not np.array_equal(torch.from_numpy(w).to(dt).to(torch.float64).numpy(), w):
+            return True
+    return False
+
+
+def _autocast(torch, problem, mixed):
+    if not mixed:
+        return contextlib.nullcontext()
+    return torch.autocast("cpu", dtype=getattr(torch, _DTYPES[problem.dtype]))
+
+
 def _module(problem, data, threads):
     """(torch, nn.MultiheadAttention holding the fixture's weights, the keyword arguments of its
-    call, a function making a tensor of the case's dtype)."""
+    call, a function making a tensor of the case's dtype, whether it runs mixed precision)."""
     torch = _import()
     if threads > 0:
         torch.set_num_threads(threads)
     dt = getattr(torch, _DTYPES[problem.dtype])
+    mixed = mixed_precision(torch, problem, data)
     E = data.model_dim
     t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(dt)
     m = torch.nn.MultiheadAttention(E, problem.heads_q, bias=True, batch_first=True, kdim=data.kdim, vdim=data.vdim,
-                                    dtype=dt)
+                                    dtype=torch.float32 if mixed else dt)
+    w32 = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(torch.float32)
     with torch.no_grad():
+        p = w32 if mixed else t  # parameters: float32 master weights, or the case's dtype
         if m._qkv_same_embed_dim:
-            m.in_proj_weight.copy_(torch.cat([t(data.w_q.T), t(data.w_k.T), t(data.w_v.T)]))
+            m.in_proj_weight.copy_(torch.cat([p(data.w_q.T), p(data.w_k.T), p(data.w_v.T)]))
         else:
             for weight, w in ((m.q_proj_weight, data.w_q), (m.k_proj_weight, data.w_k), (m.v_proj_weight, data.w_v)):
-                weight.copy_(t(w.T))
-        m.in_proj_bias.copy_(torch.cat([t(ac.zeros_if_none(data.b_q, E)), t(ac.zeros_if_none(data.b_k, E)),
-                                        t(ac.zeros_if_none(data.b_v, E))]))
-        m.out_proj.weight.copy_(t(data.w_o.T))
-        m.out_proj.bias.copy_(t(ac.zeros_if_none(data.b_o, E)))
+                weight.copy_(p(w.T))
+        m.in_proj_bias.copy_(torch.cat([p(ac.zeros_if_none(data.b_q, E)), p(ac.zeros_if_none(data.b_k, E)),
+                                        p(ac.zeros_if_none(data.b_v, E))]))
+        m.out_proj.weight.copy_(p(data.w_o.T))
+        m.out_proj.bias.copy_(p(ac.zeros_if_none(data.b_o, E)))
     m.eval()
     kwargs = {"need_weights": False}
     if ac.hides_anything(problem) or data.bias is not None:
@@ -250,12 +274,12 @@ def _module(problem, data, threads):
             bias = np.broadcast_to(data.bias, attend.shape)
             additive = np.where(attend, bias, -np.inf)  # a -inf of the bias hides its key too
             kwargs["attn_mask"] = t(additive).reshape(b * h, sq, sk)
-    return torch, m, kwargs, t
+    return torch, m, kwargs, t, mixed
 
 
 def layer(problem, data, threads):
-    torch, m, kwargs, t = _module(problem, data, threads)
-    with torch.inference_mode(), warnings.catch_warnings():
+    torch, m, kwargs, t, mixed = _module(problem, data, threads)
+    with torch.inference_mode(), warnings.catch_warnings(), _autocast(torch, problem, mixed):
         warnings.simplefilter("ignore")
         y, _ = m(t(data.x_q), t(data.x_k), t(data.x_v), **kwargs)
     return y.to(torch.float64).numpy()
@@ -267,7 +291,7 @@ def layer_backward(problem, data, dout, bias_requires_grad, threads):
     in-projection's split in three; a bias the layer does not have is not returned. A trainable
     attention bias is the float attn_mask as a leaf, its gradient summed over the bias's
     broadcast axes."""
-    torch, m, kwargs, t = _module(problem, data, threads)
+    torch, m, kwargs, t, mixed = _module(problem, data, threads)
     E = data.model_dim
     x = [t(data.x_q).requires_grad_(), t(data.x_k).requires_grad_(), t(data.x_v).requires_grad_()]
     mask = kwargs.get("attn_mask")
@@ -275,8 +299,9 @@ def layer_backward(problem, data, dout, bias_requires_grad, threads):
         mask = kwargs["attn_mask"] = mask.detach().clone().requires_grad_()
     with torch.enable_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        y, _ = m(*x, **kwargs)
-        y.backward(t(dout))
+        with _autocast(torch, problem, mixed):
+            y, _ = m(*x, **kwargs)
+        y.backward(t(dout).to(y.dtype))
     f64 = lambda g: g.detach().to(torch.float64).numpy()
     b = m.in_proj_bias.grad
     if m._qkv_same_embed_dim:
