@@ -6,10 +6,14 @@
 #include <cstddef>
 #include <cstring>
 #include <deque>
+#include <iterator>
+#include <limits>
 #include <memory>
 
 #include "attnbench/plugin.h"
 #include "attnbench/error.hpp"
+#include "core/extensions.hpp"
+#include "core/layer_data.hpp"
 #include "core/text.hpp"
 
 namespace attn {
@@ -127,6 +131,9 @@ constexpr std::size_t kBackendV3Size =
 constexpr std::size_t kBackendV4Size =
     (offsetof(attn_backend, batch_invariant) + alignof(attn_backend) - 1) / alignof(attn_backend) * alignof(attn_backend);
 static_assert(kBackendV4Size < sizeof(attn_backend));
+// And as version 5 laid it out: version 6 appended the layer's functions.
+constexpr std::size_t kBackendV5Size = offsetof(attn_backend, supports_layer);
+static_assert(kBackendV5Size < sizeof(attn_backend));
 // attn_io as versions 2 and 3 laid it out (version 4 appended the codes), and
 // attn_backward_io around it: a version 3 backward reads dout and the
 // gradients right after that attn_io.
@@ -159,6 +166,7 @@ std::size_t backend_size(std::uint32_t version) {
     case 2: return sizeof(BackendV2);
     case 3: return kBackendV3Size;
     case 4: return kBackendV4Size;
+    case 5: return kBackendV5Size;
     case ATTN_PLUGIN_ABI_VERSION: return sizeof(attn_backend);
     default: return 0;
   }
@@ -256,7 +264,31 @@ attn_io io_to_c(const AttentionIO& io) {
   return cio;
 }
 
-class PluginBackend final : public Backend {
+// A layer as the C ABI passes it: pointers into the LayerData (float64,
+// row-major, as the verifier holds them), and float copies of the slopes and
+// sinks (the ABI's type for them, exact: the reader checked).
+struct LayerToC {
+  explicit LayerToC(const LayerData& l)
+      : slopes(l.masking.alibi_slopes.begin(), l.masking.alibi_slopes.end()),
+        sinks(l.masking.sinks.begin(), l.masking.sinks.end()) {
+    auto data = [](const std::vector<double>& v) { return v.empty() ? nullptr : v.data(); };
+    c.model_dim = l.model_dim;
+    c.kdim = l.k_in();
+    c.vdim = l.v_in();
+    c.x_q = data(l.x_q), c.x_k = data(l.x_k), c.x_v = data(l.x_v);
+    c.w_q = data(l.w_q), c.w_k = data(l.w_k), c.w_v = data(l.w_v), c.w_o = data(l.w_o);
+    c.b_q = data(l.b_q), c.b_k = data(l.b_k), c.b_v = data(l.b_v), c.b_o = data(l.b_o);
+    c.mask = l.masking.mask.empty() ? nullptr : l.masking.mask.data();
+    c.bias = data(l.masking.bias);
+    c.kv_len = l.masking.kv_len.empty() ? nullptr : l.masking.kv_len.data();
+    c.alibi_slopes = slopes.empty() ? nullptr : slopes.data();
+    c.sinks = sinks.empty() ? nullptr : sinks.data();
+  }
+  std::vector<float> slopes, sinks;
+  attn_layer c{};
+};
+
+class PluginBackend final : public Backend, public BackendExtensions {
  public:
   PluginBackend(const attn_backend* b, std::uint32_t version, std::string path)
       : b_(b),
@@ -301,6 +333,68 @@ class PluginBackend final : public Backend {
       throw Error(fmt::format("plugin backend {}: prepare failed: {}", name_, error ? plugin_text(error) : "(no reason given)"));
     }
     return std::make_unique<PluginPlan>(b_, plan, name_);
+  }
+  // Version 6: a layer of its own.
+  const BackendExtensions* extensions() const override { return b_->layer != nullptr ? this : nullptr; }
+  bool runs_layers() const override { return b_->layer != nullptr; }
+  Status supports_layer(const Problem& p, const LayerData& layer) const override {
+    if (b_->supports_layer == nullptr) return Status::yes();
+    const std::string text = p.to_string();
+    const attn_problem c = to_c(p, text);
+    const LayerToC l(layer);
+    const char* why = b_->supports_layer(b_->user, &c, &l.c);
+    return why == nullptr ? Status::yes() : Status::no(plugin_text(why));
+  }
+  std::vector<double> run_layer(const LayerData& layer, const RunOptions& options) const override {
+    const Problem& p = layer.problem;
+    const std::string text = p.to_string();
+    const attn_problem c = to_c(p, text);
+    const LayerToC l(layer);
+    std::vector<double> y(static_cast<std::size_t>(p.batch * p.seq_q * layer.model_dim), 0.0);
+    const char* error = nullptr;
+    if (b_->layer(b_->user, &c, &l.c, y.data(), options.threads, &error) != 0) {
+      throw Error(fmt::format("plugin backend {}: layer failed: {}", name_, error ? plugin_text(error) : "(no reason given)"));
+    }
+    return y;
+  }
+  LayerGradients run_layer_backward(const LayerData& layer, const std::vector<double>& dout, bool bias_gradient,
+                                    const RunOptions& options) const override {
+    if (b_->layer_backward == nullptr) throw Unsupported("its plugin's layer has no backward (plugin ABI version 6)");
+    const Problem& p = layer.problem;
+    const std::string text = p.to_string();
+    const attn_problem c = to_c(p, text);
+    const LayerToC l(layer);
+    LayerGradients g;
+    attn_layer_gradients cg{};
+    // Each gradient the layer has, in its shape; the others stay NULL.
+    double* attn_layer_gradients::*slots[] = {&attn_layer_gradients::dx_q, &attn_layer_gradients::dx_k,
+                                              &attn_layer_gradients::dx_v, &attn_layer_gradients::dw_q,
+                                              &attn_layer_gradients::dw_k, &attn_layer_gradients::dw_v,
+                                              &attn_layer_gradients::dw_o, &attn_layer_gradients::db_q,
+                                              &attn_layer_gradients::db_k, &attn_layer_gradients::db_v,
+                                              &attn_layer_gradients::db_o, &attn_layer_gradients::dbias,
+                                              &attn_layer_gradients::dsinks};
+    static constexpr std::string_view names[] = {"dx_q", "dx_k", "dx_v", "dw_q", "dw_k", "dw_v", "dw_o",
+                                                 "db_q", "db_k", "db_v", "db_o", "dbias", "dsinks"};
+    static_assert(std::size(slots) == std::size(names));
+    const std::vector<LayerGradientPart> parts = layer_gradient_parts(layer, bias_gradient);
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      if (i >= std::size(names) || parts[i].name != names[i]) {
+        throw Error("plugin layer: the format's gradient list and attn_layer_gradients disagree");
+      }
+      if (!parts[i].present) continue;
+      std::int64_t count = 1;
+      for (std::int64_t n : parts[i].file_shape) count *= n;
+      // NaN until written: a gradient the plugin leaves unwritten is no silent 0.
+      (g.*parts[i].values).assign(static_cast<std::size_t>(count), std::numeric_limits<double>::quiet_NaN());
+      cg.*slots[i] = (g.*parts[i].values).data();
+    }
+    const char* error = nullptr;
+    if (b_->layer_backward(b_->user, &c, &l.c, dout.data(), &cg, options.threads, &error) != 0) {
+      throw Error(fmt::format("plugin backend {}: layer_backward failed: {}", name_,
+                              error ? plugin_text(error) : "(no reason given)"));
+    }
+    return g;
   }
   std::unique_ptr<BackwardPlan> prepare_backward(const Problem& p, const BackwardIO& io,
                                                  const RunOptions& options) const override {
@@ -388,7 +482,8 @@ std::vector<LoadedBackend> load_plugin_library(const std::string& path) {
   // Each declaration, copied into this version's layout (plugins stay loaded,
   // so the copies may point into them): version 1 declares every dtype, no
   // version 2 feature and lse per backend; versions 1 and 2 no backward;
-  // versions 1 to 3 no encoding; versions 1 to 4 no invariance or bitwise relation.
+  // versions 1 to 3 no encoding; versions 1 to 4 no invariance or bitwise
+  // relation; versions 1 to 5 no layer.
   static std::deque<attn_backend> declared;
   std::vector<LoadedBackend> loaded;
   for (std::int32_t i = 0; i < plugin->count; ++i) {
@@ -397,6 +492,11 @@ std::vector<LoadedBackend> load_plugin_library(const std::string& path) {
     std::memcpy(&b, at, known);
     if (version < 4) b.encodings = 0;
     if (version < 5) b.batch_invariant = 0, b.bitwise_relations = 0;
+    if (version < 6) b.supports_layer = nullptr, b.layer = nullptr, b.layer_backward = nullptr;
+    if ((b.supports_layer != nullptr || b.layer_backward != nullptr) && b.layer == nullptr) {
+      throw Error(fmt::format("plugin {}: backend {} has supports_layer or layer_backward but no layer", shown,
+                              plugin_text(b.name, 64)));
+    }
     if (version == 1) {
       b.dtypes = kAllDTypes;
       b.features = 0;

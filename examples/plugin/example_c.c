@@ -10,7 +10,8 @@
  * The version 2 additions are read through the helpers below, so the same
  * source also builds against a plugin ABI version 1 header, as a plugin
  * written before version 2 was: it then implements format version 1 only
- * (cmake.installed_package builds it both ways). */
+ * (cmake.installed_package builds it both ways). With ABI version 6 it also
+ * runs whole layers of its own (kind mha fixtures), forward and backward. */
 #include <attnbench/plugin.h>
 #include <math.h>
 #include <stdlib.h>
@@ -136,6 +137,53 @@ static void* prepare(void* user, const attn_problem* p, const attn_io* io, int32
   return pl;
 }
 
+/* Row (b, h, i)'s weights, unnormalised: scores[j] = exp(score_j - top) (0
+ * where hidden), their sum with the sink's in *total (0: no visible key, no
+ * sink), the largest logit in *top. */
+static void row_weights(const attn_problem* p, const attn_io* io, int64_t b, int64_t h, int64_t i, double* scores,
+                        double* top_out, double* total_out) {
+  const int64_t g = h / (p->heads_q / p->heads_kv);
+  const int64_t kv_len = io->kv_len ? io->kv_len[b] : p->seq_k;
+  const int64_t diag = top_left_diagonal(p) ? i : i + p->seq_k - p->seq_q;
+  const double sink = sink_of(p, io, h);
+  double top = sink;
+  for (int64_t j = 0; j < p->seq_k; ++j) {
+    int visible = j < kv_len && window_shows(p, diag, j);
+    if (p->causal != ATTN_CAUSAL_NONE) visible = visible && j <= diag;
+    if (visible && io->mask) {
+      const int64_t* s = io->mask_strides;
+      visible = io->mask[b * s[0] + h * s[1] + i * s[2] + j * s[3]] != 0;
+    }
+    double score = -INFINITY;
+    if (visible) {
+      double dot = 0;
+      for (int64_t d = 0; d < p->head_dim; ++d) {
+        const int64_t* qs = io->q.strides;
+        const int64_t* ks = io->k.strides;
+        dot += load(p->dtype, io->q.data, b * qs[0] + h * qs[1] + i * qs[2] + d * qs[3]) *
+               load(p->dtype, io->k.data, b * ks[0] + g * ks[1] + j * ks[2] + d * ks[3]);
+      }
+      score = capped(p, p->scale * dot) + alibi(p, io, h, diag, j);
+      if (io->bias.data) {
+        const int64_t* s = io->bias.strides;
+        score += load(p->dtype, io->bias.data, b * s[0] + h * s[1] + i * s[2] + j * s[3]);
+      }
+    }
+    scores[j] = score;
+    if (score > top) top = score;
+  }
+  double total = 0;
+  if (top > -INFINITY) {
+    for (int64_t j = 0; j < p->seq_k; ++j) {
+      scores[j] = exp(scores[j] - top);
+      total += scores[j];
+    }
+    total += exp(sink - top); /* 0 without a sink */
+  }
+  *top_out = top;
+  *total_out = total;
+}
+
 static int32_t run(void* opaque, const char** error) {
   (void)error;
   const plan* pl = opaque;
@@ -143,46 +191,11 @@ static int32_t run(void* opaque, const char** error) {
   const attn_io* io = &pl->io;
   const int64_t group = p->heads_q / p->heads_kv;
   for (int64_t b = 0; b < p->batch; ++b) {
-    const int64_t kv_len = io->kv_len ? io->kv_len[b] : p->seq_k;
     for (int64_t h = 0; h < p->heads_q; ++h) {
       const int64_t g = h / group;
       for (int64_t i = 0; i < p->seq_q; ++i) {
-        const int64_t diag = top_left_diagonal(p) ? i : i + p->seq_k - p->seq_q;
-        const double sink = sink_of(p, io, h);
-        double top = sink;
-        for (int64_t j = 0; j < p->seq_k; ++j) {
-          int visible = j < kv_len && window_shows(p, diag, j);
-          if (p->causal != ATTN_CAUSAL_NONE) visible = visible && j <= diag;
-          if (visible && io->mask) {
-            const int64_t* s = io->mask_strides;
-            visible = io->mask[b * s[0] + h * s[1] + i * s[2] + j * s[3]] != 0;
-          }
-          double score = -INFINITY;
-          if (visible) {
-            double dot = 0;
-            for (int64_t d = 0; d < p->head_dim; ++d) {
-              const int64_t* qs = io->q.strides;
-              const int64_t* ks = io->k.strides;
-              dot += load(p->dtype, io->q.data, b * qs[0] + h * qs[1] + i * qs[2] + d * qs[3]) *
-                     load(p->dtype, io->k.data, b * ks[0] + g * ks[1] + j * ks[2] + d * ks[3]);
-            }
-            score = capped(p, p->scale * dot) + alibi(p, io, h, diag, j);
-            if (io->bias.data) {
-              const int64_t* s = io->bias.strides;
-              score += load(p->dtype, io->bias.data, b * s[0] + h * s[1] + i * s[2] + j * s[3]);
-            }
-          }
-          pl->scores[j] = score;
-          if (score > top) top = score;
-        }
-        double total = 0;
-        if (top > -INFINITY) {
-          for (int64_t j = 0; j < p->seq_k; ++j) {
-            pl->scores[j] = exp(pl->scores[j] - top);
-            total += pl->scores[j];
-          }
-          total += exp(sink - top); /* 0 without a sink */
-        }
+        double top, total;
+        row_weights(p, io, b, h, i, pl->scores, &top, &total);
         const int64_t* os = io->out_strides;
         for (int64_t d = 0; d < p->head_dim_v; ++d) {
           double acc = 0;
@@ -209,10 +222,200 @@ static void destroy(void* opaque) {
   free(pl);
 }
 
+#if ATTN_PLUGIN_ABI_VERSION >= 6
+/* A whole layer (ABI 6): the projections and the output projection in
+ * double, around this backend's own attention run on them as a float64
+ * problem; the backward by the chain rule (docs/format/v3.md, "Layers"), with
+ * the textbook attention backward in double. */
+
+/* out[r, c] = sum_k a[r, k] b[k, c] (+ bias[c]); a transposed (a[k, r]) or b
+ * transposed (b[c, k]) as the flags say. */
+static void matmul(const double* a, int a_t, const double* b, int b_t, int64_t rows, int64_t inner, int64_t cols,
+                   const double* bias, double* out) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      double acc = bias ? bias[c] : 0.0;
+      for (int64_t k = 0; k < inner; ++k) {
+        acc += (a_t ? a[k * rows + r] : a[r * inner + k]) * (b_t ? b[c * inner + k] : b[k * cols + c]);
+      }
+      out[r * cols + c] = acc;
+    }
+}
+
+/* The column sums of d [rows, cols] into out (a bias's gradient). */
+static void column_sums(const double* d, int64_t rows, int64_t cols, double* out) {
+  for (int64_t c = 0; c < cols; ++c) {
+    double acc = 0;
+    for (int64_t r = 0; r < rows; ++r) acc += d[r * cols + c];
+    out[c] = acc;
+  }
+}
+
+/* Row-major strides of a [n0, n1, n2, n3] tensor broadcast to the problem's
+ * [batch, heads, rows, seq_k] (0 on an axis of size 1). */
+static void broadcast_strides(const attn_broadcast* s, int64_t seq_k, int64_t* strides) {
+  strides[3] = 1;
+  strides[2] = s->rows == 1 ? 0 : seq_k;
+  strides[1] = s->heads == 1 ? 0 : s->rows * seq_k;
+  strides[0] = s->batch == 1 ? 0 : s->heads * s->rows * seq_k;
+}
+
+/* Q, K, V (merged [batch, seq, heads * dim]), O likewise, and the float64
+ * problem and io that view them as [batch, heads, seq, dim]. */
+typedef struct layer_state {
+  attn_problem p;
+  attn_io io;
+  double *q, *k, *v, *o;
+  double* scores;
+} layer_state;
+
+static void layer_free(layer_state* s) {
+  free(s->q), free(s->k), free(s->v), free(s->o), free(s->scores);
+}
+
+static int layer_forward(const attn_problem* problem, const attn_layer* l, layer_state* s) {
+  const attn_problem* p = problem;
+  const int64_t qw = p->heads_q * p->head_dim, kw = p->heads_kv * p->head_dim, vw = p->heads_kv * p->head_dim_v,
+                ow = p->heads_q * p->head_dim_v;
+  memset(s, 0, sizeof *s);
+  s->q = malloc(sizeof(double) * (size_t)(p->batch * p->seq_q * qw + 1));
+  s->k = malloc(sizeof(double) * (size_t)(p->batch * p->seq_k * kw + 1));
+  s->v = malloc(sizeof(double) * (size_t)(p->batch * p->seq_k * vw + 1));
+  s->o = malloc(sizeof(double) * (size_t)(p->batch * p->seq_q * ow + 1));
+  s->scores = malloc(sizeof(double) * (size_t)(p->seq_k + 1));
+  if (!s->q || !s->k || !s->v || !s->o || !s->scores) return 0;
+  matmul(l->x_q, 0, l->w_q, 0, p->batch * p->seq_q, l->model_dim, qw, l->b_q, s->q);
+  matmul(l->x_k, 0, l->w_k, 0, p->batch * p->seq_k, l->kdim, kw, l->b_k, s->k);
+  matmul(l->x_v, 0, l->w_v, 0, p->batch * p->seq_k, l->vdim, vw, l->b_v, s->v);
+  s->p = *p;
+  s->p.dtype = ATTN_F64;
+  s->p.layout = ATTN_LAYOUT_BSHD;
+  /* [batch, heads, seq, dim] strides of a merged [batch, seq, heads * dim] array. */
+  const int64_t q_strides[4] = {p->seq_q * qw, p->head_dim, qw, 1}, k_strides[4] = {p->seq_k * kw, p->head_dim, kw, 1},
+                v_strides[4] = {p->seq_k * vw, p->head_dim_v, vw, 1}, o_strides[4] = {p->seq_q * ow, p->head_dim_v, ow, 1};
+  s->io.q.data = s->q, memcpy(s->io.q.strides, q_strides, sizeof q_strides);
+  s->io.k.data = s->k, memcpy(s->io.k.strides, k_strides, sizeof k_strides);
+  s->io.v.data = s->v, memcpy(s->io.v.strides, v_strides, sizeof v_strides);
+  s->io.out = s->o, memcpy(s->io.out_strides, o_strides, sizeof o_strides);
+  s->io.mask = l->mask;
+  if (l->mask) broadcast_strides(&p->mask, p->seq_k, s->io.mask_strides);
+  s->io.bias.data = l->bias; /* float64, as the problem now is */
+  if (l->bias) broadcast_strides(&p->bias, p->seq_k, s->io.bias.strides);
+  s->io.kv_len = l->kv_len;
+  s->io.alibi_slopes = l->alibi_slopes;
+  s->io.sinks = l->sinks;
+  plan pl = {s->p, s->io, s->scores};
+  run(&pl, NULL);
+  return 1;
+}
+
+static int32_t layer(void* user, const attn_problem* p, const attn_layer* l, double* y, int32_t threads,
+                     const char** error) {
+  (void)user, (void)threads;
+  layer_state s;
+  if (!layer_forward(p, l, &s)) {
+    layer_free(&s);
+    *error = "out of memory";
+    return 1;
+  }
+  matmul(s.o, 0, l->w_o, 0, p->batch * p->seq_q, p->heads_q * p->head_dim_v, l->model_dim, l->b_o, y);
+  layer_free(&s);
+  return 0;
+}
+
+static int32_t layer_backward(void* user, const attn_problem* p, const attn_layer* l, const double* dout,
+                              const attn_layer_gradients* g, int32_t threads, const char** error) {
+  (void)user, (void)threads;
+  const int64_t qw = p->heads_q * p->head_dim, kw = p->heads_kv * p->head_dim, vw = p->heads_kv * p->head_dim_v,
+                ow = p->heads_q * p->head_dim_v, q_rows = p->batch * p->seq_q, k_rows = p->batch * p->seq_k;
+  layer_state s;
+  double* d_o = malloc(sizeof(double) * (size_t)(q_rows * ow + 1));
+  double* dq = calloc((size_t)(q_rows * qw + 1), sizeof(double));
+  double* dk = calloc((size_t)(k_rows * kw + 1), sizeof(double));
+  double* dv = calloc((size_t)(k_rows * vw + 1), sizeof(double));
+  double* dp = malloc(sizeof(double) * (size_t)(p->seq_k + 1));
+  if (!layer_forward(p, l, &s) || !d_o || !dq || !dk || !dv || !dp) {
+    layer_free(&s), free(d_o), free(dq), free(dk), free(dv), free(dp);
+    *error = "out of memory";
+    return 1;
+  }
+  /* The output projection: dO = dout w_o^T, dw_o = O^T dout, db_o. */
+  matmul(dout, 0, l->w_o, 1, q_rows, l->model_dim, ow, NULL, d_o);
+  matmul(s.o, 1, dout, 0, ow, q_rows, l->model_dim, NULL, g->dw_o);
+  if (g->db_o) column_sums(dout, q_rows, l->model_dim, g->db_o);
+  if (g->dbias) {
+    memset(g->dbias, 0, sizeof(double) * (size_t)(p->bias.batch * p->bias.heads * p->bias.rows * p->seq_k));
+  }
+  if (g->dsinks) memset(g->dsinks, 0, sizeof(double) * (size_t)p->heads_q);
+  /* The attention: P recomputed, dP = dO V^T, D = sum P dP, dS = P (dP - D). */
+  const int64_t group = p->heads_q / p->heads_kv;
+  for (int64_t b = 0; b < p->batch; ++b)
+    for (int64_t h = 0; h < p->heads_q; ++h)
+      for (int64_t i = 0; i < p->seq_q; ++i) {
+        double top, total;
+        row_weights(&s.p, &s.io, b, h, i, s.scores, &top, &total);
+        if (total == 0) continue; /* no visible key and no sink: nothing flows */
+        const int64_t g_kv = h / group;
+        const double* d_oi = d_o + (b * p->seq_q + i) * ow + h * p->head_dim_v;
+        double delta = 0;
+        for (int64_t j = 0; j < p->seq_k; ++j) {
+          s.scores[j] /= total;
+          const double* vj = s.v + (b * p->seq_k + j) * vw + g_kv * p->head_dim_v;
+          double acc = 0;
+          for (int64_t d = 0; d < p->head_dim_v; ++d) acc += d_oi[d] * vj[d];
+          dp[j] = acc;
+          delta += s.scores[j] * acc;
+        }
+        if (g->dsinks) g->dsinks[h] -= exp(s.io.sinks[h] - top) / total * delta;
+        const double* qi = s.q + (b * p->seq_q + i) * qw + h * p->head_dim;
+        double* dqi = dq + (b * p->seq_q + i) * qw + h * p->head_dim;
+        for (int64_t j = 0; j < p->seq_k; ++j) {
+          const double pj = s.scores[j];
+          if (pj == 0) continue;
+          const double ds = pj * (dp[j] - delta);
+          const double* kj = s.k + (b * p->seq_k + j) * kw + g_kv * p->head_dim;
+          /* Through the softcap: the slope 1 - tanh^2 of the scaled score. */
+          double ds_score = ds;
+          if (p->softcap > 0) {
+            double dot = 0;
+            for (int64_t d = 0; d < p->head_dim; ++d) dot += qi[d] * kj[d];
+            const double t = tanh(p->scale * dot / p->softcap);
+            ds_score = ds * (1 - t * t);
+          }
+          double* dkj = dk + (b * p->seq_k + j) * kw + g_kv * p->head_dim;
+          double* dvj = dv + (b * p->seq_k + j) * vw + g_kv * p->head_dim_v;
+          for (int64_t d = 0; d < p->head_dim; ++d) {
+            dqi[d] += p->scale * ds_score * kj[d];
+            dkj[d] += p->scale * ds_score * qi[d];
+          }
+          for (int64_t d = 0; d < p->head_dim_v; ++d) dvj[d] += pj * d_oi[d];
+          if (g->dbias) {
+            int64_t st[4];
+            broadcast_strides(&p->bias, p->seq_k, st);
+            g->dbias[b * st[0] + h * st[1] + i * st[2] + j] += ds;
+          }
+        }
+      }
+  /* The input projections: dw = x^T d, db = column sums of d, dx = d w^T. */
+  matmul(l->x_q, 1, dq, 0, l->model_dim, q_rows, qw, NULL, g->dw_q);
+  matmul(l->x_k, 1, dk, 0, l->kdim, k_rows, kw, NULL, g->dw_k);
+  matmul(l->x_v, 1, dv, 0, l->vdim, k_rows, vw, NULL, g->dw_v);
+  if (g->db_q) column_sums(dq, q_rows, qw, g->db_q);
+  if (g->db_k) column_sums(dk, k_rows, kw, g->db_k);
+  if (g->db_v) column_sums(dv, k_rows, vw, g->db_v);
+  matmul(dq, 0, l->w_q, 1, q_rows, qw, l->model_dim, NULL, g->dx_q);
+  matmul(dk, 0, l->w_k, 1, k_rows, kw, l->kdim, NULL, g->dx_k);
+  matmul(dv, 0, l->w_v, 1, k_rows, vw, l->vdim, NULL, g->dx_v);
+  layer_free(&s), free(d_o), free(dq), free(dk), free(dv), free(dp);
+  return 0;
+}
+#endif
+
 static const attn_backend backends[] = {{
     .name = "example-c",
     .description = "a plain C plugin: scores in double, max-subtracted softmax, one rounding",
-    .capabilities = "every dtype, mask, bias, kv_len, causal alignment and GQA; window, softcap, ALiBi, sinks (ABI 2); lse",
+    .capabilities = "every dtype, mask, bias, kv_len, causal alignment and GQA; window, softcap, ALiBi, sinks (ABI 2); lse; "
+                    "layers of its own, forward and backward (ABI 6)",
     .user = NULL,
     .available = available,
     .supports = supports,
@@ -229,6 +432,11 @@ static const attn_backend backends[] = {{
     /* Each row on its own, in one order: the same bits in any batch and layout. */
     .batch_invariant = 1,
     .bitwise_relations = ATTN_RELATION_LAYOUT,
+#endif
+#if ATTN_PLUGIN_ABI_VERSION >= 6
+    .supports_layer = NULL, /* every layer its attention supports */
+    .layer = layer,
+    .layer_backward = layer_backward,
 #endif
 }};
 

@@ -1,4 +1,4 @@
-/* attnbench plugin ABI, version 5: a shared library that provides attention
+/* attnbench plugin ABI, version 6: a shared library that provides attention
  * backends to `attn` at run time (`attn ... --plugin PATH.so`, or the
  * ATTN_PLUGINS environment variable, ':'-separated).
  *
@@ -33,7 +33,10 @@
  * cases, and all of them in earlier versions, SKIP. A version 5 backend may
  * declare batch invariance and the metamorphic relations it keeps bit for bit
  * (docs/verification/invariance.md, relations.md); earlier versions declare
- * neither. */
+ * neither. A version 6 backend may run whole layers of its own (fixtures of
+ * kind mha: projections, its attention, the output projection) and their
+ * backward; without them, or in earlier versions, attn computes a layer's
+ * projections around the backend's attention. */
 #ifndef ATTNBENCH_PLUGIN_H
 #define ATTNBENCH_PLUGIN_H
 
@@ -43,7 +46,7 @@
 extern "C" {
 #endif
 
-#define ATTN_PLUGIN_ABI_VERSION 5u
+#define ATTN_PLUGIN_ABI_VERSION 6u
 
 enum attn_dtype { ATTN_F64 = 0, ATTN_F32 = 1, ATTN_F16 = 2, ATTN_BF16 = 3 };
 enum attn_causal { ATTN_CAUSAL_NONE = 0, ATTN_CAUSAL_TOP_LEFT = 1, ATTN_CAUSAL_BOTTOM_RIGHT = 2 };
@@ -189,6 +192,46 @@ typedef struct attn_backward_io {
   double* dsinks;            /* [heads_q] when the problem has sinks, else NULL */
 } attn_backward_io;
 
+/* Version 6: a whole multi-head attention layer (docs/format/v1.md, "Layer
+ * cases"; its gradients: docs/format/v3.md, "Layers"). Every array is
+ * row-major and contiguous, in float64 (the file's values, unrounded: a
+ * backend rounds them to problem->dtype as its products do). The attention
+ * inside is the problem's: heads_q * head_dim columns of Q (head h owns
+ * columns h*head_dim .. (h+1)*head_dim - 1), likewise K and V with heads_kv;
+ * problem->layout is irrelevant here. */
+typedef struct attn_layer {
+  int64_t model_dim;       /* the width of x_q and of y */
+  int64_t kdim, vdim;      /* the widths of x_k and x_v (model_dim unless the file says otherwise) */
+  const double* x_q;       /* [batch, seq_q, model_dim] */
+  const double* x_k;       /* [batch, seq_k, kdim] */
+  const double* x_v;       /* [batch, seq_k, vdim] */
+  const double* w_q;       /* [model_dim, heads_q * head_dim]: Q = x_q @ w_q + b_q */
+  const double* w_k;       /* [kdim, heads_kv * head_dim] */
+  const double* w_v;       /* [vdim, heads_kv * head_dim_v] */
+  const double* w_o;       /* [heads_q * head_dim_v, model_dim]: y = O @ w_o + b_o */
+  const double* b_q;       /* [heads_q * head_dim]; NULL: the layer has no such bias */
+  const double* b_k;       /* [heads_kv * head_dim]; NULL likewise */
+  const double* b_v;       /* [heads_kv * head_dim_v]; NULL likewise */
+  const double* b_o;       /* [model_dim]; NULL likewise */
+  const uint8_t* mask;     /* [mask.batch, mask.heads, mask.rows, seq_k] as problem->mask says; NULL when none */
+  const double* bias;      /* [bias.batch, bias.heads, bias.rows, seq_k] likewise; NULL when none */
+  const int64_t* kv_len;   /* [batch]; NULL when none */
+  const float* alibi_slopes; /* [heads_q] when problem->alibi */
+  const float* sinks;        /* [heads_q] when problem->sinks */
+} attn_layer;
+
+/* Version 6: where a layer's backward writes the gradients of
+ * L = sum(dout * y), each the shape of what it is the gradient of, float64,
+ * row-major; a NULL one is not asked for (a bias the layer does not have,
+ * dbias unless the attention bias requires a gradient, dsinks without sinks). */
+typedef struct attn_layer_gradients {
+  double* dx_q; double* dx_k; double* dx_v;
+  double* dw_q; double* dw_k; double* dw_v; double* dw_o;
+  double* db_q; double* db_k; double* db_v; double* db_o;
+  double* dbias;   /* [bias.batch, bias.heads, bias.rows, seq_k], summed over the broadcast axes */
+  double* dsinks;  /* [heads_q] */
+} attn_layer_gradients;
+
 typedef struct attn_backend {
   const char* name;          /* unique, e.g. "mylib-flash" */
   const char* description;   /* one line */
@@ -230,6 +273,17 @@ typedef struct attn_backend {
   /* enum attn_relation bits of the relations it keeps bit for bit; others are
    * judged within the relation's bound. */
   uint32_t bitwise_relations;
+  /* Version 6: a layer of its own; layer NULL: none (attn computes the
+   * projections around this backend's attention). supports_layer: NULL when
+   * it runs the layer, else the reason (NULL function: every layer its
+   * attention supports). layer writes y [batch, seq_q, model_dim]; returns 0,
+   * or non-zero with *error set. layer_backward NULL: the layer's backward is
+   * SKIP. Neither is timed. */
+  const char* (*supports_layer)(void* user, const attn_problem* problem, const attn_layer* layer);
+  int32_t (*layer)(void* user, const attn_problem* problem, const attn_layer* layer, double* y, int32_t threads,
+                   const char** error);
+  int32_t (*layer_backward)(void* user, const attn_problem* problem, const attn_layer* layer, const double* dout,
+                            const attn_layer_gradients* gradients, int32_t threads, const char** error);
 } attn_backend;
 
 typedef struct attn_plugin {

@@ -129,11 +129,42 @@ assert sum(r["verdict"] == "PASS" for r in cpp) >= 10 and not any(r["verdict"] =
 assert all(r["direction"] == "backward" and ({"dx_q", "dw_q", "dw_o"} if r["fixture"].startswith("layer_backward/") else {"dq", "dk", "dv"})
            <= {t["name"] for t in r["tensors"]} for r in cpp if r["verdict"] == "PASS")
 assert any(r["fixture"].startswith("layer_backward/") for r in cpp if r["verdict"] == "PASS")
-c = [r for r in res if r["backend"] == "example-c"]
+# example-c has no attention backward (SKIP), but a layer of its own (ABI 6),
+# whose backward is its own.
+c = [r for r in res if r["backend"] == "example-c" and not r["fixture"].startswith("layer_backward/")]
 assert c and all(r["verdict"] == "SKIP" for r in c), c
 assert any("does not implement the backward pass" in r["reason"] for r in c), c
 print("version 3 backward through plugins:", d["summary"]["per_backend"])
 PY
+
+# ABI version 6 carries whole layers: example-c runs its own (projections in
+# double around its attention, and the chain rule back), every layer case
+# forward and backward passes, with kdim/vdim, a trainable bias, padding,
+# sinks and softcap; patched (on the test side) to leave dw_o's gradient
+# transposed, it FAILs naming dw_o.
+layers=$prefix/share/attnbench/fixtures/golden/layer_backward
+layer_cases="$layers/self_b2_s10_f32.h5 $layers/kdim40_vdim24_padding_q6_k9_bf16.h5 $layers/bias_trainable_b2_s8_f16.h5
+             $layers/v2_window_softcap_alibi_sinks_f32.h5 $layers/mask_rows_cross_q5_k4_f32.h5"
+# shellcheck disable=SC2086
+expect_exit 0 "$work/v6.txt" "$attn" verify --plugin "$c_plugin" -b example-c $layer_cases -q --json "$work/v6.json"
+/usr/bin/python3 - "$work/v6.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+res = [r for r in d["results"] if r.get("check", "golden") == "golden"]
+rows = {(r["fixture"], r["direction"]): r["verdict"] for r in res}
+assert len(rows) == 10 and set(rows.values()) == {"PASS"}, rows
+backward = [r for r in res if r["direction"] == "backward"]
+assert all({"dx_k", "dw_v", "dw_o"} <= {t["name"] for t in r["tensors"]} for r in backward), backward
+assert any("dsinks" in {t["name"] for t in r["tensors"]} for r in backward)
+print("version 6 layers through a C plugin:", d["summary"]["per_backend"])
+PY
+sed 's/matmul(s.o, 1, dout, 0, ow, q_rows, l->model_dim, NULL, g->dw_o);/matmul(dout, 1, s.o, 0, l->model_dim, q_rows, ow, NULL, g->dw_o);/' \
+  "$source_dir/examples/plugin/example_c.c" > "$work/dw_o_transposed.c"
+cmp -s "$source_dir/examples/plugin/example_c.c" "$work/dw_o_transposed.c" && fail "the dw_o patch no longer applies to example_c.c"
+"${CC:-cc}" -std=c99 -Wall -Werror -shared -fPIC -O1 -I"$prefix/include" -o "$work/libdwo.so" "$work/dw_o_transposed.c" -lm
+# shellcheck disable=SC2086
+expect_exit 1 "$work/v6bad.txt" "$attn" verify --plugin "$work/libdwo.so" -b example-c $layer_cases -q
+grep -q "dw_o" "$work/v6bad.txt" || fail "a layer plugin with dw_o transposed FAILs without naming dw_o: $(tail -5 "$work/v6bad.txt")"
 
 # ABI version 4 carries quantised q, k and v (format version 4): example-cpp
 # declares every encoding and reads the codes through the SDK's QuantView, so
@@ -155,6 +186,21 @@ assert c and all(r["verdict"] == "SKIP" for r in c), c
 for enc in ("float8_e4m3fn", "float8_e5m2", "int8", "q8_0", "q4_0"):
     assert any(enc + " inputs" in r["reason"] for r in c), (enc, [r["reason"] for r in c])
 print("version 4 quantised cases through plugins:", d["summary"]["per_backend"])
+PY
+
+# A plugin built against ABI version 5 keeps loading (tests/plugins/abi_v5 is
+# that header, frozen): it has no layer of its own, so attn computes a layer's
+# projections around its attention.
+"${CC:-cc}" -std=c99 -Wall -Werror -shared -fPIC -O1 -I"$source_dir/tests/plugins/abi_v5" -o "$work/libv5.so" \
+  "$source_dir/examples/plugin/example_c.c" -lm
+expect_exit 0 "$work/v5plugin.txt" "$attn" verify --plugin "$work/libv5.so" -b example-c "$layers/self_b2_s10_f32.h5" \
+  --json "$work/v5plugin.json"
+/usr/bin/python3 - "$work/v5plugin.json" <<'PY'
+import json, sys
+res = [r for r in json.load(open(sys.argv[1]))["results"] if r.get("check", "golden") == "golden"]
+verdicts = {r["direction"]: r["verdict"] for r in res}
+assert verdicts == {"forward": "PASS", "backward": "SKIP"}, res  # no attention backward, no layer of its own
+print("ABI version 5 plugin: a layer's forward around its attention, its backward SKIP")
 PY
 
 # A plugin built against ABI version 4 keeps loading (tests/plugins/abi_v4 is
@@ -253,7 +299,7 @@ cc=${CC:-cc}
 sed 's/return ATTN_PLUGIN_ABI_VERSION; }/return 99; }/' "$source_dir/examples/plugin/example_c.c" > "$work/abi99.c"
 grep -q 'return 99; }' "$work/abi99.c" || fail "the ABI patch did not apply"
 "$cc" -shared -fPIC -O1 -I"$prefix/include" -o "$work/libabi99.so" "$work/abi99.c" -lm
-expect_refusal "built for plugin ABI version 99, but this attn speaks versions 1 to 5" "$attn" list --plugin "$work/libabi99.so"
+expect_refusal "built for plugin ABI version 99, but this attn speaks versions 1 to 6" "$attn" list --plugin "$work/libabi99.so"
 echo 'int not_a_plugin(void) { return 0; }' > "$work/plain.c"
 "$cc" -shared -fPIC -o "$work/libplain.so" "$work/plain.c"
 expect_refusal "not an attnbench plugin" "$attn" verify --plugin "$work/libplain.so"
