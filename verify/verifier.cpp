@@ -518,9 +518,10 @@ void verify_golden_free(const FixtureHeader& header, const CaseData& case_data, 
   if (!options.relations) return;
   // One relation at a time: one transformed copy of the case in memory.
   for (unsigned relation = 1; relation <= kAllRelations; relation <<= 1) {
+    if (!((options.forward_relations | (dout ? options.backward_relations : 0u)) & relation)) continue;
     for (const RelationRun& run : relation_runs(data, dout, options.check_budget, nullptr, relation)) {
       const std::string check = fmt::format("relation {}", relation_name(relation));
-      if (run.forward && options.forward) {
+      if (run.forward && options.forward && (options.forward_relations & relation)) {
         for (std::size_t b = 0; b < backends.size(); ++b) {
           row(b, check, Direction::forward, forward_support,
               [&] { return judge_relation(*backends[b], data, own_of(b), run, run_options); });

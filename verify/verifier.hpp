@@ -43,6 +43,7 @@ struct VerifyOptions {
   // asked for: attn verify and the fuzzer turn them on, a caller that judges
   // only the golden comparison (the Python package's check) leaves them off.
   bool invariance = false, relations = false;
+  unsigned forward_relations = kAllRelations;   // those judged on the forward (the fuzzer: two a case)
   unsigned backward_relations = kAllRelations;  // those judged on the backward too (the fuzzer: one a case)
   bool backward_invariance = true;              // batch invariance of the gradients too (the fuzzer: some cases)
   std::int64_t check_budget = std::int64_t{1} << 22;
