@@ -168,7 +168,7 @@ void measure_forward(ForwardTruth& f, const CaseData& data, const Fixture* fixtu
       kept[r] = -std::expm1(sink - f.truth.lse[r]);
     }
   }
-  const std::vector<double> model = probe_bounds(p, f.stats);
+  const std::vector<double> model = probe_bounds(data, f.stats, kept);
   // A row may also be as far from its value as k times the farthest plain
   // formulation on that row (sums whose rounding errors add up, such as many
   // equal weights).

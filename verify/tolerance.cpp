@@ -213,8 +213,12 @@ MeasuredJudgement judge_measured(const ErrorNorms& errors, const MeasuredLimit& 
   return j;
 }
 
-std::vector<double> probe_bounds(const Problem& p, const ReferenceStats& stats) {
+std::vector<double> probe_bounds(const CaseData& data, const ReferenceStats& stats, const std::vector<double>& kept) {
+  const Problem& p = data.problem;
   const double u = unit_roundoff(p.dtype), u_acc = accumulation_roundoff(p.dtype);
+  const double c = ToleranceConstants::safety_factor;
+  const double sqrt_d = std::sqrt(static_cast<double>(p.head_dim));
+  const double u_qk = (p.q_quant.quantised() ? u : 0.0) + (p.k_quant.quantised() ? u : 0.0);
   std::vector<double> bounds(stats.visible.size());
   for (std::size_t r = 0; r < bounds.size(); ++r) {
     const double n = static_cast<double>(stats.visible[r]);
@@ -225,6 +229,14 @@ std::vector<double> probe_bounds(const Problem& p, const ReferenceStats& stats) 
     const double repeats = r < stats.weight_repeats.size() ? stats.weight_repeats[r] : 0.0;
     const double growth = std::max(std::sqrt(std::max(n, 1.0)), repeats);
     bounds[r] = u + ToleranceConstants::probe_factor * (u * stats.weight_norm[r] + growth * u_acc);
+    if (kept.empty() || stats.visible[r] == 0) continue;
+    // The scores' error as the forward bound has it, with the sink's own
+    // magnitude beside the keys' (a kernel scales it as it scales them:
+    // log2(e) for exp2); seed 2 case 516: sinks near 108, an error 1.3x the
+    // bound without this term, on naive.
+    const double sink = data.sinks[(r / static_cast<std::size_t>(p.seq_q)) % static_cast<std::size_t>(p.heads_q)];
+    const double score_error = ((sqrt_d + 2.0) * u_acc + u_qk) * std::max(stats.score_magnitude[r], std::fabs(sink));
+    bounds[r] += c * weight_shift(score_error) * 2.0 * kept[r] * (1.0 - kept[r]);
   }
   return bounds;
 }

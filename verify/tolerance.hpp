@@ -141,8 +141,11 @@ double subnormal_allowance(DType dtype, double n);
 // identical terms whose rounding errors do not cancel: the accumulation
 // grows as the root of the sum of each distinct weight's count squared
 // (ReferenceStats::weight_repeats): n for a uniform row, root n for distinct
-// weights.
-std::vector<double> probe_bounds(const Problem& problem, const ReferenceStats& stats);
+// weights. With a sink (`kept`: per row, the share the visible keys keep
+// beside it; empty without sinks) the probe's value is no longer exact under
+// score errors: each moves weight between the keys and the sink, which hold
+// "values" 1 and 0, as the forward bound's spread term (2 kept (1 - kept)).
+std::vector<double> probe_bounds(const CaseData& data, const ReferenceStats& stats, const std::vector<double>& kept);
 
 // Errors (max and RMS) judged against a measured limit: the ratios, the
 // budget (1 = at the limit of either check) and, when over the limit, why
