@@ -29,6 +29,7 @@
 #include "verify/run_case.hpp"
 #include "verify/tolerance.hpp"
 #include "verify/recorded.hpp"
+#include "verify/quantised.hpp"
 #include "verify/verifier.hpp"
 
 using namespace attn;
@@ -1107,6 +1108,33 @@ TEST(Verifier, ScoreErrorsMoveTheProbesShareBesideASink) {
   EXPECT_EQ(judged, 3);
 }
 
+// Fuzz seed 10, case 212 (shrunk): bfloat16, a uint8 K with zero points and
+// a scale per pair of elements. A min/max quantiser maps each group's extremes
+// to codes 0 and 255, whose values land a float32 ulp from a bfloat16
+// midpoint; dequantised in float32 and cast (the CPU kernels, PyTorch's
+// usual path) they round outward (71 of the 72 that differ), where the direct rounding the
+// plain formulations used does not. blocked and streaming were 3.7x those
+// on the scale probe. The plain family now has the float32 path too.
+TEST(Verifier, DequantisingThroughFloat32IsAPlainFormulation) {
+  const fs::path file = fs::path(ATTN_SOURCE_DIR) / "tests" / "data" / "fuzz" / "seed10_case212_bf16_u8_zero_point_double_rounding.h5";
+  const Fixture f = read_fixture(file);
+  const CaseData direct = in_compute_dtype(f.data), through = in_compute_dtype(f.data, false, true);
+  std::size_t differ = 0, outward = 0;
+  for (std::size_t i = 0; i < direct.k.size(); ++i) {
+    if (direct.k[i] == through.k[i]) continue;
+    ++differ;
+    outward += std::fabs(through.k[i]) > std::fabs(direct.k[i]);
+  }
+  EXPECT_GT(differ, direct.k.size() / 100) << "far more often than double rounding's chance (2^-15)";
+  EXPECT_GT(outward * 10, differ * 9) << outward << " of " << differ << " outward";
+  VerifyOptions options;
+  options.invariance = options.relations = false;
+  const VerifySummary s = verify({file}, make_backends(std::vector<std::string>{"naive", "blocked", "streaming"}), options);
+  ASSERT_TRUE(s.input_errors.empty());
+  ASSERT_EQ(s.outcomes.size(), 3u);
+  for (const auto& o : s.outcomes) EXPECT_EQ(o.comparison.verdict, Verdict::pass) << o.backend << ": " << o.comparison.reason;
+}
+
 // Fuzz seed 2, case 322 (shrunk): a sink near 102 above every score, so the
 // plain float32 implementations' weights underflow and their bfloat16
 // results lean toward zero. naive, which rounds once from float64, leaned
@@ -1124,3 +1152,4 @@ TEST(Verifier, ABackendMoreAccurateThanUnderflowingBaselinesIsNotBiased) {
     EXPECT_EQ(o.comparison.reason.find("rounding bias"), std::string::npos) << o.comparison.reason;
   }
 }
+

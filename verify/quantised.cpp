@@ -7,13 +7,30 @@
 
 namespace attn {
 
-CaseData in_compute_dtype(const CaseData& data, bool descale_apart) {
+CaseData in_compute_dtype(const CaseData& data, bool descale_apart, bool through_float32) {
   CaseData plain = data;
   const DType dtype = data.problem.dtype;
   for (char t : {'q', 'k', 'v'}) {
     const QuantSpec& spec = data.problem.quant(t);
     if (!spec.quantised()) continue;
     std::vector<double>& x = plain.values(t);
+    if (through_float32) {
+      // (code - zero point) is exact in float32 and one product is one
+      // rounding: the float32 result is the exact value rounded to float32.
+      std::vector<double> base = x;
+      if (spec.descale != Descale::none) {
+        CaseData undescaled = data;
+        std::fill(undescaled.quant(t).descale.begin(), undescaled.quant(t).descale.end(), 1.0f);
+        undescaled.dequantise();
+        base = undescaled.values(t);
+      }
+      for (std::size_t i = 0; i < x.size(); ++i) {
+        double f = round_to_dtype(base[i], DType::f32);
+        if (spec.descale != Descale::none && base[i] != 0) f = round_to_dtype(f * (x[i] / base[i]), DType::f32);
+        x[i] = round_to_dtype(f, dtype);
+      }
+      continue;
+    }
     if (!descale_apart || spec.descale == Descale::none) {
       for (double& value : x) value = round_to_dtype(value, dtype);
       continue;
