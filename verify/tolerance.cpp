@@ -66,6 +66,21 @@ double subnormal_allowance(DType dtype, double n) {
   return n * spacing + flush;
 }
 
+std::vector<double> underflow_allowance(const Problem& p, const ReferenceStats& stats) {
+  std::vector<double> allowance(stats.weighted_abs_v.size(), 0.0);
+  if (stats.hull_lo.size() != allowance.size() || stats.hull_hi.size() != allowance.size() ||
+      stats.tiny_weighted_v.size() != allowance.size()) {
+    return allowance;
+  }
+  const auto width = static_cast<std::size_t>(std::max<std::int64_t>(p.head_dim_v, 1));
+  for (std::size_t e = 0; e < allowance.size(); ++e) {
+    const double n = static_cast<double>(stats.visible[e / width]);
+    const double v_max = std::max(std::fabs(stats.hull_lo[e]), std::fabs(stats.hull_hi[e]));
+    allowance[e] = std::min(stats.tiny_weighted_v[e], n * weight_underflow(p.dtype) * v_max);
+  }
+  return allowance;
+}
+
 Bounds derive_bounds(const Problem& p, const std::vector<double>& golden_out,
                      const std::vector<double>& golden_lse, const ReferenceStats& stats) {
   const double c = ToleranceConstants::safety_factor;
@@ -87,6 +102,7 @@ Bounds derive_bounds(const Problem& p, const std::vector<double>& golden_out,
   // its magnitude, and a weighted sum of values by u_v of sum p |v|.
   const double u_qk = (p.q_quant.quantised() ? u : 0.0) + (p.k_quant.quantised() ? u : 0.0);
   const double u_v = p.v_quant.quantised() ? u : 0.0;
+  const std::vector<double> underflowed_out = underflow_allowance(p, stats);
   for (std::int64_t row = 0; row < p.rows(); ++row) {
     const auto r = static_cast<std::size_t>(row);
     const double n = static_cast<double>(stats.visible[r]);
@@ -102,11 +118,7 @@ Bounds derive_bounds(const Problem& p, const std::vector<double>& golden_out,
       const double spread_v = stats.weighted_dev_v[e];     // sum_j p_j |v_j - out|
       // Underflowed weights: each loses at most its spacing and at most itself,
       // so all together at most sum_j min(p_j, spacing) |v_j|.
-      double underflowed = 0;
-      if (hull && e < stats.tiny_weighted_v.size()) {
-        const double v_max = std::max(std::fabs(stats.hull_lo[e]), std::fabs(stats.hull_hi[e]));
-        underflowed = std::min(stats.tiny_weighted_v[e], n * weight_underflow(p.dtype) * v_max);
-      }
+      const double underflowed = underflowed_out[e];
       const double rounding = c * (u * out                  // rounding out to dtype
                                    + (u + u_v) * weighted_v  // P (and dequantised V) rounded to dtype before P V
                                    + sum_error * weighted_v)  // accumulating P V and the denominator

@@ -136,6 +136,14 @@ std::vector<double> forward_floor_magnitude(const Problem& p, const ReferenceSta
 // bfloat16 the smallest normal (its hardware flushes subnormals).
 double subnormal_allowance(DType dtype, double n);
 
+// Per out element: what the row's weights below the dtype's normal range
+// may lose, all together at most sum_j min(p_j, smallest normal) |v_j| (0
+// without the reference's hull and tiny-weight statistics). The forward
+// bound carries it, and so does the measured bound's floor: a kernel whose
+// running max includes a sink far above the scores flushes such weights
+// where a plain one that divides last keeps a few bits.
+std::vector<double> underflow_allowance(const Problem& p, const ReferenceStats& stats);
+
 // Per row: how far from 1 (or from the share the visible keys keep beside a
 // sink) a visible row of the normalisation probe may be. Equal weights sum
 // identical terms whose rounding errors do not cancel: the accumulation
