@@ -977,7 +977,9 @@ TEST(Verifier, ABatchOfThousandsOfEntriesRunsOnlyItsFirstSixteenAlone) {
 // near 1e-4 beside a large sink, and its backward's D = dO . O; float32
 // products of weights near e^-82 and values near 1e-3). The relation holds
 // within the bound there, and is not judged bit for bit, so the backends
-// that declare their relations bitwise PASS.
+// that declare their relations bitwise PASS. (The float32 case's weights are
+// all below float32's normal range, where flushing them is correct: its
+// golden rows prove little, MISTRUSTED, never FAIL.)
 TEST(Verifier, ScaledResultsAmongTheSubnormalsAreNotJudgedBitForBit) {
   const fs::path data = fs::path(ATTN_SOURCE_DIR) / "tests" / "data" / "fuzz";
   VerifyOptions options;
@@ -989,7 +991,11 @@ TEST(Verifier, ScaledResultsAmongTheSubnormalsAreNotJudgedBitForBit) {
   int holds = 0;
   for (const auto& o : s.outcomes) {
     SCOPED_TRACE(o.backend + " " + o.fixture + " " + o.check + " " + std::string(direction_name(o.direction)));
-    EXPECT_EQ(o.comparison.verdict, Verdict::pass) << o.comparison.reason;
+    if (o.check.empty() && o.fixture.find("s3_c106") != std::string::npos && o.direction == Direction::forward) {
+      EXPECT_EQ(o.comparison.verdict, Verdict::mistrusted) << o.comparison.reason;
+    } else {
+      EXPECT_EQ(o.comparison.verdict, Verdict::pass) << o.comparison.reason;
+    }
     if (o.check.find("v_scale") != std::string::npos && o.comparison.reason.find("none is compared bit for bit") != std::string::npos) ++holds;
   }
   EXPECT_EQ(holds, 3 * 2);  // s2: the backward, s3: the forward, each for three backends
