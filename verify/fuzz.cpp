@@ -603,10 +603,10 @@ VerifyOptions options_of(const FuzzCase& c, const std::string* only = nullptr) {
                            64 * 16 * p.heads_q * width;
   options.check_budget = std::max(own, std::int64_t{1} << 18);
   // Two relations forward and one backward a case, chosen by the case's
-  // name (a shrink keeps its relations): seven a case would be 40% of a
-  // backend's fuzzing time (measured on the mutant catalogue, where every
-  // mutant was found at the same case without any), and over many cases each
-  // relation is judged on every kind of case.
+  // name (a shrink keeps its relations): seven a case were a third of the
+  // mutant catalogue's time, where every mutant was found at the same case
+  // without any (docs/results/2026-12-05-layer-widths-plugins-fuzz-amd-epyc.md),
+  // and over many cases each relation is judged on every kind of case.
   std::uint64_t hash = 14695981039346656037ull;  // FNV-1a: the same on every machine
   for (const char ch : c.spec.name) hash = (hash ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
   const unsigned first = static_cast<unsigned>((hash >> 32) % 7), second = (first + 1 + static_cast<unsigned>((hash >> 40) % 6)) % 7;
