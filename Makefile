@@ -7,6 +7,7 @@
 #   make asan      the tests again under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make coverage  line and branch coverage of impls/ and reference/ by make verify's run (scripts/coverage)
 #   make fixtures  regenerate fixtures/golden from the case list
+#   make fuzz-long the fuzzer as a gate: FUZZ_SEEDS x FUZZ_CASES over every CPU backend, forward and backward
 BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
@@ -16,7 +17,7 @@ export OPENBLAS_CORETYPE ?= Haswell
 # mutant tests (tests/mutants) read this line.
 VERIFY_ARGS ?= --threads 1,8 --layout bhsd,bshd
 
-.PHONY: all deps configure build verify test test-full test-fast docs asan coverage fuzz-targets fuzz-short fixtures clean
+.PHONY: all deps configure build verify test test-full test-fast docs asan coverage fuzz-targets fuzz-short fuzz-long fixtures clean
 
 all: build
 
@@ -76,6 +77,22 @@ fuzz-targets:
 FUZZ_SECONDS ?= 20
 fuzz-short: fuzz-targets
 	@FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/fuzz-short build-fuzz/fuzz
+
+# Every seed of FUZZ_SEEDS, FUZZ_CASES cases each, over every CPU backend
+# (a nightly job's gate: a few minutes a seed on two cores); each failure is
+# shrunk into $(BUILD)/fuzz-long/seed<S>/ with the command that reproduces
+# it. Exit 1 when any seed found one, after running them all.
+FUZZ_SEEDS ?= 1 2 3 4 5 6 7 8 9 10
+FUZZ_CASES ?= 2000
+FUZZ_BACKENDS ?= naive,blocked,streaming,openblas,onednn
+fuzz-long: build
+	@status=0; for seed in $(FUZZ_SEEDS); do \
+	  echo "fuzz-long: seed $$seed, $(FUZZ_CASES) cases, $(FUZZ_BACKENDS)"; \
+	  mkdir -p $(BUILD)/fuzz-long; log=$(BUILD)/fuzz-long/seed$$seed.log; \
+	  $(BUILD)/bin/attn fuzz --seed $$seed --cases $(FUZZ_CASES) -b $(FUZZ_BACKENDS) \
+	    --out $(BUILD)/fuzz-long/seed$$seed > $$log 2>&1 || status=1; \
+	  grep -v ' cases, ' $$log | tail -n 12; \
+	done; exit $$status
 
 fixtures: build
 	rm -rf fixtures/golden

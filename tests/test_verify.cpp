@@ -1163,6 +1163,30 @@ TEST(Verifier, UnderflowedWeightsAreInTheMeasuredBoundsFloor) {
   }
 }
 
+// Fuzz seed 920300 (make test's rotating seed), case 4 (shrunk): float64,
+// q and k near 1e-310 (every score 0) beside a sink near 2.7: the
+// denominator sums 1928 equal weights, whose roundings do not cancel, and
+// naive's lse was 50 ulp off against a root-n bound. The lse bound now grows
+// as the root of each distinct weight's count squared, as the probe's.
+TEST(Verifier, TheLseOfARowOfEqualWeightsGrowsAsTheirCount) {
+  const fs::path file = fs::path(ATTN_SOURCE_DIR) / "tests" / "data" / "fuzz" / "seed920300_case4_f64_sink_over_equal_scores_lse.h5";
+  const Fixture f = read_fixture(file);
+  ReferenceStats stats;
+  reference_attention(f.data, &stats);
+  ASSERT_FALSE(stats.weight_repeats.empty());
+  EXPECT_GT(stats.weight_repeats[0], 1000.0);  // n, not root n: every weight equal
+  VerifyOptions options;
+  options.invariance = options.relations = false;
+  const VerifySummary s = verify({file}, make_backends(std::vector<std::string>{"naive", "blocked", "streaming"}), options);
+  ASSERT_TRUE(s.input_errors.empty());
+  int lse_judged = 0;
+  for (const auto& o : s.outcomes) {
+    EXPECT_NE(o.comparison.verdict, Verdict::fail) << o.backend << ": " << o.comparison.reason;
+    lse_judged += o.comparison.tensor("lse") != nullptr;
+  }
+  EXPECT_GE(lse_judged, 1);
+}
+
 // Fuzz seed 2, case 322 (shrunk): a sink near 102 above every score, so the
 // plain float32 implementations' weights underflow and their bfloat16
 // results lean toward zero. naive, which rounds once from float64, leaned
