@@ -389,9 +389,8 @@ static int32_t layer_backward(void* user, const attn_problem* p, const attn_laye
             dkj[d] += p->scale * ds_score * qi[d];
           }
           for (int64_t d = 0; d < p->head_dim_v; ++d) dvj[d] += pj * d_oi[d];
-          if (g->dbias) {
-            int64_t st[4];
-            broadcast_strides(&p->bias, p->seq_k, st);
+          if (g->dbias) { /* summed over the bias's broadcast axes: its strides, 0 there */
+            const int64_t* st = s.io.bias.strides;
             g->dbias[b * st[0] + h * st[1] + i * st[2] + j] += ds;
           }
         }
