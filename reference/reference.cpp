@@ -247,7 +247,7 @@ void compute_row(const CaseData& data, std::int64_t b, std::int64_t h, std::int6
       stats->hull_hi[static_cast<std::size_t>(out_base + d)] = hi;
       CompensatedSum abs_v, dev_v, tiny_v;
       const double scaled_out = std::ldexp(out, -shift);
-      const double tiny = 0x1p-14 * total;  // an unnormalised weight below it is p_ij < 2^-14
+      const double tiny = smallest_kept_weight(p.dtype) * total;  // an unnormalised weight below it is p_ij below that
       for (std::size_t n = 0; n < visible_keys.size(); ++n) {
         const double v = column(n);
         abs_v.add(scores[n] * std::fabs(v));
@@ -302,6 +302,16 @@ void reference_row_view(const CaseData& data, std::int64_t b, std::int64_t h, st
 
 double reference_score(const CaseData& data, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) {
   return score(data, place(data, b, h, i), j, nullptr);
+}
+
+double smallest_kept_weight(DType dtype) {
+  switch (dtype) {
+    case DType::f16: return 0x1p-14;
+    case DType::f32:
+    case DType::bf16: return 0x1p-126;
+    case DType::f64: return 0x1p-1022;
+  }
+  return 0x1p-14;
 }
 
 double reference_added_magnitude(const CaseData& data, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) {

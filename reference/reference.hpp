@@ -27,8 +27,10 @@ struct ReferenceStats {
   // value): no correct output leaves it, whatever its scores. [0, 0] for a
   // row with no visible key.
   std::vector<double> hull_lo, hull_hi;
-  // Per out element: sum_j p_ij |v_jd| over the weights below 2^-14 (float16's
-  // smallest normal, the largest of any dtype): those a dtype can underflow.
+  // Per out element: sum_j p_ij |v_jd| over the weights below the dtype's
+  // smallest normal (smallest_kept_weight): those its kernels may underflow.
+  // (A weight above it keeps its relative precision, so counting it here
+  // would let every weight near e^-80 beside a sink lose 2^-126 |v|.)
   std::vector<double> tiny_weighted_v;
   std::vector<double> added_magnitude; // per row: max over visible j of |ALiBi_ij| + |bias_ij| (what is added to scale q.k)
   // Per row: sqrt(sum over the distinct weights of their count^2), weights
@@ -81,5 +83,9 @@ std::vector<double> reference_weights(const CaseData& data, std::int64_t b, std:
 // Computes out and lse; fills `stats` when given. Uses up to `threads` threads
 // (0: all cores); the result does not depend on the thread count.
 ReferenceResult reference_attention(const CaseData& data, ReferenceStats* stats = nullptr, int threads = 0);
+
+// The smallest normal of the dtype's weights (float16's 2^-14; float32's and
+// bfloat16's 2^-126; float64's 2^-1022): a weight below it may underflow.
+double smallest_kept_weight(DType dtype);
 
 }  // namespace attn

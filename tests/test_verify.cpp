@@ -237,6 +237,29 @@ TEST(Tolerance, UnderflowedWeightsAreAllowedWhatTheyCarry) {
   EXPECT_LT(derive_bounds(data.problem, small.out, small.lse, stats).out[0], 1e-40);
 }
 
+// Weights near e^-83 beside a sink are float32 normals: they keep their
+// relative precision, so the bound allows them no underflow. Counted as
+// underflowable (every weight below 2^-14, as the allowance once did), each
+// of 70 keys was allowed 2^-126 |v| with |v| near 1e37: a bound 10x the
+// output, and backward/huge_v_rescue_f32's dsinks proved nothing.
+TEST(Tolerance, NormalWeightsBesideASinkAreAllowedNoUnderflow) {
+  CaseData data;
+  data.problem = Problem::parse("dtype=f32,b=1,hq=1,hkv=1,sq=1,sk=70,d=1,dv=1,scale=1,sinks");
+  data.q = {0};
+  data.k.assign(70, 0.0);
+  for (int j = 0; j < 70; ++j) data.v.push_back(j % 2 ? 1e37 : -0.5e37);
+  data.sinks = {83.0};
+  ReferenceStats stats;
+  const ReferenceResult r = reference_attention(data, &stats);
+  ASSERT_GT(std::fabs(r.out[0]), 1.0);  // 35 (e^-83 1e37 - e^-83 0.5e37): far above float32's underflow
+  EXPECT_EQ(stats.tiny_weighted_v[0], 0.0);
+  EXPECT_LT(derive_bounds(data.problem, r.out, r.lse, stats).out[0], 1e-3 * std::fabs(r.out[0]));
+  data.problem.dtype = DType::f16;  // float16's weights underflow below 2^-14: every one of these
+  ReferenceStats f16;
+  reference_attention(data, &f16);
+  EXPECT_GT(f16.tiny_weighted_v[0], 0.0);
+}
+
 TEST(Tolerance, BoundsFollowPrecisionAndRowLength) {
   Problem problem = Problem::parse("dtype=f32,b=1,hq=1,hkv=1,sq=2,sk=3,d=64,dv=1");
   ReferenceStats stats{{1.0, 1.0}, {0.5, 0.5}, {4.0, 4.0}, {10, 1000}, {0.5, 0.1}};
@@ -1148,6 +1171,30 @@ TEST(Verifier, DequantisingThroughFloat32IsAPlainFormulation) {
 // them (limit 8x): the measured bound's floor now has the underflowed
 // weights' allowance the a-priori bound has, and the case proves little
 // (MISTRUSTED), for every backend.
+// Fuzz seed 3, case 1558 (shrunk): float32, a sink near 90 above scores
+// near 1, V near 1e37: every weight is e^-89 and dP near 1e36, so dS is a
+// weight whose score was rounded at its distance from the sink (any float32
+// backward rounds s - sink or s - lse there, 64 roundoffs). With three keys
+// the plain backwards were lucky: blocked, streaming and openblas were 4.5x
+// them on dK. The measured floor now carries that distance as it carries a
+// bias's size.
+TEST(Verifier, AScoresDistanceFromTheSinkIsInTheGradientsMeasuredFloor) {
+  const fs::path file = fs::path(ATTN_SOURCE_DIR) / "tests" / "data" / "fuzz" / "seed3_case1558_f32_sink_distance_scores.h5";
+  VerifyOptions options;
+  options.invariance = options.relations = false;
+  options.forward = false;
+  const VerifySummary s = verify({file}, make_backends(std::vector<std::string>{"blocked", "streaming", "openblas"}), options);
+  ASSERT_TRUE(s.input_errors.empty());
+  ASSERT_EQ(s.outcomes.size(), 3u);
+  for (const auto& o : s.outcomes) {
+    EXPECT_EQ(o.comparison.verdict, Verdict::pass) << o.backend << ": " << o.comparison.reason;
+    const TensorScore* dk = o.comparison.tensor("dk");
+    ASSERT_NE(dk, nullptr) << o.backend;
+    ASSERT_TRUE(dk->measured) << o.backend;
+    EXPECT_GT(dk->measured->over_rms, 0.1) << o.backend << ": the floor, not a loose bound, is what passes it";
+  }
+}
+
 TEST(Verifier, UnderflowedWeightsAreInTheMeasuredBoundsFloor) {
   const fs::path file = fs::path(ATTN_SOURCE_DIR) / "tests" / "data" / "fuzz" / "seed9_case1753_f32_sink_underflowed_weights.h5";
   VerifyOptions options;

@@ -85,7 +85,12 @@ class GradientErrorModel final : public BackwardObserver {
       // Any float formulation rounds the score at the size of the bias and
       // ALiBi it adds: P moves by that many roundoffs relative, and dS, dQ,
       // dK, dV, dbias with it (a bias of -1000 puts it in the thousands).
-      const double moved = key.p * reference_added_magnitude(data_, r.b, r.h, r.i, key.j);
+      // A sink is no lattice value: every formulation subtracts it (as the
+      // row's max or inside lse) from the score, which rounds at their
+      // distance |s_j - sink| = |log(p_j / p_sink)| (a sink near 90 above
+      // scores near 1: P_j off by 64 roundoffs in any float32 backward).
+      const double sink_distance = r.p_sink > 0 && key.p > 0 ? std::fabs(std::log(key.p / r.p_sink)) : 0.0;
+      const double moved = key.p * (reference_added_magnitude(data_, r.b, r.h, r.i, key.j) + sink_distance);
       const double moved_x = scale * moved * std::fabs(key.gap) * slope;
       for (std::int64_t d = 0; d < d_qk; ++d) {
         const auto e = static_cast<std::size_t>(r.row * d_qk + d), at = key.k_at + static_cast<std::size_t>(d);

@@ -133,17 +133,15 @@ class FlashBackwardPlan final : public BackwardPlan {
 
   // Every gradient is linear in dO: a pass whose float32 sums overflowed (V
   // near float32's largest, a true gradient still finite) is redone with dO
-  // scaled down by 2^shift and the results scaled back, as the forward redoes
-  // a tile with its weights scaled down.
+  // scaled down and P up (GradientPass), as the forward redoes a tile with
+  // its weights scaled down.
   void run() override {
-    shift_ = 0;
-    overflowed_ = false;
-    pass();
-    if (overflowed_) {
-      shift_ = gradient_overflow_shift(p_, io_);
+    run_gradient_passes(p_, io_, [&](const GradientPass& pass) {
+      pass_ = pass;
       overflowed_ = false;
-      pass();
-    }
+      this->pass();
+      return overflowed_.load();
+    });
   }
 
  private:
@@ -162,7 +160,7 @@ class FlashBackwardPlan final : public BackwardPlan {
       });
     }
     pool.parallel_for(units_, [&](std::int64_t unit, int) { write_dq(unit); });
-    if (with_dbias_ && !store_dbias(p_, io_.dbias, dbias_, shift_)) overflowed_ = true;
+    if (with_dbias_ && !store_dbias(p_, io_.dbias, dbias_, pass_.result_shift())) overflowed_ = true;
     if (io_.dsinks) write_dsinks();
   }
 
@@ -187,8 +185,8 @@ class FlashBackwardPlan final : public BackwardPlan {
         }
         float* dout = dout_.data() + at * g_.dv_pad;
         read_row(io_.dout, io_.dout.offset(b, h, i, 0), p_.head_dim_v, dout);
-        if (shift_ > 0) {
-          for (std::int64_t c = 0; c < p_.head_dim_v; ++c) dout[c] = std::ldexp(dout[c], -shift_);
+        if (pass_.dout_shift > 0) {
+          for (std::int64_t c = 0; c < p_.head_dim_v; ++c) dout[c] = std::ldexp(dout[c], -pass_.dout_shift);
         }
         if (bf16_) {  // exact: the case is bfloat16 (dO scaled by a power of two)
           bf16* qb = qb_.data() + at * qpairs_ * 2;
@@ -339,15 +337,18 @@ class FlashBackwardPlan final : public BackwardPlan {
       else kernels_.qk_f32(qs, rows, d_pad_, w.kt.data(), w.s.data(), w.row_max.data(), kKeyBlock);
       if (p_.softcap != 0) std::copy_n(w.s.begin(), rows * kKeyBlock, w.raw.begin());
       finish_scores(p_, g_, f, kernels_, t, j0, w.s.data(), w.row_max.data(), true);
-      for (std::int64_t r = 0; r < rows; ++r) probabilities_from_lse(kernels_, w.s.data() + r * kKeyBlock, kKeyBlock, lse_hi[r], lse_lo[r]);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        probabilities_from_lse(kernels_, w.s.data() + r * kKeyBlock, kKeyBlock, lse_hi[r], lse_lo[r], pass_.weight_lift);
+      }
       // dP = dO V^T, then dS = P (dP - D) in place of dP, times scale and the
       // softcap's slope 1 - tanh^2 (what Q K^T is multiplied by).
       kernels_.qk_f32(dout, rows, g_.dv_pad, w.vt.data(), w.dp.data(), w.row_max.data(), kKeyBlock);
       scores_to_ds(t, rows, j0, keys, delta, w);
       float32_products(unit, t, keys, partial, w);
     }
-    if (!store_rows(io_.dk, b, kv_head, j0, w.dk.data(), keys, p_.head_dim, d_pad_, shift_)) overflowed_ = true;
-    if (!store_rows(io_.dv, b, kv_head, j0, w.dv.data(), keys, p_.head_dim_v, g_.dv_pad, shift_)) overflowed_ = true;
+    const int shift = pass_.result_shift();
+    if (!store_rows(io_.dk, b, kv_head, j0, w.dk.data(), keys, p_.head_dim, d_pad_, shift)) overflowed_ = true;
+    if (!store_rows(io_.dv, b, kv_head, j0, w.dv.data(), keys, p_.head_dim_v, g_.dv_pad, shift)) overflowed_ = true;
   }
 
   // One tile against one key block in bfloat16 pairs: S = Q K^T and dP = dO
@@ -367,7 +368,7 @@ class FlashBackwardPlan final : public BackwardPlan {
     finish_scores(p_, g_, io_.forward, kernels_, t, j0, w.s.data(), w.row_max.data(), false);
     bool tiny = false;
     for (std::int64_t r = 0; r < rows; ++r) {
-      tiny |= probabilities_from_lse(kernels_, w.s.data() + r * kKeyBlock, kKeyBlock, lse_hi[r], lse_lo[r]);
+      tiny |= probabilities_from_lse(kernels_, w.s.data() + r * kKeyBlock, kKeyBlock, lse_hi[r], lse_lo[r], pass_.weight_lift);
     }
     kernels_.qk_bf16(dob, rows, vpairs_, w.vp.data(), w.dp.data(), nullptr, kKeyBlock);
     // bfloat16 dot products read a subnormal input as 0: a tile whose P or
@@ -454,13 +455,14 @@ class FlashBackwardPlan final : public BackwardPlan {
   void write_dq(std::int64_t unit) {
     const std::int64_t b = unit / p_.heads_kv, kv_head = unit % p_.heads_kv;
     const float* partials = partial_.data() + unit * chunks_ * rows_ * d_pad_;
+    const int shift = pass_.result_shift();  // dQ is summed from dS
     for (std::int64_t r = 0; r < rows_; ++r) {
       const std::int64_t h = kv_head * g_.group + r % g_.group, i = r / g_.group;
       for (std::int64_t d = 0; d < p_.head_dim; ++d) {
         float sum = 0;
         for (std::int64_t c = 0; c < chunks_; ++c) sum += partials[(c * rows_ + r) * d_pad_ + d];
         if (!std::isfinite(sum)) overflowed_ = true;
-        store_float(io_.dq, io_.dq.offset(b, h, i, d), shift_ == 0 ? sum : std::ldexp(sum, shift_));
+        store_float(io_.dq, io_.dq.offset(b, h, i, d), shift == 0 ? sum : std::ldexp(sum, shift));
       }
     }
   }
@@ -478,7 +480,7 @@ class FlashBackwardPlan final : public BackwardPlan {
           sum += std::exp(sink - lse) * delta64_[size(at)];
         }
       }
-      io_.dsinks[h] = -std::ldexp(sum, shift_);
+      io_.dsinks[h] = -std::ldexp(sum, pass_.dout_shift);  // D's dO was scaled, P_sink never lifted
     }
   }
 
@@ -495,7 +497,7 @@ class FlashBackwardPlan final : public BackwardPlan {
   LineVector<bf16> qb_, dob_;              // Q and dO in bfloat16 [rows][pairs * 2]
   LineVector<bf16> row_pairs_q_, row_pairs_dout_;  // per tile and 64-row chunk: [32][width][2]
   std::int64_t chunks_per_tile_ = 1;
-  int shift_ = 0;                          // dO scaled by 2^-shift_ in this pass
+  GradientPass pass_;                      // this pass's scaling of dO and P
   std::atomic<bool> overflowed_{false};    // a result of this pass is not finite
   LineVector<float> qs_, qn_, dout_, delta_, lse_hi_, lse_lo_, partial_;
   std::vector<double> dbias_, delta64_;  // D in float64 for dsinks

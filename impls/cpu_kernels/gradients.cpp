@@ -19,7 +19,7 @@ void split_lse2(double lse, float& hi, float& lo) {
   lo = std::isfinite(lse2) ? static_cast<float>(lse2 - static_cast<double>(hi)) : 0.0f;
 }
 
-bool probabilities_from_lse(const Kernels& kernels, float* s, std::int64_t n, float hi, float lo) {
+bool probabilities_from_lse(const Kernels& kernels, float* s, std::int64_t n, float hi, float lo, int lift) {
   if (hi == kNegInf) {  // no visible key
     std::fill_n(s, n, 0.0f);
     return false;
@@ -29,19 +29,20 @@ bool probabilities_from_lse(const Kernels& kernels, float* s, std::int64_t n, fl
   float lowest = 0.0f;
   for (std::int64_t j = 0; j < n; ++j) {
     s[j] -= hi;
-    lowest = std::min(lowest, s[j] > -151.0f ? s[j] : 0.0f);
+    lowest = std::min(lowest, s[j] > -151.0f - static_cast<float>(lift) ? s[j] : 0.0f);
   }
-  if (lowest < -125.0f) {
+  if (lift > 0 || lowest < -125.0f) {
+    const double shift = static_cast<double>(lift) - static_cast<double>(lo);
     for (std::int64_t j = 0; j < n; ++j) {
-      s[j] = s[j] == kNegInf ? 0.0f : static_cast<float>(std::exp2(static_cast<double>(s[j]) - static_cast<double>(lo)));
+      s[j] = s[j] == kNegInf ? 0.0f : static_cast<float>(std::exp2(static_cast<double>(s[j]) + shift));
     }
-    return true;
+    return lowest + static_cast<float>(lift) < -125.0f;
   }
   kernels.exp2_sum(s, n, 1.0f, lo, 0);
   return false;
 }
 
-int gradient_overflow_shift(const Problem& p, const BackwardIO& io) {
+GradientShifts gradient_overflow_shifts(const Problem& p, const BackwardIO& io) {
   auto max_abs = [](const TensorView& v) {
     double m = 0;
     for (std::int64_t b = 0; b < v.shape[0]; ++b)
@@ -54,7 +55,9 @@ int gradient_overflow_shift(const Problem& p, const BackwardIO& io) {
   const double rows = static_cast<double>(p.seq_q * p.group_size()), scale = std::fabs(p.scale);
   const double a = dout * v * static_cast<double>(p.head_dim_v);
   const double largest = 2.0 * a * std::max({1.0, scale * k, scale * q * rows}) + dout * rows;
-  return std::clamp(static_cast<int>(std::ceil(std::log2(std::max(largest, 1.0)))) - 120, 1, 250);
+  // 2^120: room for a dropout's 1 / (1 - p) and the sums' last roundings.
+  auto shift = [](double x) { return std::clamp(static_cast<int>(std::ceil(std::log2(std::max(x, 1.0)))) - 120, 1, 250); };
+  return {shift(2.0 * a), shift(largest)};
 }
 
 std::int64_t dbias_row(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t i) {

@@ -17,20 +17,50 @@ struct Kernels;
 // near the row's largest scores, so P keeps its bits however large |lse| is;
 // a row holding a weight below 2^-126, which the fast exp2 may flush, is done
 // exactly (such a P is a gradient term of its own). hi = -inf: P = 0.
-// Returns whether the row holds such a weight (a bfloat16 dot product, which
-// treats subnormal inputs as 0, must not be fed it).
-bool probabilities_from_lse(const Kernels& kernels, float* s, std::int64_t n, float hi, float lo);
+// `lift` > 0: P times 2^lift, every row done exactly (a rescue pass's
+// weights, GradientPass). Returns whether the row holds a weight (lifted)
+// below 2^-126 (a bfloat16 dot product, which treats subnormal inputs as 0,
+// must not be fed it).
+bool probabilities_from_lse(const Kernels& kernels, float* s, std::int64_t n, float hi, float lo, int lift = 0);
 void split_lse2(double lse, float& hi, float& lo);  // natural-log lse -> log2 units, hi + lo
 
 // Every gradient is linear in dO: when a pass's float32 sums overflow (V near
 // float32's largest, the true gradients finite), the backwards redo it with
-// dO scaled by 2^-shift and the results scaled back. The smallest shift under
-// which nothing can overflow, from the largest |dO|, |V|, |Q|, |K|: |dP| and
-// |D| are at most a = max|dO| max|V| head_dim_v and sum_j |dS_ij| at most 2a,
-// so |dQ| <= 2a scale max|K|, |dK| <= 2a scale max|Q| rows, |dV| <= max|dO| rows.
-// The shift of a dense problem's backward, from the largest |dO|, |V|, |Q|,
-// |K| in its views (read only when a pass overflowed).
-int gradient_overflow_shift(const Problem& p, const BackwardIO& io);
+// dO scaled by 2^-dout_shift, so dP = dO V^T and D = dO . O fit. With
+// weight_lift = dout_shift, P is scaled up by as much (exact: a power of two
+// of weights at most 1), so dS = P (dP - D), dV = P^T dO and everything
+// summed from them keep their true size: a weight e^-80 times dO stays out of
+// float32's subnormals, where scaling the results back would multiply their
+// lost bits (dV off by 3e-4 relative, fuzz seed 4 case 1810). Only when a
+// true dS or its sums overflow too is weight_lift 0 and every result scaled
+// back by 2^dout_shift.
+struct GradientPass {
+  int dout_shift = 0;
+  int weight_lift = 0;
+  int result_shift() const { return dout_shift - weight_lift; }  // of what is summed from lifted P
+};
+
+// The rescue passes' shifts from the largest |dO|, |V|, |Q|, |K| in the
+// views (read only when a pass overflowed): |dP| and |D| are at most a =
+// max|dO| max|V| head_dim_v and sum_j |dS_ij| at most 2a, so |dQ| <= 2a scale
+// max|K|, |dK| <= 2a scale max|Q| rows, |dV| <= max|dO| rows. `scores`: the
+// smallest under which dP and D fit; `all`: under which nothing can overflow.
+struct GradientShifts {
+  int scores = 0, all = 0;
+};
+GradientShifts gradient_overflow_shifts(const Problem& p, const BackwardIO& io);
+
+// Runs `pass(GradientPass) -> bool overflowed` as is, then, when it
+// overflowed, with dO down and P up by the scores' shift, then, when that
+// overflowed too, with every result scaled back.
+template <class Pass>
+void run_gradient_passes(const Problem& p, const BackwardIO& io, Pass&& pass) {
+  if (!pass(GradientPass{})) return;
+  const GradientShifts shifts = gradient_overflow_shifts(p, io);
+  constexpr int kLargestLift = 100;  // lifted weights stay far below float32's largest
+  if (shifts.scores <= kLargestLift && !pass(GradientPass{shifts.scores, shifts.scores})) return;
+  pass(GradientPass{shifts.all, 0});
+}
 
 // Where row (b, h, i)'s keys start in dbias sums kept in the bias's stored
 // shape, canonical [bb][bh][bq][seq_k] (a broadcast axis gives index 0).

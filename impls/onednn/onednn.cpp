@@ -283,16 +283,18 @@ class OneDnnBackwardPlan final : public BackwardPlan {
     }
   }
 
+  // dO scaled down and the pass redone where it overflowed (impls/cpu_kernels/gradients.hpp).
+  // Softmax's backward primitive sums D from the P it is given, so only dV's
+  // P is lifted: dV keeps its true size, dS and what is summed from it are
+  // scaled back.
   void run() override {
     omp_set_num_threads(threads_);
-    shift_ = 0;
-    overflowed_ = false;
-    pass();
-    if (overflowed_) {
-      shift_ = cpu::gradient_overflow_shift(p_, io_);
+    cpu::run_gradient_passes(p_, io_, [&](const cpu::GradientPass& pass) {
+      pass_ = pass;
       overflowed_ = false;
-      pass();
-    }
+      this->pass();
+      return overflowed_;
+    });
   }
 
  private:
@@ -346,17 +348,21 @@ class OneDnnBackwardPlan final : public BackwardPlan {
         std::fill(dk_.begin(), dk_.end(), 0.0f);
         std::fill(dv_.begin(), dv_.end(), 0.0f);
         for (std::int64_t h = g * p_.group_size(); h < (g + 1) * p_.group_size(); ++h) head(b, h);
-        if (!cpu::store_rows(io_.dk, b, g, 0, dk_.data(), p_.seq_k, p_.head_dim, p_.head_dim, shift_)) overflowed_ = true;
-        if (!cpu::store_rows(io_.dv, b, g, 0, dv_.data(), p_.seq_k, p_.head_dim_v, p_.head_dim_v, shift_)) overflowed_ = true;
+        if (!cpu::store_rows(io_.dk, b, g, 0, dk_.data(), p_.seq_k, p_.head_dim, p_.head_dim, pass_.dout_shift)) overflowed_ = true;
+        if (!cpu::store_rows(io_.dv, b, g, 0, dv_.data(), p_.seq_k, p_.head_dim_v, p_.head_dim_v, pass_.result_shift())) {
+          overflowed_ = true;
+        }
       }
     }
-    if (!dbias_.empty() && !cpu::store_dbias(p_, io_.dbias, dbias_, shift_)) overflowed_ = true;
+    if (!dbias_.empty() && !cpu::store_dbias(p_, io_.dbias, dbias_, pass_.dout_shift)) overflowed_ = true;
   }
 
   void head(std::int64_t b, std::int64_t h) {
     widen_rows(io_.forward.q, b, h, p_.seq_q, p_.head_dim, q_.data());
     widen_rows(io_.dout, b, h, p_.seq_q, p_.head_dim_v, dout_.data());
-    if (shift_ > 0) std::transform(dout_.begin(), dout_.end(), dout_.begin(), [&](float x) { return std::ldexp(x, -shift_); });
+    if (pass_.dout_shift > 0) {
+      std::transform(dout_.begin(), dout_.end(), dout_.begin(), [&](float x) { return std::ldexp(x, -pass_.dout_shift); });
+    }
     for (std::int64_t i0 = 0; i0 < p_.seq_q; i0 += kRowBlock) {
       const std::int64_t rows = std::min(kRowBlock, p_.seq_q - i0);
       if (p_.seq_k == 0) {
@@ -364,7 +370,7 @@ class OneDnnBackwardPlan final : public BackwardPlan {
       } else {
         block(b, h, i0, rows);
       }
-      if (!cpu::store_rows(io_.dq, b, h, i0, dq_.data(), rows, p_.head_dim, p_.head_dim, shift_)) overflowed_ = true;
+      if (!cpu::store_rows(io_.dq, b, h, i0, dq_.data(), rows, p_.head_dim, p_.head_dim, pass_.dout_shift)) overflowed_ = true;
     }
   }
 
@@ -421,6 +427,10 @@ class OneDnnBackwardPlan final : public BackwardPlan {
       stream_.wait();
     });
     const float scale = static_cast<float>(p_.scale);
+    if (pass_.weight_lift > 0) {  // exact: weights at most 1 times a power of two
+      const float lift = std::ldexp(1.0f, pass_.weight_lift);
+      for (std::int64_t e = 0; e < rows * n; ++e) prob_[static_cast<std::size_t>(e)] *= lift;
+    }
     for (std::int64_t r = 0; r < rows; ++r) {
       float* ds = ds_.data() + r * n;
       if (hidden[static_cast<std::size_t>(r)]) std::fill_n(ds, n, 0.0f);
@@ -443,7 +453,8 @@ class OneDnnBackwardPlan final : public BackwardPlan {
   BackwardIO io_;
   dnnl::engine engine_;
   dnnl::stream stream_;
-  int threads_ = 1, shift_ = 0;
+  int threads_ = 1;
+  cpu::GradientPass pass_;  // this pass's scaling of dO and P (dV's alone)
   bool overflowed_ = false;
   BackwardPrimitives full_, tail_;
   std::vector<float> q_, dout_, k_, v_, dk_, dv_, prob_, dp_, ds_, saved_, tanh_, dq_;

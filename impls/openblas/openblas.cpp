@@ -269,14 +269,13 @@ class OpenBlasBackwardPlan final : public BackwardPlan {
 
   void run() override {
     const OneOpenBlasThread one;
-    shift_ = 0;
-    overflowed_ = false;
-    pass();
-    if (overflowed_) {  // dO scaled down and the pass redone (impls/cpu_kernels/gradients.hpp)
-      shift_ = cpu::gradient_overflow_shift(p_, io_);
+    // dO scaled down, P up, and the pass redone where it overflowed (impls/cpu_kernels/gradients.hpp)
+    cpu::run_gradient_passes(p_, io_, [&](const cpu::GradientPass& pass) {
+      pass_ = pass;
       overflowed_ = false;
-      pass();
-    }
+      this->pass();
+      return overflowed_.load();
+    });
   }
 
  private:
@@ -311,16 +310,17 @@ class OpenBlasBackwardPlan final : public BackwardPlan {
           for (std::size_t e = 0; e < dk_size; ++e) dk_[e] += dk_[static_cast<std::size_t>(c) * dk_size + e];
           for (std::size_t e = 0; e < dv_size; ++e) dv_[e] += dv_[static_cast<std::size_t>(c) * dv_size + e];
         }
-        if (!cpu::store_rows(io_.dk, b, g, 0, dk_.data(), p_.seq_k, p_.head_dim, p_.head_dim, shift_)) overflowed_ = true;
-        if (!cpu::store_rows(io_.dv, b, g, 0, dv_.data(), p_.seq_k, p_.head_dim_v, p_.head_dim_v, shift_)) overflowed_ = true;
+        const int shift = pass_.result_shift();
+        if (!cpu::store_rows(io_.dk, b, g, 0, dk_.data(), p_.seq_k, p_.head_dim, p_.head_dim, shift)) overflowed_ = true;
+        if (!cpu::store_rows(io_.dv, b, g, 0, dv_.data(), p_.seq_k, p_.head_dim_v, p_.head_dim_v, shift)) overflowed_ = true;
         if (io_.dsinks) {
           for (std::int64_t t = 0; t < items_; ++t) io_.dsinks[g * p_.group_size() + t / blocks_] -= sink_sums_[static_cast<std::size_t>(t)];
         }
       }
     }
-    if (!dbias_.empty() && !cpu::store_dbias(p_, io_.dbias, dbias_, shift_)) overflowed_ = true;
-    if (io_.dsinks) {
-      for (std::int64_t h = 0; h < p_.heads_q; ++h) io_.dsinks[h] = std::ldexp(io_.dsinks[h], shift_);
+    if (!dbias_.empty() && !cpu::store_dbias(p_, io_.dbias, dbias_, pass_.result_shift())) overflowed_ = true;
+    if (io_.dsinks) {  // from D, whose dO was scaled; P_sink is never lifted
+      for (std::int64_t h = 0; h < p_.heads_q; ++h) io_.dsinks[h] = std::ldexp(io_.dsinks[h], pass_.dout_shift);
     }
   }
 
@@ -335,7 +335,9 @@ class OpenBlasBackwardPlan final : public BackwardPlan {
     double sink_sum = 0;
     for (std::int64_t r = 0; r < rows; ++r) {
       float* dout = w.dout.data() + r * p_.head_dim_v;
-      if (shift_ > 0) std::transform(dout, dout + p_.head_dim_v, dout, [&](float x) { return std::ldexp(x, -shift_); });
+      if (pass_.dout_shift > 0) {
+        std::transform(dout, dout + p_.head_dim_v, dout, [&](float x) { return std::ldexp(x, -pass_.dout_shift); });
+      }
       widen(out, b, h, i0 + r, 1, p_.head_dim_v, w.out.data());
       double delta = 0;
       for (std::int64_t c = 0; c < p_.head_dim_v; ++c) delta += static_cast<double>(dout[c]) * static_cast<double>(w.out[static_cast<std::size_t>(c)]);
@@ -361,7 +363,8 @@ class OpenBlasBackwardPlan final : public BackwardPlan {
       float* ds = w.ds.data() + r * n;
       float* th = w.tanh.empty() ? nullptr : w.tanh.data() + r * n;
       scores_row(p_, f, b, h, i, prob, th);
-      cpu::probabilities_from_lse(kernels_, prob, n, w.hi[static_cast<std::size_t>(r)], w.lo[static_cast<std::size_t>(r)]);
+      cpu::probabilities_from_lse(kernels_, prob, n, w.hi[static_cast<std::size_t>(r)], w.lo[static_cast<std::size_t>(r)],
+                                  pass_.weight_lift);
       const float delta = static_cast<float>(w.delta[static_cast<std::size_t>(r)]);
       for (std::int64_t j = 0; j < n; ++j) ds[j] = prob[j] * (ds[j] - delta);
       if (!dbias_.empty()) {  // one chunk: the items in order
@@ -381,14 +384,14 @@ class OpenBlasBackwardPlan final : public BackwardPlan {
   }
 
   void write_dq(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t rows, const Scratch& w) {
-    if (!cpu::store_rows(io_.dq, b, h, i0, w.dq.data(), rows, p_.head_dim, p_.head_dim, shift_)) overflowed_ = true;
+    if (!cpu::store_rows(io_.dq, b, h, i0, w.dq.data(), rows, p_.head_dim, p_.head_dim, pass_.result_shift())) overflowed_ = true;
   }
 
   Problem p_;
   BackwardIO io_;
   const cpu::Kernels& kernels_;
   ThreadPool& pool_;
-  int shift_ = 0;
+  cpu::GradientPass pass_;  // this pass's scaling of dO and P
   std::atomic<bool> overflowed_ = false;
   std::int64_t rows_ = 1, blocks_ = 0, items_ = 0, chunks_ = 1;
   std::vector<float> k_, v_, dk_, dv_;  // dk_ and dv_: chunks_ partial sums, the first their total

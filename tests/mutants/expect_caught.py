@@ -13,10 +13,10 @@ A mutant that `attn list` shows as unavailable on this machine (the AVX-512 kern
 exp2 on a CPU that runs others) is left out with its reason; when none is left the
 test exits 77, which ctest reports as skipped.
 
-    expect_caught.py CLI MAKEFILE FOLDER[:only=GLOB|:skip=GLOB] OUT MUTANT=WITNESS...
+    expect_caught.py CLI MAKEFILE FOLDER[:only=GLOBS|:skip=GLOBS] OUT MUTANT=WITNESS...
 
 FOLDER may name a part of the folder (its files whose names match, or do not
-match, a glob): a mutant that FAILs there FAILs make verify, which runs them all.
+match, any of comma-separated globs): a mutant that FAILs there FAILs make verify, which runs them all.
 """
 import fnmatch
 import json
@@ -35,11 +35,11 @@ def fixtures_of(spec):
     folder, _, part = spec.partition(":")
     if not part:
         return folder, [folder]
-    kind, _, pattern = part.partition("=")
+    kind, _, patterns = part.partition("=")
     names = sorted(n for n in os.listdir(folder) if n.endswith(".h5"))
-    keep = [n for n in names if fnmatch.fnmatch(n, pattern) == (kind == "only")]
+    keep = [n for n in names if any(fnmatch.fnmatch(n, p) for p in patterns.split(",")) == (kind == "only")]
     if kind not in ("only", "skip") or not keep:
-        sys.exit(f"{spec}: expected FOLDER:only=GLOB or FOLDER:skip=GLOB matching some of its files")
+        sys.exit(f"{spec}: expected FOLDER:only=GLOB[,GLOB...] or FOLDER:skip=GLOB[,GLOB...] matching some of its files")
     return folder, [os.path.join(folder, n) for n in keep]
 
 
