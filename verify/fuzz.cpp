@@ -298,6 +298,44 @@ FuzzCase draw_fuzz_case(std::uint64_t seed, std::int64_t index) {
     if (!store(c, p)) throw Error(fmt::format("attn fuzz: drew an invalid case {}: {}", c.spec.name, p.to_string()));
     return c;
   }
+  // V near float32's largest over many columns, backward: dP = dO . V
+  // overflows float32, and the fast backwards' rescue pass runs. Most with
+  // sinks (dsinks comes back from the scaled D), half of those far above
+  // the scores (weights near e^-80, whose products with the scaled dO need
+  // the lifted P); the others with tiny q and k over a few keys (a true dS
+  // that overflows too, every result scaled back). A family of its own stream (1 case in 30), as the rows family.
+  if (Rng huge = Rng::from_name(fmt::format("attn fuzz rescue {} {}", seed, index)); huge.uniform() < 1.0 / 25) {
+    Problem p;
+    p.dtype = huge.uniform() < 0.5 ? DType::f32 : DType::bf16;
+    p.batch = huge.uniform_int(1, 2);
+    p.heads_kv = huge.uniform_int(1, 2);
+    p.heads_q = p.heads_kv * (huge.uniform() < 0.5 ? 1 : 2);
+    p.seq_q = huge.uniform_int(1, 4);
+    const std::int64_t dims[] = {4, 8, 16}, widths[] = {64, 128, 256, 512};
+    p.head_dim = pick(huge, dims);
+    p.head_dim_v = pick(huge, widths);
+    InputRecipe& r = c.spec.recipe;
+    r.v_std = largest_finite(p.dtype) / 8;
+    if (huge.uniform() < 0.4) {  // dS = P (dP - D) past float32 too; no sink, whose dsinks would be beyond it
+      p.seq_k = huge.uniform_int(2, 3);
+      p.head_dim_v = huge.uniform() < 0.5 ? 256 : 512;
+      r.q_std = r.k_std = 1e-3;
+    } else {
+      p.seq_k = huge.uniform_int(2, 80);
+      r.q_std = r.k_std = 0.5;
+    }
+    if (r.q_std == 0.5) {  // sinks (dsinks from the scaled D): half far above the scores
+      p.sinks = true;
+      r.sink_mean = huge.uniform() < 0.5 ? huge.uniform(78.0, 90.0) : huge.uniform(-2.0, 6.0);
+      r.sink_std = 1;
+    }
+    const int threads[] = {1, 2, 8};
+    c.threads = pick(huge, threads);
+    c.layout = huge.uniform() < 0.5 ? Layout::bhsd : Layout::bshd;
+    r.backward = true;
+    if (!store(c, p)) throw Error(fmt::format("attn fuzz: drew an invalid case {}: {}", c.spec.name, p.to_string()));
+    return c;
+  }
   Problem p;
   const DType dtypes[] = {DType::f64, DType::f32, DType::f16, DType::bf16};
   p.dtype = pick(rng, dtypes);

@@ -40,7 +40,9 @@ class GradientErrorModel final : public BackwardObserver {
     const double sqrt_n = std::sqrt(static_cast<double>(keys.size()));
     sqrt_n_[static_cast<std::size_t>(r.row)] = sqrt_n;
     // The forward's error of the scores and of O, which D inherits (the forward bound's terms).
-    const double score_error = (sqrt_d + 2.0) * ua * stats_.score_magnitude[static_cast<std::size_t>(r.row)];
+    // (with a sink, the forward bound's rounding at the scores' distance from it)
+    const double sink_error = p_.sinks && std::isfinite(r.lse) ? ua * std::fabs(r.lse) : 0.0;
+    const double score_error = (sqrt_d + 2.0) * ua * stats_.score_magnitude[static_cast<std::size_t>(r.row)] + sink_error;
     // exp(s - lse) inherits the rounding of lse itself, relative to its size.
     const double lse_error = ua * std::fabs(r.lse);
     double e_delta = (sqrt_dv + 1.0) * ua * r.abs_delta;
