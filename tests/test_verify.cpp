@@ -591,22 +591,39 @@ TEST(Verifier, ThePlainBackwardsAreWithinTheAprioriBoundAndDiffer) {
     const auto family = baseline_backward_family(f.data, f.gradients->dout, out, f.gradients->bias_requires_grad);
     ASSERT_EQ(family.size(), 3u);
     bool differ = false;
+    // A plain backward whose float32 sums overflow (backward/huge_v_ds_overflow_*:
+    // even the true dS is beyond float32) measures nothing, by design: those
+    // gradients keep the a-priori bound alone.
+    auto finite = [](const ReferenceGradients& g) {
+      for (const auto* x : {&g.dq, &g.dk, &g.dv, &g.dbias, &g.dsinks})
+        for (double v : *x)
+          if (!std::isfinite(v)) return false;
+      return true;
+    };
+    int finite_formulations = 0;
+    const ReferenceGradients* first = nullptr;
     for (const ReferenceGradients& g : family) {
+      if (!finite(g)) continue;
+      ++finite_formulations;
+      if (!first) first = &g;
       // The a-priori bound alone (of a 16-bit backward: loose) may prove little: MISTRUSTED, never FAIL.
       const Comparison c = judge_backward(f.problem(), t, g);
       EXPECT_NE(c.verdict, Verdict::fail) << file << ": " << c.reason;
       for (const TensorScore& score : c.tensors) EXPECT_LE(score.worst_ratio, 1.0) << file << " " << score.name;
-      differ = differ || g.dq != family.front().dq || g.dk != family.front().dk;
+      differ = differ || g.dq != first->dq || g.dk != first->dk;
     }
-    if (f.problem().dtype != DType::f64) {
+    if (f.problem().dtype != DType::f64 && finite_formulations > 1) {
       EXPECT_TRUE(differ) << file;
     }
     const auto again = baseline_backward(f.data, f.gradients->dout, out, f.gradients->bias_requires_grad,
                                          GradientFormulation::recompute);
-    EXPECT_EQ(again.dq, family[1].dq) << file;
+    if (finite(again)) {
+      EXPECT_EQ(again.dq, family[1].dq) << file;
+    }
     // Measured against themselves, each stays within k.
     const GradientTruth& measured = truth.measured_from(out);
     for (const ReferenceGradients& g : family) {
+      if (!finite(g)) continue;
       const Comparison c = judge_backward(f.problem(), measured, g);
       EXPECT_EQ(c.verdict, Verdict::pass) << file << ": " << c.reason;
       for (const TensorScore& score : c.tensors) {
@@ -1000,9 +1017,10 @@ TEST(Verifier, ABatchOfThousandsOfEntriesRunsOnlyItsFirstSixteenAlone) {
 // near 1e-4 beside a large sink, and its backward's D = dO . O; float32
 // products of weights near e^-82 and values near 1e-3). The relation holds
 // within the bound there, and is not judged bit for bit, so the backends
-// that declare their relations bitwise PASS. (The float32 case's weights are
-// all below float32's normal range, where flushing them is correct: its
-// golden rows prove little, MISTRUSTED, never FAIL.)
+// that declare their relations bitwise PASS. (The float32 case's weights,
+// near e^-82 = 2^-118, are normals: no kernel may flush them, so its golden
+// rows are judged in full and PASS. When every weight below 2^-14 counted
+// as underflowable they were allowed to vanish, and the rows proved little.)
 TEST(Verifier, ScaledResultsAmongTheSubnormalsAreNotJudgedBitForBit) {
   const fs::path data = fs::path(ATTN_SOURCE_DIR) / "tests" / "data" / "fuzz";
   VerifyOptions options;
@@ -1014,11 +1032,7 @@ TEST(Verifier, ScaledResultsAmongTheSubnormalsAreNotJudgedBitForBit) {
   int holds = 0;
   for (const auto& o : s.outcomes) {
     SCOPED_TRACE(o.backend + " " + o.fixture + " " + o.check + " " + std::string(direction_name(o.direction)));
-    if (o.check.empty() && o.fixture.find("s3_c106") != std::string::npos && o.direction == Direction::forward) {
-      EXPECT_EQ(o.comparison.verdict, Verdict::mistrusted) << o.comparison.reason;
-    } else {
-      EXPECT_EQ(o.comparison.verdict, Verdict::pass) << o.comparison.reason;
-    }
+    EXPECT_EQ(o.comparison.verdict, Verdict::pass) << o.comparison.reason;
     if (o.check.find("v_scale") != std::string::npos && o.comparison.reason.find("none is compared bit for bit") != std::string::npos) ++holds;
   }
   EXPECT_EQ(holds, 3 * 2);  // s2: the backward, s3: the forward, each for three backends

@@ -40,9 +40,10 @@ class GradientErrorModel final : public BackwardObserver {
     const double sqrt_n = std::sqrt(static_cast<double>(keys.size()));
     sqrt_n_[static_cast<std::size_t>(r.row)] = sqrt_n;
     // The forward's error of the scores and of O, which D inherits (the forward bound's terms).
-    // (with a sink, the forward bound's rounding at the scores' distance from it)
+    const double score_error = (sqrt_d + 2.0) * ua * stats_.score_magnitude[static_cast<std::size_t>(r.row)];
+    // O's own score error with a sink (the forward bound's rounding at the
+    // scores' distance from it); P's is lse_error below.
     const double sink_error = p_.sinks && std::isfinite(r.lse) ? ua * std::fabs(r.lse) : 0.0;
-    const double score_error = (sqrt_d + 2.0) * ua * stats_.score_magnitude[static_cast<std::size_t>(r.row)] + sink_error;
     // exp(s - lse) inherits the rounding of lse itself, relative to its size.
     const double lse_error = ua * std::fabs(r.lse);
     double e_delta = (sqrt_dv + 1.0) * ua * r.abs_delta;
@@ -57,7 +58,7 @@ class GradientErrorModel final : public BackwardObserver {
         underflowed = std::min(stats_.tiny_weighted_v[e], static_cast<double>(keys.size()) * weight_underflow(p_.dtype) * v_max);
       }
       const double e_o = u * std::fabs(r.o[d]) + f_min + (u + sqrt_n * ua) * stats_.weighted_abs_v[e] +
-                         score_error * stats_.weighted_dev_v[e] + underflowed;
+                         (score_error + sink_error) * stats_.weighted_dev_v[e] + underflowed;
       e_delta += std::fabs(r.dout[d]) * e_o;
     }
     const double scale = std::fabs(p_.scale);
