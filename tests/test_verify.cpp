@@ -1185,6 +1185,33 @@ TEST(Verifier, DequantisingThroughFloat32IsAPlainFormulation) {
 // them (limit 8x): the measured bound's floor now has the underflowed
 // weights' allowance the a-priori bound has, and the case proves little
 // (MISTRUSTED), for every backend.
+// Fuzz seed 2, case 570 (shrunk; the rescue family of the draw): bfloat16,
+// v near float32's largest / 8 over 256 columns and six keys. A tile whose
+// sums of weights times V overflow float32 is redone with the weights scaled
+// down, and its l, summed with exp2's coefficients scaled, differed from the
+// first pass's in the last bit; a row whose tile overflowed in the dense
+// batch but not paged (or the other way) got another lse: blocked and
+// streaming, which declare batch invariance, FAILed it. The redo's lse now
+// comes from the first pass.
+TEST(Verifier, ARedoneTilesLseIsItsFirstPasss) {
+  const fs::path file = fs::path(ATTN_SOURCE_DIR) / "tests" / "data" / "fuzz" / "seed2_case570_bf16_overflow_redo_lse.h5";
+  VerifyOptions options;
+  options.invariance = true;
+  options.relations = false;
+  options.thread_counts = {1, 8};
+  const VerifySummary s = verify({file}, make_backends(std::vector<std::string>{"blocked", "streaming"}), options);
+  ASSERT_TRUE(s.input_errors.empty());
+  int invariance = 0;
+  for (const auto& o : s.outcomes) {
+    SCOPED_TRACE(o.backend + " " + o.check);
+    EXPECT_EQ(o.comparison.verdict, Verdict::pass) << o.comparison.reason;
+    if (o.check != "batch invariance") continue;
+    ++invariance;
+    EXPECT_NE(o.comparison.reason.find("INVARIANT"), std::string::npos) << o.comparison.reason;
+  }
+  EXPECT_EQ(invariance, 2);
+}
+
 // Fuzz seed 3, case 1558 (shrunk): float32, a sink near 90 above scores
 // near 1, V near 1e37: every weight is e^-89 and dP near 1e36, so dS is a
 // weight whose score was rounded at its distance from the sink (any float32

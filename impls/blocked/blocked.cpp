@@ -115,10 +115,12 @@ class BlockedPlan final : public Plan {
       std::for_each(s.o.begin(), s.o.begin() + rows * g_.dv_pad, [&](float& x) { x *= keep_scale; });
     }
     if (shift == 0 && g_.weight_shift > 0 && !cpu::outputs_finite(g_, s.o.data(), rows)) {
+      s.keep_first_pass(rows);
       compute(tile_index, s, g_.weight_shift);
       return;
     }
-    cpu::write_rows(p_, g_, io_, t, s.o.data(), s.m.data(), s.l.data(), shift);
+    cpu::write_rows(p_, g_, io_, t, s.o.data(), s.m.data(), s.l.data(), shift, shift ? s.m0.data() : nullptr,
+                    shift ? s.l0.data() : nullptr);
   }
 
   Problem p_;

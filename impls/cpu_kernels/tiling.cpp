@@ -248,6 +248,11 @@ void TileScratch::reserve(const Problem& p, const AttentionIO& io, const Geometr
   block_max.assign(rows, 0.0f);
 }
 
+void TileScratch::keep_first_pass(std::int64_t rows) {
+  m0.assign(m.begin(), m.begin() + rows);
+  l0.assign(l.begin(), l.begin() + rows);
+}
+
 double TileScratch::bytes_for(const Problem& p, const Geometry& g, bool pack_kv, std::int64_t score_blocks) {
   auto d = [](std::int64_t x) { return static_cast<double>(x); };
   const double keys = d(g.key_blocks) * d(kKeyBlock), rows = d(g.scratch_rows);
@@ -419,19 +424,23 @@ void drop_weights(const Problem& p, const Geometry& g, const AttentionIO& io, co
 }
 
 void write_rows(const Problem& p, const Geometry& g, const AttentionIO& io, const QueryTile& t, const float* o,
-                const float* m, const float* l, int shift) {
+                const float* m, const float* l, int shift, const float* lse_m, const float* lse_l) {
   const MutableTensorView& out = io.out;
   const std::int64_t step = out.strides[3];
+  // log2 of a row's sum of exp2 of its scores: the weights were 2^(x - m - shift).
+  auto log2_total = [](float top, float sum, int by) {
+    return sum > 0 ? static_cast<double>(top) + by + std::log2(static_cast<double>(sum)) : -std::numeric_limits<double>::infinity();
+  };
   for (std::int64_t r = 0; r < t.rows(); ++r) {
     const std::int64_t h = t.head(g, r), i = t.query(g, r);
     float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
-    // log2 of the row's sum of exp2 of its scores: the weights were 2^(x - m - shift).
-    double total2 = l[r] > 0 ? static_cast<double>(m[r]) + shift + std::log2(static_cast<double>(l[r]))
-                             : -std::numeric_limits<double>::infinity();
+    double total2 = log2_total(m[r], l[r], shift);
+    double lse2 = lse_m != nullptr ? log2_total(lse_m[r], lse_l[r], 0) : total2;
     if (io.sinks) {  // the sink joins the denominator
-      const SinkShare share = with_sink(total2, static_cast<double>(io.sinks[h]) * 1.4426950408889634);
+      const double sink2 = static_cast<double>(io.sinks[h]) * 1.4426950408889634;
+      const SinkShare share = with_sink(total2, sink2);
       inv = static_cast<float>(static_cast<double>(inv) * share.keep);
-      total2 = share.lse2;
+      lse2 = lse_m != nullptr ? with_sink(lse2, sink2).lse2 : share.lse2;
     }
     const float* acc = o + r * g.dv_pad;
     const std::int64_t base = out.offset(t.b, h, i, 0);
@@ -447,7 +456,7 @@ void write_rows(const Problem& p, const Geometry& g, const AttentionIO& io, cons
     }
     if (io.lse) {
       const std::int64_t row = (t.b * p.heads_q + h) * p.seq_q + i;
-      io.lse[row] = std::isinf(total2) ? total2 : total2 * 0.6931471805599453;
+      io.lse[row] = std::isinf(lse2) ? lse2 : lse2 * 0.6931471805599453;
     }
   }
 }

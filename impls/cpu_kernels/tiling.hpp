@@ -105,6 +105,10 @@ void dequantised_row(const QuantView& codes, std::int64_t b, std::int64_t head, 
 struct TileScratch {
   HeadPack pack;
   LineVector<float> q, scores, o, m, l, block_max;
+  // m and l of a tile's first pass, kept when its sums overflowed and it is
+  // redone with the weights scaled down (keep_first_pass): its lse.
+  LineVector<float> m0, l0;
+  void keep_first_pass(std::int64_t rows);
   LineVector<bf16> q_bf16, p_bf16;
   void reserve(const Problem& p, const AttentionIO& io, const Geometry& g, bool pack_kv, std::int64_t score_blocks);
   std::size_t bytes() const;
@@ -182,8 +186,13 @@ void drop_weights(const Problem& p, const Geometry& g, const AttentionIO& io, co
 // out = O / l in the dtype; lse = (m + log2 l + shift) ln 2 (shift: the one
 // the weights were computed with), or 0 and -inf for rows with l = 0; a sink
 // joins l (out scaled down, lse up; a row with l = 0 gets lse = the sink).
+// A redone tile (shift > 0) passes its first pass's m and l (TileScratch::m0,
+// l0) for lse: l summed with exp2's coefficients scaled by 2^-shift differs
+// in its last bit, and whether a tile overflows depends on its neighbours
+// (batch invariance: the same row in another batch or page layout would
+// get another lse).
 void write_rows(const Problem& p, const Geometry& g, const AttentionIO& io, const QueryTile& t, const float* o,
-                const float* m, const float* l, int shift);
+                const float* m, const float* l, int shift, const float* lse_m = nullptr, const float* lse_l = nullptr);
 
 // Whether the tile's accumulated outputs (rows x dv_pad) are all finite: when
 // not, sum_j p_j v_j overflowed float32 (|v| near its largest, many keys) and

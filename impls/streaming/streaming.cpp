@@ -292,10 +292,12 @@ class StreamingPlan final : public Plan {
       // (after the descale: with the weights scaled down the sums are at most
       // V's largest value, finite)
       if (shift == 0 && g_.weight_shift > 0 && !cpu::outputs_finite(g_, s.o.data(), rows)) {
+        s.keep_first_pass(rows);
         compute(tile_index, chunk, s, g_.weight_shift);
         return;
       }
-      cpu::write_rows(p_, g_, io_, t, s.o.data(), s.m.data(), s.l.data(), shift);
+      cpu::write_rows(p_, g_, io_, t, s.o.data(), s.m.data(), s.l.data(), shift, shift ? s.m0.data() : nullptr,
+                      shift ? s.l0.data() : nullptr);
       return;
     }
     const std::int64_t base = (tile_index * chunks_ + chunk) * g_.tile_rows;
@@ -412,11 +414,13 @@ class StreamingPlan final : public Plan {
     if (shift == 0 && g_.weight_shift > 0 && !cpu::outputs_finite(g_, s.o.data(), t.rows())) {
       // Every chunk of this tile again, here, with the weights scaled down;
       // only this task touches the tile's partials.
+      s.keep_first_pass(t.rows());
       for (std::int64_t c = 0; c < parts; ++c) compute(tile_index, c, s, g_.weight_shift);
       merge(tile_index, s, g_.weight_shift);
       return;
     }
-    cpu::write_rows(p_, g_, io_, t, s.o.data(), s.m.data(), s.l.data(), shift);
+    cpu::write_rows(p_, g_, io_, t, s.o.data(), s.m.data(), s.l.data(), shift, shift ? s.m0.data() : nullptr,
+                    shift ? s.l0.data() : nullptr);
   }
 
   Problem p_;
