@@ -27,7 +27,7 @@ import subprocess
 import sys
 
 
-BACKWARD_PREFIXES = ("bwd_", "fbwd_")
+BACKWARD_PREFIXES = ("bwd_", "fbwd_", "openblas_bwd_")
 
 
 def fixtures_of(spec):
@@ -67,7 +67,8 @@ def main():
     # One report per part: the parts of a folder run side by side.
     report = os.path.join(out, re.sub(r"[^A-Za-z0-9_]+", "_", os.path.basename(folder) + spec[len(folder):]) + ".json")
     mutants = ",".join(name for name, _ in pairs)
-    # Mutants of a backward (bwd_* of naive's, fbwd_* of the fast one) compute
+    # Mutants of a backward (bwd_* of naive's, fbwd_* of the fast one,
+    # openblas_bwd_* of openblas's) compute
     # their backend's own forward: only their gradients can FAIL, so only those
     # are judged (make verify judges both), and by the comparison with the
     # golden alone: make verify runs the checks without a golden besides, so a
