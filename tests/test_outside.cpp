@@ -4,17 +4,18 @@
 // `attn verify --outputs`. The broken variants are patched here, on the test
 // side, from the shipped adapters and the NumPy example.
 #include <gtest/gtest.h>
-#include <vector>
-#include <cstring>
-#include <array>
 #include <unistd.h>
 
+#include <array>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <set>
+#include <sstream>
+#include <tuple>
+#include <vector>
 
 #include "fixtures/fixture.hpp"
 #include "tests/cli_run.hpp"
@@ -297,6 +298,21 @@ TEST_F(Outside, BrokenPythonAdaptersFail) {
                           "mean of V)"),
             std::string::npos)
       << r.output;
+
+  // A kernel that runs out of memory gave no answer, which is not a wrong one:
+  // SKIP with the reason (as a C++ backend's std::bad_alloc); any other error FAILs.
+  const std::string small = kGolden + "/basic/b1_h2_q4_k4_d8_f32.h5";
+  for (const auto& [name, raise, verdict] :
+       {std::tuple{"py-oom", "raise MemoryError('Unable to allocate 2.00 GiB for an array')", "SKIP (py-oom: ran out of memory"},
+        std::tuple{"py-oom-torch", "raise type('OutOfMemoryError', (RuntimeError,), {})('CUDA out of memory')",
+                   "SKIP (py-oom-torch: ran out of memory"},
+        std::tuple{"py-boom", "raise RuntimeError('boom')", "FAIL (backend threw: py-boom: RuntimeError: boom"}}) {
+    std::string broken = patched(source, "NAME = \"py-numpy\"", "NAME = \"" + std::string(name) + "\"");
+    broken = patched(broken, "    d_k = Q.shape[-1]\n", "    " + std::string(raise) + "\n");
+    r = run_attn("verify --plugin " + write(std::string(name) + ".py", broken).string() + " -b " + name + " " + small);
+    EXPECT_EQ(r.code, 1) << r.output;  // a FAIL, or every backend skipped every case
+    EXPECT_NE(r.output.find(verdict), std::string::npos) << r.output;
+  }
 }
 
 TEST_F(Outside, PythonBackendFilesLoadOrAreRefusedWithTheReason) {

@@ -77,6 +77,22 @@ std::string python_error(const py::error_already_set& e) {
   return printable(text);
 }
 
+// A Python kernel that ran out of memory (NumPy's and JAX's MemoryError,
+// PyTorch's OutOfMemoryError or its CPU allocator's refusal) gave no answer,
+// which is not a wrong one: Unsupported, so the verdict is SKIP with the
+// reason, as for a std::bad_alloc in a C++ backend. Any other error is an
+// Error, a FAIL that names it.
+[[noreturn]] void throw_python_failure(const py::error_already_set& e, const std::string& context) {
+  const std::string message = python_error(e);
+  const py::handle type = e.type();
+  const std::string type_name = type ? py::str(type.attr("__name__")).cast<std::string>() : std::string();
+  if (e.matches(PyExc_MemoryError) || type_name == "OutOfMemoryError" ||
+      message.find("DefaultCPUAllocator: can't allocate memory") != std::string::npos) {
+    throw Unsupported(fmt::format("{}: ran out of memory on this case: {}", context, message));
+  }
+  throw Error(fmt::format("{}: {}", context, message));
+}
+
 // A "key = value" line of the venv's pyvenv.cfg, or "" when it has none.
 std::string venv_setting(const fs::path& venv, std::string_view wanted) {
   std::ifstream cfg(venv / "pyvenv.cfg");
@@ -268,7 +284,7 @@ class PythonRun : public Base {
     try {
       run_();
     } catch (py::error_already_set& e) {
-      throw Error(fmt::format("{}: {}", name_, python_error(e)));
+      throw_python_failure(e, name_);
     }
   }
 
@@ -325,7 +341,7 @@ class PythonPlan final : public PythonRun<Plan> {
                                 printable(std::string(py::str(result)))));
       }
     } catch (py::error_already_set& e) {
-      throw Error(fmt::format("{}: {}() failed: {}", name_, what, python_error(e)));
+      throw_python_failure(e, fmt::format("{}: {}() failed", name_, what));
     }
   }
 
@@ -687,7 +703,7 @@ class PythonBackend final : public Backend, private BackendExtensions {
       }
       return std::vector<double>(y.data(), y.data() + y.size());
     } catch (py::error_already_set& e) {
-      throw Error(fmt::format("{}: layer() failed: {}", name_, python_error(e)));
+      throw_python_failure(e, fmt::format("{}: layer() failed", name_));
     }
   }
   // layer_backward(problem, data, dout, bias_requires_grad, threads) returns
@@ -717,7 +733,7 @@ class PythonBackend final : public Backend, private BackendExtensions {
         g.*part.values = std::vector<double>(values.data(), values.data() + values.size());
       }
     } catch (py::error_already_set& e) {
-      throw Error(fmt::format("{}: layer_backward() failed: {}", name_, python_error(e)));
+      throw_python_failure(e, fmt::format("{}: layer_backward() failed", name_));
     }
     return g;
   }
@@ -730,7 +746,7 @@ class PythonBackend final : public Backend, private BackendExtensions {
       py::object run = module_->attr("prepare")(problem_object(p), io_object, options.threads);
       return std::make_unique<PythonPlan>(std::move(run), std::move(io_object), has_lse_, name_);
     } catch (py::error_already_set& e) {
-      throw Error(fmt::format("{}: prepare failed: {}", name_, python_error(e)));
+      throw_python_failure(e, fmt::format("{}: prepare failed", name_));
     }
   }
   // Format version 3: prepare_backward(problem, io, threads) -> run.
@@ -759,7 +775,7 @@ class PythonBackend final : public Backend, private BackendExtensions {
       py::object run = module_->attr("prepare_backward")(problem_object(p), io_object, options.threads);
       return std::make_unique<PythonRun<BackwardPlan>>(std::move(run), std::move(io_object), name_);
     } catch (py::error_already_set& e) {
-      throw Error(fmt::format("{}: prepare_backward failed: {}", name_, python_error(e)));
+      throw_python_failure(e, fmt::format("{}: prepare_backward failed", name_));
     }
   }
 
