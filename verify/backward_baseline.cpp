@@ -6,6 +6,7 @@
 
 #include "core/detmath.hpp"
 #include "reference/reference.hpp"
+#include "verify/baseline.hpp"
 
 namespace attn {
 
@@ -27,7 +28,7 @@ ReferenceGradients run_formulation(const CaseData& data, const std::vector<doubl
   auto R = [&](A x) { return static_cast<A>(round_to_dtype(static_cast<double>(x), p.dtype)); };
   // The n-th of `count` in this formulation's order.
   auto nth = [&](std::int64_t n, std::int64_t count) { return reversed ? count - 1 - n : n; };
-  const A scale = static_cast<A>(p.scale), cap = static_cast<A>(p.softcap);
+  const A scale = static_cast<A>(p.scale);
 
   Accumulators<A> acc;
   acc.dq.assign(data.q.size(), A{0});
@@ -80,11 +81,7 @@ ReferenceGradients run_formulation(const CaseData& data, const std::vector<doubl
     auto score_of = [&](std::int64_t t, bool forward, A* slope_out) {
       const std::int64_t j = view.visible[static_cast<std::size_t>(t)];
       A s = scale * dot(q, view.k_rows[static_cast<std::size_t>(t)], d_qk, forward), c = 1;
-      if (p.softcap != 0) {
-        const A th = std::tanh(s / cap);
-        s = cap * th;
-        c = A{1} - th * th;
-      }
+      if (p.softcap != 0) s = soft_capped<A>(s, p.softcap, &c);
       if (p.alibi) s += -static_cast<A>(data.alibi_slopes[static_cast<std::size_t>(h)]) * static_cast<A>(std::llabs(view.diag - j));
       if (p.bias.present) {
         const BroadcastShape& m = p.bias;

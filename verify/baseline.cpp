@@ -42,7 +42,6 @@ void baseline_row(const CaseData& data, std::int64_t row, const RowSinks& sinks,
   const double* q = &data.q[static_cast<std::size_t>(row * p.head_dim)];
   const A scale = static_cast<A>(p.scale);
   const A folded_scale = static_cast<A>(static_cast<double>(p.scale) * kLog2e);
-  const A cap = static_cast<A>(p.softcap);
   weights.clear();
   // The sink is one more logit in the denominator, carrying no value.
   const A sink_logit = p.sinks ? static_cast<A>(data.sinks[static_cast<std::size_t>(h)]) * (folded ? static_cast<A>(kLog2e) : A{1})
@@ -62,7 +61,7 @@ void baseline_row(const CaseData& data, std::int64_t row, const RowSinks& sinks,
     }
     A s = folded ? dot : scale * dot;
     if (p.softcap != 0) {
-      s = folded ? cap * std::tanh(s / static_cast<A>(kLog2e) / cap) * static_cast<A>(kLog2e) : cap * std::tanh(s / cap);
+      s = folded ? soft_capped<A>(s / static_cast<A>(kLog2e), p.softcap) * static_cast<A>(kLog2e) : soft_capped<A>(s, p.softcap);
     }
     if (p.alibi) {
       const A term = -static_cast<A>(data.alibi_slopes[static_cast<std::size_t>(h)]) * static_cast<A>(std::llabs(view.diag - j));

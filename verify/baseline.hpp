@@ -34,12 +34,32 @@
 // when it leans beyond every one of them.
 #pragma once
 
+#include <cmath>
+#include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "core/case_data.hpp"
 #include "core/layer_data.hpp"
 
 namespace attn {
+
+// A softcapped score cap tanh(s / cap) in A, and its slope 1 - tanh^2. A cap
+// that A cannot divide by without leaving its range (beyond 1/16 of its
+// largest, where s / cap falls among its subnormals, or below its smallest
+// normal) is applied in float64 and rounded once: the float32 answer such a
+// case has (include/attnbench/value_range.hpp).
+template <typename A> A soft_capped(A s, double cap, A* slope = nullptr) {
+  if (std::is_same_v<A, double> ||
+      (cap >= std::numeric_limits<A>::min() && cap <= std::numeric_limits<A>::max() / 16)) {
+    const A c = static_cast<A>(cap), th = std::tanh(s / c);
+    if (slope) *slope = A{1} - th * th;
+    return c * th;
+  }
+  const double th = std::tanh(static_cast<double>(s) / cap);
+  if (slope) *slope = static_cast<A>(1.0 - th * th);
+  return static_cast<A>(cap * th);
+}
 
 enum class Formulation { natural, log2_folded, normalised, reversed };
 inline constexpr Formulation kFormulations[] = {Formulation::natural, Formulation::log2_folded, Formulation::normalised,

@@ -148,15 +148,18 @@ class BlockedBackend final : public Backend {
   }
   Status supports(const Problem&) const override { return Status::yes(); }
   std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& options) const override {
-    require_float32_scores(p, io);  // scores in float32: values beyond its range are refused, not computed wrong
-    if (p.ragged) return plan_per_entry(p, io, options, *this);  // each entry a dense problem, in place
-    return std::make_unique<BlockedPlan>(p, io, options);
+    // Scores in float32: values beyond its range are computed as an equivalent case that fits, or refused.
+    return prepare_in_float32_range(p, io, [&](const Problem& fit, const AttentionIO& fit_io) -> std::unique_ptr<Plan> {
+      if (fit.ragged) return plan_per_entry(fit, fit_io, options, *this);  // each entry a dense problem, in place
+      return std::make_unique<BlockedPlan>(fit, fit_io, options);
+    });
   }
   // FlashAttention-2's backward (impls/cpu_kernels/flash_backward.hpp), with this backend's tile height.
   std::unique_ptr<BackwardPlan> prepare_backward(const Problem& p, const BackwardIO& io, const RunOptions& options) const override {
-    require_float32_scores(p, io.forward);
-    if (p.ragged) return plan_backward_per_entry(p, io, options, *this);
-    return cpu::make_flash_backward_plan(p, io, options, kMaxTileRows);
+    return prepare_backward_in_float32_range(p, io, [&](const Problem& fit, const BackwardIO& fit_io) -> std::unique_ptr<BackwardPlan> {
+      if (fit.ragged) return plan_backward_per_entry(fit, fit_io, options, *this);
+      return cpu::make_flash_backward_plan(fit, fit_io, options, kMaxTileRows);
+    });
   }
 
  private:

@@ -238,14 +238,20 @@ class NaiveBackend final : public Backend {
             .bitwise_relations = kRelationVScale | kRelationLayout | kRelationDoutScale, .dropout = true};
   }
   Status supports(const Problem&) const override { return Status::yes(); }
+  // Its scores are float32 outside float64: values beyond that range are
+  // computed as an equivalent case that fits, or refused.
   std::unique_ptr<Plan> prepare(const Problem& problem, const AttentionIO& io, const RunOptions&) const override {
-    if (problem.dtype != DType::f64) require_float32_scores(problem, io);  // its scores are float32 then
-    return std::make_unique<NaivePlan>(problem, io);
+    const PlanMaker make = [](const Problem& fit, const AttentionIO& fit_io) -> std::unique_ptr<Plan> {
+      return std::make_unique<NaivePlan>(fit, fit_io);
+    };
+    return problem.dtype == DType::f64 ? make(problem, io) : prepare_in_float32_range(problem, io, make);
   }
   std::unique_ptr<BackwardPlan> prepare_backward(const Problem& problem, const BackwardIO& io,
                                                  const RunOptions&) const override {
-    if (problem.dtype != DType::f64) require_float32_scores(problem, io.forward);
-    return make_naive_backward_plan(problem, io);
+    const BackwardPlanMaker make = [](const Problem& fit, const BackwardIO& fit_io) {
+      return make_naive_backward_plan(fit, fit_io);
+    };
+    return problem.dtype == DType::f64 ? make(problem, io) : prepare_backward_in_float32_range(problem, io, make);
   }
 };
 

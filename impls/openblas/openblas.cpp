@@ -424,14 +424,17 @@ class OpenBlasBackend final : public Backend {
   }
   Status supports(const Problem&) const override { return Status::yes(); }
   std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& options) const override {
-    require_float32_scores(p, io);  // scores in float32: values beyond its range are refused, not computed wrong
-    if (p.ragged) return plan_per_entry(p, io, options, *this);
-    return std::make_unique<OpenBlasPlan>(p, io, options);
+    // Scores in float32: values beyond its range are computed as an equivalent case that fits, or refused.
+    return prepare_in_float32_range(p, io, [&](const Problem& fit, const AttentionIO& fit_io) -> std::unique_ptr<Plan> {
+      if (fit.ragged) return plan_per_entry(fit, fit_io, options, *this);  // each entry a dense problem, in place
+      return std::make_unique<OpenBlasPlan>(fit, fit_io, options);
+    });
   }
   std::unique_ptr<BackwardPlan> prepare_backward(const Problem& p, const BackwardIO& io, const RunOptions& options) const override {
-    require_float32_scores(p, io.forward);
-    if (p.ragged) return plan_backward_per_entry(p, io, options, *this);
-    return std::make_unique<OpenBlasBackwardPlan>(p, io, options);
+    return prepare_backward_in_float32_range(p, io, [&](const Problem& fit, const BackwardIO& fit_io) -> std::unique_ptr<BackwardPlan> {
+      if (fit.ragged) return plan_backward_per_entry(fit, fit_io, options, *this);
+      return std::make_unique<OpenBlasBackwardPlan>(fit, fit_io, options);
+    });
   }
 
  private:

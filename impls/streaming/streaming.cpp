@@ -454,18 +454,21 @@ class StreamingBackend final : public Backend {
   }
   Status supports(const Problem&) const override { return Status::yes(); }
   std::unique_ptr<Plan> prepare(const Problem& p, const AttentionIO& io, const RunOptions& options) const override {
-    require_float32_scores(p, io);  // scores in float32: values beyond its range are refused, not computed wrong
-    if (p.ragged) return plan_per_entry(p, io, options, *this);  // each entry a dense problem, in place
-    return std::make_unique<StreamingPlan>(p, io, options);
+    // Scores in float32: values beyond its range are computed as an equivalent case that fits, or refused.
+    return prepare_in_float32_range(p, io, [&](const Problem& fit, const AttentionIO& fit_io) -> std::unique_ptr<Plan> {
+      if (fit.ragged) return plan_per_entry(fit, fit_io, options, *this);  // each entry a dense problem, in place
+      return std::make_unique<StreamingPlan>(fit, fit_io, options);
+    });
   }
   // FlashAttention-2's backward (impls/cpu_kernels/flash_backward.hpp), with this backend's tile height.
   std::unique_ptr<BackwardPlan> prepare_backward(const Problem& p, const BackwardIO& io, const RunOptions& options) const override {
-    require_float32_scores(p, io.forward);
-    if (p.ragged) return plan_backward_per_entry(p, io, options, *this);
-    // A float32-product forward that read K in place summed Q K^T in the
-    // in-place kernel's order: the backward recomputes S in it too.
-    const bool in_place = p.dtype != DType::bf16 && reads_in_place(p, io.forward, Geometry::of(p, kMaxTileRows, cpu::best_kernels()));
-    return cpu::make_flash_backward_plan(p, io, options, kMaxTileRows, in_place);
+    return prepare_backward_in_float32_range(p, io, [&](const Problem& fit, const BackwardIO& fit_io) -> std::unique_ptr<BackwardPlan> {
+      if (fit.ragged) return plan_backward_per_entry(fit, fit_io, options, *this);
+      // A float32-product forward that read K in place summed Q K^T in the
+      // in-place kernel's order: the backward recomputes S in it too.
+      const bool in_place = fit.dtype != DType::bf16 && reads_in_place(fit, fit_io.forward, Geometry::of(fit, kMaxTileRows, cpu::best_kernels()));
+      return cpu::make_flash_backward_plan(fit, fit_io, options, kMaxTileRows, in_place);
+    });
   }
 
  private:

@@ -9,6 +9,9 @@
 // wrong.
 #pragma once
 
+#include <functional>
+#include <memory>
+
 #include "attnbench/backend.hpp"
 
 namespace attn {
@@ -18,6 +21,29 @@ Status float32_scores_fit(const Problem& problem, const AttentionIO& io);
 
 // Throws attn::Unsupported with the reason when they do not fit.
 void require_float32_scores(const Problem& problem, const AttentionIO& io);
+
+// What a float32 backend's prepare() calls instead of require_float32_scores:
+// a case whose values fit goes to `make` as it is. A case beyond float32's
+// range whose float32 answer is nevertheless exact goes to `make` as an
+// equivalent case that fits, and the plan returned puts the answer back:
+//   - a softcap so large that no score of the case reaches 2^-13 of it (the
+//     scores are bounded by scale |q| |k|) is the identity: no cap;
+//   - a softcap below float32's normal range makes every score 0 (forward
+//     only: the backward's slope is 1 exactly where a score is 0, which
+//     float32 products cannot decide; refused there);
+//   - a sink more than 128 above every score the case can make (the bound of
+//     the product, the cap, ALiBi and the bias) takes all the weight: it runs
+//     at that distance (out 0; every weight of a key rounds to 0 in float32)
+//     and lse is the sink; one more than 128 below them takes none: it runs
+//     at that distance, and a row with no visible key gets the sink as lse.
+// Anything else beyond the range is refused as require_float32_scores does
+// (ALiBi slopes beyond it: the float64 reference itself rounds the scores
+// away beside penalties of 1e38; docs/verification/tolerance.md).
+using PlanMaker = std::function<std::unique_ptr<Plan>(const Problem&, const AttentionIO&)>;
+using BackwardPlanMaker = std::function<std::unique_ptr<BackwardPlan>(const Problem&, const BackwardIO&)>;
+std::unique_ptr<Plan> prepare_in_float32_range(const Problem& problem, const AttentionIO& io, const PlanMaker& make);
+std::unique_ptr<BackwardPlan> prepare_backward_in_float32_range(const Problem& problem, const BackwardIO& io,
+                                                                const BackwardPlanMaker& make);
 
 // The memory one case may take, as every tool bounds it before work starts:
 // ATTN_MAX_CASE_GIB GiB (default 2). A plan that would hold more scratch than
