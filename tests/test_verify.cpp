@@ -1212,6 +1212,31 @@ TEST(Verifier, ARedoneTilesLseIsItsFirstPasss) {
   EXPECT_EQ(invariance, 2);
 }
 
+// Fuzz seed 3, case 657 (shrunk): float32, two entries, tiny q and k, V
+// near 4e37: dP overflows in the batch and in entry 0 alone, not in entry 1
+// alone. The fast backward rescued the whole batch (P computed exactly,
+// lifted) whenever any entry overflowed, so entry 1's dV differed by an ulp
+// alone and in the batch; blocked and streaming declare batch invariance.
+// Each (entry, kv head) is now rescued on its own data.
+TEST(Verifier, AnEntryIsRescuedFromOverflowOnItsOwnData) {
+  const fs::path file = fs::path(ATTN_SOURCE_DIR) / "tests" / "data" / "fuzz" / "seed3_case657_f32_rescue_per_entry.h5";
+  VerifyOptions options;
+  options.invariance = true;
+  options.relations = false;
+  options.thread_counts = {1, 8};
+  const VerifySummary s = verify({file}, make_backends(std::vector<std::string>{"blocked", "streaming"}), options);
+  ASSERT_TRUE(s.input_errors.empty());
+  int invariance = 0;
+  for (const auto& o : s.outcomes) {
+    SCOPED_TRACE(o.backend + " " + o.check);
+    EXPECT_EQ(o.comparison.verdict, Verdict::pass) << o.comparison.reason;
+    if (o.check != "batch invariance" || o.direction != Direction::backward) continue;
+    ++invariance;
+    EXPECT_NE(o.comparison.reason.find("INVARIANT"), std::string::npos) << o.comparison.reason;
+  }
+  EXPECT_GE(invariance, 2);
+}
+
 // Fuzz seed 3, case 1558 (shrunk): float32, a sink near 90 above scores
 // near 1, V near 1e37: every weight is e^-89 and dP near 1e36, so dS is a
 // weight whose score was rounded at its distance from the sink (any float32

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <memory>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -70,6 +71,7 @@ class FlashBackwardPlan final : public BackwardPlan {
     qpairs_ = (p.head_dim + 1) / 2;
     vpairs_ = (p.head_dim_v + 1) / 2;
     units_ = p.batch * p.heads_kv;
+    unit_overflowed_ = std::make_unique<std::atomic<bool>[]>(size(units_));
     rows_ = p.seq_q * g_.group;
     with_dbias_ = !io.dbias.empty();
     // The key chunks follow the entry (its kv heads), never the batch: dQ's
@@ -131,17 +133,28 @@ class FlashBackwardPlan final : public BackwardPlan {
     }
   }
 
-  // Every gradient is linear in dO: a pass whose float32 sums overflowed (V
-  // near float32's largest, a true gradient still finite) is redone with dO
-  // scaled down and P up (GradientPass), as the forward redoes a tile with
-  // its weights scaled down.
+  // Every gradient is linear in dO: a (batch entry, kv head) whose float32
+  // sums overflowed (V near float32's largest, a true gradient still finite)
+  // is redone with dO scaled down and P up (GradientPass), as the forward
+  // redoes a tile with its weights scaled down. Each unit is rescued on its
+  // own data and the others run as before, to the bit: an entry's gradients
+  // do not follow what else is in the batch (blocked and streaming declare
+  // batch invariance; a whole-batch rescue broke it, fuzz seed 3 case 657).
+  // An overflowed dbias, summed across units, rescues every unit.
   void run() override {
-    run_gradient_passes(p_, io_, [&](const GradientPass& pass) {
-      pass_ = pass;
-      overflowed_ = false;
-      this->pass();
-      return overflowed_.load();
-    });
+    passes_.assign(size(units_), GradientPass{});
+    for (;;) {
+      for (std::int64_t u = 0; u < units_; ++u) unit_overflowed_[size(u)] = false;
+      dbias_overflowed_ = false;
+      pass();
+      bool again = false;
+      for (std::int64_t u = 0; u < units_; ++u) {
+        if (!unit_overflowed_[size(u)] && !dbias_overflowed_) continue;
+        const GradientShifts shifts = gradient_overflow_shifts(p_, io_, u / p_.heads_kv, u % p_.heads_kv);
+        again |= next_gradient_pass(passes_[size(u)], shifts);
+      }
+      if (!again) return;
+    }
   }
 
  private:
@@ -160,7 +173,7 @@ class FlashBackwardPlan final : public BackwardPlan {
       });
     }
     pool.parallel_for(units_, [&](std::int64_t unit, int) { write_dq(unit); });
-    if (with_dbias_ && !store_dbias(p_, io_.dbias, dbias_, pass_.result_shift())) overflowed_ = true;
+    if (with_dbias_ && !store_dbias(p_, io_.dbias, dbias_, 0)) dbias_overflowed_ = true;
     if (io_.dsinks) write_dsinks();
   }
 
@@ -185,8 +198,8 @@ class FlashBackwardPlan final : public BackwardPlan {
         }
         float* dout = dout_.data() + at * g_.dv_pad;
         read_row(io_.dout, io_.dout.offset(b, h, i, 0), p_.head_dim_v, dout);
-        if (pass_.dout_shift > 0) {
-          for (std::int64_t c = 0; c < p_.head_dim_v; ++c) dout[c] = std::ldexp(dout[c], -pass_.dout_shift);
+        if (const int shift = passes_[size(unit)].dout_shift; shift > 0) {
+          for (std::int64_t c = 0; c < p_.head_dim_v; ++c) dout[c] = std::ldexp(dout[c], -shift);
         }
         if (bf16_) {  // exact: the case is bfloat16 (dO scaled by a power of two)
           bf16* qb = qb_.data() + at * qpairs_ * 2;
@@ -338,7 +351,8 @@ class FlashBackwardPlan final : public BackwardPlan {
       if (p_.softcap != 0) std::copy_n(w.s.begin(), rows * kKeyBlock, w.raw.begin());
       finish_scores(p_, g_, f, kernels_, t, j0, w.s.data(), w.row_max.data(), true);
       for (std::int64_t r = 0; r < rows; ++r) {
-        probabilities_from_lse(kernels_, w.s.data() + r * kKeyBlock, kKeyBlock, lse_hi[r], lse_lo[r], pass_.weight_lift);
+        probabilities_from_lse(kernels_, w.s.data() + r * kKeyBlock, kKeyBlock, lse_hi[r], lse_lo[r],
+                               passes_[size(unit)].weight_lift);
       }
       // dP = dO V^T, then dS = P (dP - D) in place of dP, times scale and the
       // softcap's slope 1 - tanh^2 (what Q K^T is multiplied by).
@@ -346,9 +360,9 @@ class FlashBackwardPlan final : public BackwardPlan {
       scores_to_ds(t, rows, j0, keys, delta, w);
       float32_products(unit, t, keys, partial, w);
     }
-    const int shift = pass_.result_shift();
-    if (!store_rows(io_.dk, b, kv_head, j0, w.dk.data(), keys, p_.head_dim, d_pad_, shift)) overflowed_ = true;
-    if (!store_rows(io_.dv, b, kv_head, j0, w.dv.data(), keys, p_.head_dim_v, g_.dv_pad, shift)) overflowed_ = true;
+    const int shift = passes_[size(unit)].result_shift();
+    if (!store_rows(io_.dk, b, kv_head, j0, w.dk.data(), keys, p_.head_dim, d_pad_, shift)) unit_overflowed_[size(unit)] = true;
+    if (!store_rows(io_.dv, b, kv_head, j0, w.dv.data(), keys, p_.head_dim_v, g_.dv_pad, shift)) unit_overflowed_[size(unit)] = true;
   }
 
   // One tile against one key block in bfloat16 pairs: S = Q K^T and dP = dO
@@ -368,7 +382,7 @@ class FlashBackwardPlan final : public BackwardPlan {
     finish_scores(p_, g_, io_.forward, kernels_, t, j0, w.s.data(), w.row_max.data(), false);
     bool tiny = false;
     for (std::int64_t r = 0; r < rows; ++r) {
-      tiny |= probabilities_from_lse(kernels_, w.s.data() + r * kKeyBlock, kKeyBlock, lse_hi[r], lse_lo[r], pass_.weight_lift);
+      tiny |= probabilities_from_lse(kernels_, w.s.data() + r * kKeyBlock, kKeyBlock, lse_hi[r], lse_lo[r], passes_[size(unit)].weight_lift);
     }
     kernels_.qk_bf16(dob, rows, vpairs_, w.vp.data(), w.dp.data(), nullptr, kKeyBlock);
     // bfloat16 dot products read a subnormal input as 0: a tile whose P or
@@ -448,20 +462,24 @@ class FlashBackwardPlan final : public BackwardPlan {
   // of tile t, keys [j0, j0 + keys).
   void add_dbias(const QueryTile& t, std::int64_t r, std::int64_t j0, std::int64_t keys, const float* ds) {
     double* sums = dbias_.data() + dbias_row(p_, t.b, t.head(g_, r), t.query(g_, r)) + j0;
-    for (std::int64_t j = 0; j < keys; ++j) sums[j] += static_cast<double>(ds[j]);
+    // At the true size whatever the unit's pass (the sums cross units).
+    const int shift = passes_[size(t.b * p_.heads_kv + t.head(g_, r) / g_.group)].result_shift();
+    for (std::int64_t j = 0; j < keys; ++j) {
+      sums[j] += shift == 0 ? static_cast<double>(ds[j]) : std::ldexp(static_cast<double>(ds[j]), shift);
+    }
   }
 
   // dQ of one (batch, kv head): its chunks' partial sums in chunk order.
   void write_dq(std::int64_t unit) {
     const std::int64_t b = unit / p_.heads_kv, kv_head = unit % p_.heads_kv;
     const float* partials = partial_.data() + unit * chunks_ * rows_ * d_pad_;
-    const int shift = pass_.result_shift();  // dQ is summed from dS
+    const int shift = passes_[size(unit)].result_shift();  // dQ is summed from dS
     for (std::int64_t r = 0; r < rows_; ++r) {
       const std::int64_t h = kv_head * g_.group + r % g_.group, i = r / g_.group;
       for (std::int64_t d = 0; d < p_.head_dim; ++d) {
         float sum = 0;
         for (std::int64_t c = 0; c < chunks_; ++c) sum += partials[(c * rows_ + r) * d_pad_ + d];
-        if (!std::isfinite(sum)) overflowed_ = true;
+        if (!std::isfinite(sum)) unit_overflowed_[size(unit)] = true;
         store_float(io_.dq, io_.dq.offset(b, h, i, d), shift == 0 ? sum : std::ldexp(sum, shift));
       }
     }
@@ -477,10 +495,11 @@ class FlashBackwardPlan final : public BackwardPlan {
         for (std::int64_t i = 0; i < p_.seq_q; ++i) {
           const std::int64_t at = row_of(unit, i * g_.group + h % g_.group);
           const double lse = io_.forward.lse[(b * p_.heads_q + h) * p_.seq_q + i];
-          sum += std::exp(sink - lse) * delta64_[size(at)];
+          // D's dO was scaled by its unit's pass, P_sink never lifted
+          sum += std::ldexp(std::exp(sink - lse) * delta64_[size(at)], passes_[size(unit)].dout_shift);
         }
       }
-      io_.dsinks[h] = -std::ldexp(sum, pass_.dout_shift);  // D's dO was scaled, P_sink never lifted
+      io_.dsinks[h] = -sum;
     }
   }
 
@@ -497,8 +516,9 @@ class FlashBackwardPlan final : public BackwardPlan {
   LineVector<bf16> qb_, dob_;              // Q and dO in bfloat16 [rows][pairs * 2]
   LineVector<bf16> row_pairs_q_, row_pairs_dout_;  // per tile and 64-row chunk: [32][width][2]
   std::int64_t chunks_per_tile_ = 1;
-  GradientPass pass_;                      // this pass's scaling of dO and P
-  std::atomic<bool> overflowed_{false};    // a result of this pass is not finite
+  std::vector<GradientPass> passes_;       // each (batch, kv head)'s scaling of dO and P in this pass
+  std::unique_ptr<std::atomic<bool>[]> unit_overflowed_;  // a result of the unit's pass is not finite
+  std::atomic<bool> dbias_overflowed_{false};
   LineVector<float> qs_, qn_, dout_, delta_, lse_hi_, lse_lo_, partial_;
   std::vector<double> dbias_, delta64_;  // D in float64 for dsinks
   std::vector<std::pair<std::int64_t, std::int64_t>> tile_keys_;

@@ -42,22 +42,51 @@ bool probabilities_from_lse(const Kernels& kernels, float* s, std::int64_t n, fl
   return false;
 }
 
-GradientShifts gradient_overflow_shifts(const Problem& p, const BackwardIO& io) {
-  auto max_abs = [](const TensorView& v) {
-    double m = 0;
-    for (std::int64_t b = 0; b < v.shape[0]; ++b)
-      for (std::int64_t h = 0; h < v.shape[1]; ++h)
-        for (std::int64_t s = 0; s < v.shape[2]; ++s)
-          for (std::int64_t c = 0; c < v.shape[3]; ++c) m = std::max(m, std::fabs(static_cast<double>(load_float(v, v.offset(b, h, s, c)))));
-    return m;
-  };
-  const double dout = max_abs(io.dout), v = max_abs(io.forward.v), q = max_abs(io.forward.q), k = max_abs(io.forward.k);
+namespace {
+
+// The largest |x| over batch entries [b0, b1) and heads [h0, h1) of a view.
+double max_abs(const TensorView& v, std::int64_t b0, std::int64_t b1, std::int64_t h0, std::int64_t h1) {
+  double m = 0;
+  for (std::int64_t b = b0; b < b1; ++b)
+    for (std::int64_t h = h0; h < h1; ++h)
+      for (std::int64_t s = 0; s < v.shape[2]; ++s)
+        for (std::int64_t c = 0; c < v.shape[3]; ++c) m = std::max(m, std::fabs(static_cast<double>(load_float(v, v.offset(b, h, s, c)))));
+  return m;
+}
+
+GradientShifts shifts_from(const Problem& p, double dout, double v, double q, double k) {
   const double rows = static_cast<double>(p.seq_q * p.group_size()), scale = std::fabs(p.scale);
   const double a = dout * v * static_cast<double>(p.head_dim_v);
   const double largest = 2.0 * a * std::max({1.0, scale * k, scale * q * rows}) + dout * rows;
   // 2^120: room for a dropout's 1 / (1 - p) and the sums' last roundings.
   auto shift = [](double x) { return std::clamp(static_cast<int>(std::ceil(std::log2(std::max(x, 1.0)))) - 120, 1, 250); };
   return {shift(2.0 * a), shift(largest)};
+}
+
+}  // namespace
+
+GradientShifts gradient_overflow_shifts(const Problem& p, const BackwardIO& io) {
+  auto all = [](const TensorView& v) { return max_abs(v, 0, v.shape[0], 0, v.shape[1]); };
+  return shifts_from(p, all(io.dout), all(io.forward.v), all(io.forward.q), all(io.forward.k));
+}
+
+GradientShifts gradient_overflow_shifts(const Problem& p, const BackwardIO& io, std::int64_t b, std::int64_t kv_head) {
+  const std::int64_t g = p.group_size(), h0 = kv_head * g;
+  return shifts_from(p, max_abs(io.dout, b, b + 1, h0, h0 + g), max_abs(io.forward.v, b, b + 1, kv_head, kv_head + 1),
+                     max_abs(io.forward.q, b, b + 1, h0, h0 + g), max_abs(io.forward.k, b, b + 1, kv_head, kv_head + 1));
+}
+
+bool next_gradient_pass(GradientPass& pass, const GradientShifts& shifts) {
+  constexpr int kLargestLift = 100;  // lifted weights stay far below float32's largest
+  if (pass.dout_shift == 0 && shifts.scores <= kLargestLift) {
+    pass = GradientPass{shifts.scores, shifts.scores};
+    return true;
+  }
+  if (pass.weight_lift != 0 || pass.dout_shift == 0) {
+    pass = GradientPass{shifts.all, 0};
+    return true;
+  }
+  return false;
 }
 
 std::int64_t dbias_row(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t i) {

@@ -49,17 +49,26 @@ struct GradientShifts {
   int scores = 0, all = 0;
 };
 GradientShifts gradient_overflow_shifts(const Problem& p, const BackwardIO& io);
+// The same from one (batch entry, kv head)'s own rows and keys: a backward
+// that declares batch invariance rescues each such unit on its own data, so
+// an entry's gradients do not follow what else is in the batch.
+GradientShifts gradient_overflow_shifts(const Problem& p, const BackwardIO& io, std::int64_t b, std::int64_t kv_head);
+
+// The next pass of a unit that overflowed in `pass`: dO down and P up by the
+// scores' shift, or (from there, or when that lift would be too large) every
+// result scaled back; false when `pass` was already that last one.
+bool next_gradient_pass(GradientPass& pass, const GradientShifts& shifts);
 
 // Runs `pass(GradientPass) -> bool overflowed` as is, then, when it
 // overflowed, with dO down and P up by the scores' shift, then, when that
 // overflowed too, with every result scaled back.
 template <class Pass>
 void run_gradient_passes(const Problem& p, const BackwardIO& io, Pass&& pass) {
-  if (!pass(GradientPass{})) return;
+  GradientPass current;
+  if (!pass(current)) return;
   const GradientShifts shifts = gradient_overflow_shifts(p, io);
-  constexpr int kLargestLift = 100;  // lifted weights stay far below float32's largest
-  if (shifts.scores <= kLargestLift && !pass(GradientPass{shifts.scores, shifts.scores})) return;
-  pass(GradientPass{shifts.all, 0});
+  while (next_gradient_pass(current, shifts) && pass(current)) {
+  }
 }
 
 // Where row (b, h, i)'s keys start in dbias sums kept in the bias's stored
