@@ -91,8 +91,8 @@ double largest_row_norm(const TensorView& v) {
           const double x = load_float(v, v.offset(b, h, i, d));
           sum += x * x;
         }
-        largest = std::max(largest, sum);  // NaN or inf stay out of max: checked below
-        if (!std::isfinite(sum)) return INFINITY;
+        if (!std::isfinite(sum)) return INFINITY;  // a row of NaN or inf bounds nothing
+        largest = std::max(largest, sum);
       }
   return std::sqrt(largest);
 }
@@ -150,7 +150,6 @@ std::unique_ptr<Float32Equivalent> float32_equivalent(const Problem& p, const At
   if (sinks_out) rest.sinks = nullptr;
   if (alibi_out) rest.alibi_slopes = nullptr;
   if (const Status left = float32_scores_fit(other, rest); !left) throw Unsupported(left.reason);
-
 
   auto e = std::make_unique<Float32Equivalent>();
   e->problem = p;
