@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <memory>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "attnbench/dropout.hpp"
