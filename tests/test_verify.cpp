@@ -29,6 +29,7 @@
 #include "verify/run_case.hpp"
 #include "verify/tolerance.hpp"
 #include "verify/recorded.hpp"
+#include "verify/relations.hpp"
 #include "verify/quantised.hpp"
 #include "verify/verifier.hpp"
 
@@ -993,6 +994,38 @@ TEST(Verifier, AConventionalMeanOfVRoundedToTheSubnormalGridFollowsTheConvention
   // A value a grid step further off still follows neither.
   std::vector<double> wrong = {18 * q};
   EXPECT_FALSE(apply_conventions({{ConventionKind::empty_rows_mean_v, "a test's"}}, data, wrong, nullptr).failure.empty());
+}
+
+// The relations' bound of a row with no visible key counts every key of its
+// entry among the subnormals: a declared convention averages them all (the
+// mean of V), kv_len 0 included. py-numpy FAILed V x 8 by 19 subnormal
+// spacings against 16 (make test's fuzz seed 941222, case 1, shrunk: float64,
+// one query, six keys all past kv_len 0, V near 1e-310).
+TEST(Verifier, ARelationsBoundOfARowWithNoVisibleKeyCountsEveryKeyItMayAverage) {
+  CaseData data;
+  data.problem = Problem::parse("dtype=f64,b=1,hq=1,hkv=1,sq=1,sk=6,d=1,dv=1,kv_len");
+  data.q = {0.5};
+  data.k = {1, 0, 1, 0, 1, 0};
+  data.v = {-1e-310, -2e-310, 3e-311, -1.5e-310, -1e-310, -7e-311};
+  data.kv_len = {0};
+  const double spacing = std::ldexp(1.0, -1074);
+  const Bounds b = relation_bounds(data, {0.0}, nullptr, 0.0);
+  EXPECT_GE(b.out[0], 6 * spacing) << "six terms may each round among float64's subnormals";
+  // The shrunk case itself: py-numpy's own run and its V x 8 agree within it.
+  const fs::path file = fs::path(ATTN_SOURCE_DIR) / "tests" / "data" / "fuzz" / "seed941222_case1_f64_kv_len_0_mean_v.h5";
+  VerifyOptions options;
+  options.relations = true;
+  const VerifySummary s = verify({file}, make_backends(std::vector<std::string>{"py-numpy"}), options);
+  ASSERT_TRUE(s.input_errors.empty());
+  int relations = 0;
+  for (const auto& o : s.outcomes) {
+    if (o.comparison.verdict == Verdict::skip) continue;  // no embedded Python here: nothing to judge
+    EXPECT_NE(o.comparison.verdict, Verdict::fail) << o.check << ": " << o.comparison.reason;
+    relations += o.check == "relation v_scale";
+  }
+  if (s.outcomes.front().comparison.verdict != Verdict::skip) {
+    EXPECT_EQ(relations, 1);
+  }
 }
 
 // A batch of thousands of entries runs only its first 16 alone: each entry
