@@ -3,9 +3,11 @@
 
 make verify runs every fixture of fixtures/golden under VERIFY_ARGS (read from the
 Makefile), so a FAIL of a mutant on any of them under those options is a FAIL of make
-verify. One run over the folder (the truth of each case computed once for all its
-mutants) asserts, under make verify's options:
-  - exit 1 (FAIL, not an input error);
+verify, and so is a FAIL under any one of the (threads, layout) pairs it runs. One run
+over the folder (the truth of each case computed once for all its mutants) at make
+verify's first pair, then one at every pair for the mutants the first did not catch,
+asserts:
+  - exit 1 (FAIL, not an input error) of the run that decides;
   - each mutant's own fixture is among its FAILs;
   - at least two different fixtures of the folder FAIL each mutant, so no catch hangs
     on a single witness.
@@ -66,13 +68,12 @@ def main():
     os.makedirs(out, exist_ok=True)
     # One report per part: the parts of a folder run side by side.
     report = os.path.join(out, re.sub(r"[^A-Za-z0-9_]+", "_", os.path.basename(folder) + spec[len(folder):]) + ".json")
-    mutants = ",".join(name for name, _ in pairs)
     # Mutants of a backward (bwd_* of naive's, fbwd_* of the fast one,
-    # openblas_bwd_* of openblas's) compute
-    # their backend's own forward: only their gradients can FAIL, so only those
-    # are judged (make verify judges both), and by the comparison with the
-    # golden alone: make verify runs the checks without a golden besides, so a
-    # FAIL here is one of make verify's all the same, in half the time.
+    # openblas_bwd_* of openblas's) compute their backend's own forward: only
+    # their gradients can FAIL, so only those are judged (make verify judges
+    # both), and by the comparison with the golden alone: make verify runs the
+    # checks without a golden besides, so a FAIL here is one of make verify's
+    # all the same, in half the time.
     if all(name.startswith(BACKWARD_PREFIXES) for name, _ in pairs):
         args = [*args, "--direction", "backward", "--skip-check", "invariance,relations"]
     # The dropout mutants are caught by the dropout rows, which make verify
@@ -80,25 +81,60 @@ def main():
     # relations of their folder would only repeat the real backends' work.
     elif os.path.basename(folder) == "dropout":
         args = [*args, "--skip-check", "invariance,relations"]
-    run = subprocess.run([cli, "verify", *inputs, "--backend", mutants, *args, "--quiet", "--json", report],
-                         capture_output=True, text=True)
-    if run.returncode != 1:
-        sys.exit(f"{mutants} on {folder} with {args}: exit {run.returncode}, expected 1\n{run.stdout}\n{run.stderr}")
-    with open(report) as f:
-        results = json.load(f)["results"]
-    for name, witness in pairs:
-        failed = sorted({r["fixture"] for r in results if r["backend"] == name and r["verdict"] == "FAIL"})
-        forward = sorted({r["fixture"] for r in results if r["backend"] == name and r["verdict"] == "FAIL"
-                          and r.get("direction", "forward") == "forward"})
-        if name.startswith(BACKWARD_PREFIXES) and forward:
-            sys.exit(f"{name}: its forward FAILs on {forward}; a backward mutant must break only the backward")
-        if witness not in failed:
-            sys.exit(f"{name}: its own fixture {witness} does not FAIL it under make verify's options "
-                     f"(failing: {failed})")
-        if len(failed) < 2:
-            sys.exit(f"{name}: only {len(failed)} fixture of {folder} catches it ({failed}); add a second witness")
-        print(f"{name}: caught by {len(failed)} fixtures of {os.path.basename(folder)}/")
+    # make verify runs every (threads, layout) pair of its lists, and a FAIL
+    # in any is its FAIL: the mutants are first judged at the first pair
+    # alone, and only those it does not catch twice at all of them.
+    first = first_configuration(args)
+    left = pairs
+    for phase_args in ([first, args] if first != args else [args]):
+        run = subprocess.run([cli, "verify", *inputs, "--backend", ",".join(name for name, _ in left), *phase_args,
+                              "--quiet", "--json", report], capture_output=True, text=True)
+        last = phase_args is args
+        if run.returncode not in ((1,) if last else (0, 1)):
+            sys.exit(f"{','.join(n for n, _ in left)} on {folder} with {phase_args}: exit {run.returncode}, "
+                     f"expected {'1' if last else '0 or 1'}\n{run.stdout}\n{run.stderr}")
+        with open(report) as f:
+            results = json.load(f)["results"]
+        missed = []
+        for name, witness in left:
+            failed = sorted({r["fixture"] for r in results if r["backend"] == name and r["verdict"] == "FAIL"})
+            forward = sorted({r["fixture"] for r in results if r["backend"] == name and r["verdict"] == "FAIL"
+                              and r.get("direction", "forward") == "forward"})
+            if name.startswith(BACKWARD_PREFIXES) and forward:
+                sys.exit(f"{name}: its forward FAILs on {forward}; a backward mutant must break only the backward")
+            if witness in failed and len(failed) >= 2:
+                at = "" if last else " at " + " ".join(first_pair(phase_args))
+                print(f"{name}: caught by {len(failed)} fixtures of {os.path.basename(folder)}/{at}")
+                continue
+            if not last:
+                missed.append((name, witness))
+            elif witness not in failed:
+                sys.exit(f"{name}: its own fixture {witness} does not FAIL it under make verify's options "
+                         f"(failing: {failed})")
+            else:
+                sys.exit(f"{name}: only {len(failed)} fixture of {folder} catches it ({failed}); add a second witness")
+        left = missed
+        if not left:
+            return
 
+
+def first_configuration(args):
+    """make verify's options with only the first of its thread counts and of its layouts."""
+    out = list(args)
+    for option in ("--threads", "--layout"):
+        if option in out:
+            at = out.index(option) + 1
+            out[at] = out[at].split(",")[0]
+    return out
+
+
+def first_pair(args):
+    """The threads and layout of a first configuration, for the report."""
+    shown = []
+    for option in ("--threads", "--layout"):
+        if option in args:
+            shown += [option, args[args.index(option) + 1]]
+    return shown
 
 if __name__ == "__main__":
     main()
