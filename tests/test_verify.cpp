@@ -1219,14 +1219,6 @@ TEST(Verifier, DequantisingThroughFloat32IsAPlainFormulation) {
 // them (limit 8x): the measured bound's floor now has the underflowed
 // weights' allowance the a-priori bound has, and the case proves little
 // (MISTRUSTED), for every backend.
-// Fuzz seed 2, case 570 (shrunk; the rescue family of the draw): bfloat16,
-// v near float32's largest / 8 over 256 columns and six keys. A tile whose
-// sums of weights times V overflow float32 is redone with the weights scaled
-// down, and its l, summed with exp2's coefficients scaled, differed from the
-// first pass's in the last bit; a row whose tile overflowed in the dense
-// batch but not paged (or the other way) got another lse: blocked and
-// streaming, which declare batch invariance, FAILed it. The redo's lse now
-// comes from the first pass.
 namespace {
 
 // blocked and streaming (which declare batch invariance) over a shrunk fuzz
@@ -1253,6 +1245,14 @@ int blocked_and_streaming_invariant(const char* name, std::optional<Direction> d
 
 }  // namespace
 
+// Fuzz seed 2, case 570 (shrunk; the rescue family of the draw): bfloat16,
+// v near float32's largest / 8 over 256 columns and six keys. A tile whose
+// sums of weights times V overflow float32 is redone with the weights scaled
+// down, and its l, summed with exp2's coefficients scaled, differed from the
+// first pass's in the last bit; a row whose tile overflowed in the dense
+// batch but not paged (or the other way) got another lse: blocked and
+// streaming, which declare batch invariance, FAILed it. The redo's lse now
+// comes from the first pass.
 TEST(Verifier, ARedoneTilesLseIsItsFirstPasss) {
   EXPECT_EQ(blocked_and_streaming_invariant("seed2_case570_bf16_overflow_redo_lse.h5", std::nullopt), 2);
 }
