@@ -64,6 +64,12 @@ struct CaseData {
   // encoding and the shapes of its scales, with codes of 1, scales and
   // descales of 1, zero points of 0 (the normalisation probe's V = 1).
   void fill_ones(char tensor);
+  // Whether stored row (b, s) of q, k or v, at [b * seq + s] of the stored
+  // shape, is read by some batch entry: every row of q and of a dense K or V;
+  // a packed K or V's rows up to the last sequence's end; a paged pool's
+  // slots that some entry's page table reaches below its length. The others
+  // (free pages and slots, a packed tail) are never read.
+  std::vector<char> read_rows(char tensor) const;
 };
 
 // The inputs of a case converted to the problem's dtype and layout, owned, with

@@ -19,26 +19,6 @@ double largest_code(Encoding e) {
   }
 }
 
-// Whether stored position (b, s) of tensor t is read by some batch entry.
-std::vector<char> read_positions(const CaseData& data, char t) {
-  const Problem& p = data.problem;
-  const auto shape = p.stored_shape(t);
-  std::vector<char> read(static_cast<std::size_t>(shape[0] * shape[2]), 1);
-  if (t == 'q') return read;
-  if (p.ragged) {
-    for (std::int64_t s = data.cu_seqlens_k.back(); s < shape[2]; ++s) read[static_cast<std::size_t>(s)] = 0;
-  } else if (p.paged()) {
-    std::fill(read.begin(), read.end(), 0);
-    for (std::int64_t e = 0; e < p.batch; ++e) {
-      for (std::int64_t j = 0; j < data.seq_lens[static_cast<std::size_t>(e)]; ++j) {
-        const std::int64_t page = data.page_table[static_cast<std::size_t>(e * p.pages_per_entry() + j / p.page_size)];
-        read[static_cast<std::size_t>(page * p.page_size + j % p.page_size)] = 1;
-      }
-    }
-  }
-  return read;
-}
-
 // The descale slot of stored row (b, h, s): entry * heads_kv + kv head, or
 // 0 for one per tensor. Paged K and V share one descale per kv head across
 // entries (a page's codes have one value, whoever reads it).
@@ -109,7 +89,7 @@ void quantise_tensor(CaseData& data, char t, const QuantiseOptions& options) {
   QuantData& quant = data.quant(t);
   quant = QuantData{};
   quant.original = x;
-  const std::vector<char> read = read_positions(data, t);
+  const std::vector<char> read = data.read_rows(t);
   auto is_read = [&](std::int64_t b, std::int64_t s) { return read[static_cast<std::size_t>(b * shape[2] + s)] != 0; };
   auto at = [&](std::int64_t b, std::int64_t h, std::int64_t s) { return ((b * shape[1] + h) * shape[2] + s) * width; };
   if (options.poison_unread) {  // 10^4 (or the largest the dtype allows), saturating codes whose scales the read rows set

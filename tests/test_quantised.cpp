@@ -175,6 +175,53 @@ TEST(Quantised, FilesThatNumpyWroteLoadAndPass) {
   EXPECT_GT(summary.outcomes.front().quantisation->relative, 0.0);
 }
 
+// Written with other tools' quantisers (tests/data/make_outside_v4_cases.py:
+// ml_dtypes' float8 and int4 casts, gguf-py's Q8_0 and Q4_0), from the docs
+// page alone. The paged one's free slots hold blocks that dequantise beyond
+// float16's range; no entry reads them, so the file is valid, but the same
+// block in a slot an entry reads is an input error naming the element.
+TEST(Quantised, FilesThatMlDtypesAndGgufWroteLoadAndPass) {
+  const std::vector<fs::path> files = {kData / "mldtypes_v4_e4m3_kv_head_descale_gqa_decode_f32.h5",
+                                       kData / "mldtypes_gguf_v4_e5m2_q_e4m3_k_q8_0_v_causal_bf16.h5",
+                                       kData / "gguf_v4_q8_0_k_q4_0_v_paged_huge_free_slots_f16.h5",
+                                       kData / "mldtypes_v4_u8_k_group_zp_int4_v_causal_f32.h5"};
+  const VerifySummary summary = verify(files, make_backends(std::vector<std::string>{"naive", "blocked", "streaming"}), {});
+  EXPECT_TRUE(summary.input_errors.empty()) << summary.input_errors.front().message;
+  ASSERT_EQ(summary.outcomes.size(), 12u);
+  for (const auto& o : summary.outcomes) {
+    EXPECT_EQ(o.comparison.verdict, Verdict::pass) << o.backend << " " << o.fixture << ": " << o.comparison.reason;
+  }
+
+  Fixture paged = read_fixture(files[2]);
+  const CaseData& data = paged.data;
+  const std::vector<char> read = data.read_rows('k');
+  const auto shape = data.problem.stored_shape('k');
+  const std::int64_t width = shape[3], row_bytes = shape[3] / 32 * 34;
+  double largest_unread = 0;
+  std::int64_t first_read = -1, first_unread = -1;
+  for (std::int64_t page = 0; page < shape[0]; ++page)
+    for (std::int64_t slot = 0; slot < shape[2]; ++slot) {
+      const bool is_read = read[static_cast<std::size_t>(page * shape[2] + slot)] != 0;
+      const std::int64_t row = page * shape[1] * shape[2] + slot;  // kv head 0
+      if (is_read && first_read < 0) first_read = row;
+      if (is_read) continue;
+      if (first_unread < 0) first_unread = row;
+      for (std::int64_t d = 0; d < width; ++d) {
+        largest_unread = std::max(largest_unread, std::fabs(data.k[static_cast<std::size_t>(row * width + d)]));
+      }
+    }
+  EXPECT_GT(largest_unread, 65504.0) << "the free slots should hold values beyond float16's range";
+  ASSERT_GE(first_read, 0);
+  ASSERT_GE(first_unread, 0);
+  CaseData poisoned = data;
+  std::copy_n(poisoned.k_quant.codes.begin() + first_unread * row_bytes, row_bytes,
+              poisoned.k_quant.codes.begin() + first_read * row_bytes);
+  poisoned.dequantise();
+  const std::string error = input_error_of([&] { poisoned.validate(); });
+  EXPECT_NE(error.find("k[" + std::to_string(first_read * width) + "] dequantises to"), std::string::npos) << error;
+  EXPECT_NE(error.find("beyond float16's largest finite value"), std::string::npos) << error;
+}
+
 TEST(Quantised, AGoldenOfTheOriginalValuesIsAnInputError) {
   const VerifySummary summary =
       verify({kData / "numpy_v4_e4m3_golden_from_originals_f32.refused"}, make_backends(std::vector<std::string>{"naive"}), {});
