@@ -20,8 +20,11 @@
 #include "tests/mutants/catalogue.hpp"
 #include "reference/layer.hpp"
 #include "tests/declared.hpp"
+#include "verify/conventions.hpp"
 #include "verify/layer_backward.hpp"
 #include "verify/layer.hpp"
+#include "verify/run_case.hpp"
+#include "verify/tolerance.hpp"
 #include "verify/verifier.hpp"
 #include "verify/weights.hpp"
 
@@ -247,6 +250,58 @@ class FlawedLayer final : public Backend, public BackendExtensions {
 };
 
 }  // namespace
+
+// A framework's own layer that declares the mean of V on rows with no
+// visible key (Keras: a masked score becomes -1e9) gives, on such a query,
+// W_O times the mean of its float32-projected V plus b_O, with float32's
+// rounding in every product: that y row follows the convention (within a
+// bound of its own, not the format's row of 0, whose bound is b_O's
+// rounding: TensorFlow 2.21 FAILed this case), and the same row one part
+// in 10^4 off follows neither.
+TEST(LayerVerification, AFloat32MeanOfVOnAFullyMaskedQueryFollowsTheDeclaredConvention) {
+  const LayerFixture fixture = read_layer_fixture(kGolden / "layer_backward" / "mask_rows_cross_q5_k4_f32.h5");
+  const LayerData& layer = fixture.data;
+  const Problem& p = layer.problem;
+  const LayerReference reference = reference_layer(layer);
+  const std::vector<double> bound = derive_layer_bounds(layer, reference);
+  // The attention of the float32 projections (naive), then the convention's
+  // rows: the mean of V over every key, summed in float.
+  const CaseData inputs = layer_attention_inputs(layer);
+  const std::unique_ptr<Backend> naive = make_naive_backend();
+  std::vector<double> out = run_backend(*naive, inputs, {}).out;
+  std::int64_t empty = 0;
+  for (std::int64_t row = 0; row < p.rows(); ++row) {
+    if (reference.stats.visible[static_cast<std::size_t>(row)] != 0) continue;
+    ++empty;
+    const std::int64_t b = row / (p.heads_q * p.seq_q), g = row / p.seq_q % p.heads_q / p.group_size();
+    for (std::int64_t d = 0; d < p.head_dim_v; ++d) {
+      float sum = 0;
+      for (std::int64_t j = 0; j < p.seq_k; ++j) {
+        sum += static_cast<float>(inputs.v[static_cast<std::size_t>(((b * p.heads_kv + g) * p.seq_k + j) * p.head_dim_v + d)]);
+      }
+      out[static_cast<std::size_t>(row * p.head_dim_v + d)] = sum / static_cast<float>(p.seq_k);
+    }
+  }
+  ASSERT_GT(empty, 0) << "the case should have fully masked rows";
+  const std::vector<double> merged = merge_heads(out, p.batch, p.heads_q, p.seq_q, p.head_dim_v);
+  const std::vector<double> y = project_in_dtype(merged, p.batch * p.seq_q, layer.o_width(), layer.w_o, layer.model_dim,
+                                                 layer.b_o, p.dtype);
+  const std::vector<Convention> mean_v = {{ConventionKind::empty_rows_mean_v, "a test's"}};
+  std::vector<double> followed = y;
+  const ConventionOutcome o = apply_layer_conventions(mean_v, layer, reference, bound, followed);
+  EXPECT_TRUE(o.failure.empty()) << o.failure;
+  EXPECT_GT(o.rows_followed, 0);
+  EXPECT_EQ(o.rows_followed, o.empty_rows);
+  // One element of the first such query's y, a part in 10^4 off.
+  std::vector<double> wrong = y;
+  for (std::int64_t q = 0; q < p.batch * p.seq_q; ++q) {
+    const std::int64_t b = q / p.seq_q, i = q % p.seq_q;
+    if (reference.stats.visible[static_cast<std::size_t>((b * p.heads_q) * p.seq_q + i)] != 0) continue;
+    wrong[static_cast<std::size_t>(q * layer.model_dim)] *= 1 + 1e-4;
+    break;
+  }
+  EXPECT_FALSE(apply_layer_conventions(mean_v, layer, reference, bound, wrong).failure.empty());
+}
 
 TEST(LayerGradients, TheChainRuleMatchesFiniteDifferencesOfTheLayer) {
   Rng rng(7);

@@ -21,13 +21,14 @@ std::int64_t broadcast_index(const BroadcastShape& s, std::int64_t seq_k, std::i
   return ((bb * s.heads + hh) * s.rows + ii) * seq_k + j;
 }
 
-// The row every convention predicts, [head_dim_v]; empty for NaN.
-std::vector<double> predicted_row(ConventionKind kind, const CaseData& data, std::int64_t b, std::int64_t h,
-                                  std::int64_t i) {
+// The weights over the keys of row (b, h, i) that a convention averages V
+// with (empty for NaN, or without keys): uniform (the mean of V), or the
+// softmax of every score with nothing hidden.
+std::vector<double> convention_weights(ConventionKind kind, const CaseData& data, std::int64_t b, std::int64_t h,
+                                       std::int64_t i) {
   const Problem& p = data.problem;
   const std::int64_t kvh = h / p.group_size();
-  std::vector<double> row(static_cast<std::size_t>(p.head_dim_v), 0.0);
-  if (kind == ConventionKind::empty_rows_nan || p.seq_k == 0) return row;
+  if (kind == ConventionKind::empty_rows_nan || p.seq_k == 0) return {};
   std::vector<double> weight(static_cast<std::size_t>(p.seq_k), 1.0);
   if (kind == ConventionKind::empty_rows_unmasked) {
     double top = -std::numeric_limits<double>::infinity();
@@ -49,14 +50,65 @@ std::vector<double> predicted_row(ConventionKind kind, const CaseData& data, std
   }
   double total = 0;
   for (double w : weight) total += w;
-  for (std::int64_t j = 0; j < p.seq_k; ++j) {
-    const double w = weight[static_cast<std::size_t>(j)] / total;
+  for (double& w : weight) w /= total;
+  return weight;
+}
+
+// The row every convention predicts, [head_dim_v]; zeros for NaN.
+std::vector<double> predicted_row(ConventionKind kind, const CaseData& data, std::int64_t b, std::int64_t h,
+                                  std::int64_t i) {
+  const Problem& p = data.problem;
+  const std::int64_t kvh = h / p.group_size();
+  std::vector<double> row(static_cast<std::size_t>(p.head_dim_v), 0.0);
+  const std::vector<double> weight = convention_weights(kind, data, b, h, i);
+  for (std::size_t j = 0; j < weight.size(); ++j) {
     for (std::int64_t d = 0; d < p.head_dim_v; ++d) {
       row[static_cast<std::size_t>(d)] +=
-          w * data.v[static_cast<std::size_t>(((b * p.heads_kv + kvh) * p.seq_k + j) * p.head_dim_v + d)];
+          weight[j] * data.v[static_cast<std::size_t>(((b * p.heads_kv + kvh) * p.seq_k + static_cast<std::int64_t>(j)) * p.head_dim_v + d)];
     }
   }
   return row;
+}
+
+// The error a backend of the case's dtype may make in a row it computes by
+// the convention, inside a layer, [head_dim_v]: the projections' errors of
+// V averaged with the convention's weights, those of Q and K moving its
+// scores (softmax with nothing hidden), and its own rounding over the keys;
+// with the layer bounds' safety factor. (The format's row of 0 has none.)
+std::vector<double> convention_row_error(ConventionKind kind, const CaseData& data, const LayerProjectionErrors& e,
+                                         std::int64_t b, std::int64_t h, std::int64_t i) {
+  const Problem& p = data.problem;
+  const std::int64_t g = h / p.group_size();
+  const double u = unit_roundoff(p.dtype), u_acc = accumulation_roundoff(p.dtype);
+  std::vector<double> error(static_cast<std::size_t>(p.head_dim_v), 0.0);
+  const std::vector<double> weight = convention_weights(kind, data, b, h, i);
+  if (weight.empty()) return error;
+  const std::vector<double> row = predicted_row(kind, data, b, h, i);
+  const std::int64_t q_row = (b * p.heads_q + h) * p.seq_q + i;
+  double score_shift = 0;
+  if (kind == ConventionKind::empty_rows_unmasked) {
+    for (std::int64_t j = 0; j < p.seq_k; ++j) {
+      double shift2 = 0, s = 0;
+      for (std::int64_t d = 0; d < p.head_dim; ++d) {
+        const auto qi = static_cast<std::size_t>(q_row * p.head_dim + d);
+        const auto kj = static_cast<std::size_t>(((b * p.heads_kv + g) * p.seq_k + j) * p.head_dim + d);
+        shift2 += e.q[qi] * data.k[kj] * e.q[qi] * data.k[kj] + data.q[qi] * e.k[kj] * data.q[qi] * e.k[kj];
+        s += data.q[qi] * data.k[kj];
+      }
+      score_shift = std::max(score_shift, std::fabs(p.scale) * (std::sqrt(shift2) + u_acc * std::fabs(s)));
+    }
+  }
+  const double grow = std::sqrt(static_cast<double>(p.seq_k)) * u_acc + u;
+  for (std::int64_t j = 0; j < p.seq_k; ++j) {
+    const double w = weight[static_cast<std::size_t>(j)];
+    for (std::int64_t d = 0; d < p.head_dim_v; ++d) {
+      const auto vj = static_cast<std::size_t>(((b * p.heads_kv + g) * p.seq_k + j) * p.head_dim_v + d);
+      error[static_cast<std::size_t>(d)] +=
+          w * (e.v[vj] + grow * std::fabs(data.v[vj]) + score_shift * std::fabs(data.v[vj] - row[static_cast<std::size_t>(d)]));
+    }
+  }
+  for (double& x : error) x *= ToleranceConstants::safety_factor;
+  return error;
 }
 
 std::string kind_text(ConventionKind kind) {
@@ -156,24 +208,37 @@ ConventionOutcome apply_layer_conventions(const std::vector<Convention>& convent
         empty[static_cast<std::size_t>((b * p.heads_q + h) * p.seq_q + i)] = 1;
         query[static_cast<std::size_t>(b * p.seq_q + i)] = 1;
       }
-  // y as each convention predicts it.
-  std::vector<std::vector<double>> predicted;
+  // y as each convention predicts it, and its bound: the rows that follow
+  // it carry what a backend computing them in the dtype may err by (a mean
+  // of V through W_O is not a row of 0, whose bound is b_O's rounding).
+  std::vector<std::vector<double>> predicted, predicted_bound;
+  const bool averages = std::any_of(conventions.begin(), conventions.end(),
+                                    [](const Convention& c) { return c.kind != ConventionKind::empty_rows_nan; });
+  const LayerProjectionErrors projections = averages ? layer_projection_errors(layer, reference) : LayerProjectionErrors{};
+  const std::vector<double> attention_error = averages ? layer_attention_error(layer, reference) : std::vector<double>{};
   for (const Convention& c : conventions) {
-    std::vector<double> o = reference.result.out;
+    std::vector<double> o = reference.result.out, error = attention_error;
     for (std::int64_t b = 0; b < p.batch; ++b)
       for (std::int64_t h = 0; h < p.heads_q; ++h)
         for (std::int64_t i = 0; i < p.seq_q; ++i) {
           const std::size_t row = static_cast<std::size_t>((b * p.heads_q + h) * p.seq_q + i);
           if (!empty[row]) continue;
-          std::vector<double> want = predicted_row(c.kind, data, b, h, i);
+          const std::vector<double> want = predicted_row(c.kind, data, b, h, i);
+          const std::vector<double> err = c.kind == ConventionKind::empty_rows_nan
+                                              ? std::vector<double>{}
+                                              : convention_row_error(c.kind, data, projections, b, h, i);
           for (std::int64_t d = 0; d < width; ++d) {
-            o[row * static_cast<std::size_t>(width) + static_cast<std::size_t>(d)] =
-                c.kind == ConventionKind::empty_rows_nan ? std::numeric_limits<double>::quiet_NaN()
-                                                         : want[static_cast<std::size_t>(d)];
+            const std::size_t at = row * static_cast<std::size_t>(width) + static_cast<std::size_t>(d);
+            o[at] = c.kind == ConventionKind::empty_rows_nan ? std::numeric_limits<double>::quiet_NaN()
+                                                             : want[static_cast<std::size_t>(d)];
+            if (!err.empty()) error[at] = err[static_cast<std::size_t>(d)];
           }
         }
     const std::vector<double> merged = merge_heads(o, p.batch, p.heads_q, p.seq_q, width);
     predicted.push_back(reference_projection(merged, p.batch * p.seq_q, layer.o_width(), layer.w_o, m, layer.b_o));
+    predicted_bound.push_back(c.kind == ConventionKind::empty_rows_nan
+                                  ? std::vector<double>{}
+                                  : layer_output_bounds(layer, predicted.back(), o, error));
   }
   std::int64_t neither = 0;
   std::string first;
@@ -193,7 +258,7 @@ ConventionOutcome apply_layer_conventions(const std::vector<Convention>& convent
       for (std::int64_t e = 0; e < m && same; ++e) {
         const std::size_t k = at + static_cast<std::size_t>(e);
         if (conventions[c].kind == ConventionKind::empty_rows_nan) same = std::isnan(y[k]);
-        else same = std::isfinite(y[k]) && std::fabs(y[k] - predicted[c][k]) <= 2 * bound[k] + 1e-300;
+        else same = std::isfinite(y[k]) && std::fabs(y[k] - predicted[c][k]) <= 2 * predicted_bound[c][k] + 1e-300;
       }
       if (same) {
         matched = true;

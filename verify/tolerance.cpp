@@ -354,15 +354,19 @@ std::vector<double> layer_attention_error(const LayerData& layer, const LayerRef
 // probabilistic model as the root-n terms of the attention bound; C = 8 covers
 // the rest, as there.
 std::vector<double> derive_layer_bounds(const LayerData& layer, const LayerReference& ref) {
+  return layer_output_bounds(layer, ref.y, ref.result.out, layer_attention_error(layer, ref));
+}
+
+std::vector<double> layer_output_bounds(const LayerData& layer, const std::vector<double>& y,
+                                        const std::vector<double>& out, const std::vector<double>& error_o) {
   const Problem& p = layer.problem;
   const std::int64_t m = layer.model_dim;
   const double c = ToleranceConstants::safety_factor;
   const double u = unit_roundoff(p.dtype), u_acc = accumulation_roundoff(p.dtype);
-  std::vector<double> bounds(ref.y.size());
-  const std::vector<double> error_o = layer_attention_error(layer, ref);
+  std::vector<double> bounds(y.size());
   // Through the output projection, over the merged width.
   const std::vector<double> merged_error = merge_heads(error_o, p.batch, p.heads_q, p.seq_q, p.head_dim_v);
-  const std::vector<double> merged_o = merge_heads(ref.result.out, p.batch, p.heads_q, p.seq_q, p.head_dim_v);
+  const std::vector<double> merged_o = merge_heads(out, p.batch, p.heads_q, p.seq_q, p.head_dim_v);
   const std::int64_t width = layer.o_width();
   const double grow = std::sqrt(static_cast<double>(width)) * u_acc;
   for (std::int64_t r = 0; r < p.batch * p.seq_q; ++r)
@@ -379,7 +383,7 @@ std::vector<double> derive_layer_bounds(const LayerData& layer, const LayerRefer
       const auto e = static_cast<std::size_t>(r * m + col);
       const double b_o = layer.b_o.empty() ? 0.0 : layer.b_o[static_cast<std::size_t>(col)];
       bounds[e] = std::sqrt(carried2) +
-                  c * (u * std::fabs(ref.y[e]) + grow * magnitude + input_rounding + std::fabs(round_to_dtype(b_o, p.dtype) - b_o));
+                  c * (u * std::fabs(y[e]) + grow * magnitude + input_rounding + std::fabs(round_to_dtype(b_o, p.dtype) - b_o));
     }
   return bounds;
 }

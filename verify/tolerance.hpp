@@ -211,6 +211,11 @@ Bounds derive_bounds(const Problem& problem, const std::vector<double>& truth_ou
 // the three input projections carried through the attention, the attention's
 // own bound, and the output projection.
 std::vector<double> derive_layer_bounds(const LayerData& layer, const LayerReference& reference);
+// The same for any attention output `out` with its bound `error_o` ([batch,
+// heads_q, seq_q, head_dim_v]) and the y it projects to: the output
+// projection's part (a declared convention's rows use it).
+std::vector<double> layer_output_bounds(const LayerData& layer, const std::vector<double>& y,
+                                        const std::vector<double>& out, const std::vector<double>& error_o);
 
 // The pieces of it that the layer's gradients reuse (verify/layer_backward.hpp).
 // One projection's first-order error per element (no safety factor): its

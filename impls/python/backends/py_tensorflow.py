@@ -57,7 +57,8 @@ def supports(problem):
 
 def conventions(problem):
     if ac.hides_anything(problem):
-        return [("empty_rows_mean_v", "s + mask * -1e9 rounds to -1e9 on every key of such a row in float32")]
+        return [("empty_rows_mean_v", "every key of such a row scores -1e9 (the function adds mask * -1e9, "
+                                      "Keras' masked softmax puts -1e9 in): uniform weights in float32")]
     return []
 
 
