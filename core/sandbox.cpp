@@ -7,10 +7,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <fstream>
 
 #include "attnbench/error.hpp"
 
@@ -35,11 +37,30 @@ constexpr bool kAddressLimitWorks = false;  // ASan reserves terabytes of shadow
 constexpr bool kAddressLimitWorks = true;
 #endif
 
+// The address space this process maps now (libraries, stacks, heaps, and
+// what a framework in the same process reserved: PyTorch and JAX together
+// reserve several GiB they never touch); 0 when /proc cannot tell.
+double mapped_bytes() {
+  double pages = 0;
+  std::ifstream statm("/proc/self/statm");  // first field: pages mapped
+  if (!(statm >> pages)) return 0;
+  return pages * static_cast<double>(sysconf(_SC_PAGESIZE));
+}
+
 [[noreturn]] void child(const std::function<void()>& work, const SandboxLimits& limits, int fd) {
   if (kAddressLimitWorks) {
-    const auto bytes = static_cast<rlim_t>(limits.memory_gib * 1024.0 * 1024.0 * 1024.0);
-    rlimit as{bytes, bytes};
-    setrlimit(RLIMIT_AS, &as);
+    // The reader may map memory_gib more than the process it was forked
+    // from holds: a limit on the total would leave nothing to a reader
+    // forked from a Python process with torch and JAX loaded.
+    rlimit as{};
+    getrlimit(RLIMIT_AS, &as);
+    const double wanted = mapped_bytes() + limits.memory_gib * 1024.0 * 1024.0 * 1024.0;
+    const auto bytes = static_cast<rlim_t>(std::min(wanted, 1.8e19));
+    if (as.rlim_cur == RLIM_INFINITY || bytes < as.rlim_cur) {
+      as.rlim_cur = bytes;
+      as.rlim_max = bytes;
+      setrlimit(RLIMIT_AS, &as);
+    }
   }
   const auto cpu = static_cast<rlim_t>(limits.wall_seconds + 1);
   rlimit seconds{cpu, cpu};

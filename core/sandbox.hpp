@@ -10,7 +10,7 @@ namespace attn {
 
 struct SandboxLimits {
   double wall_seconds = 60;   // ATTN_READ_SECONDS
-  double memory_gib = 8;      // ATTN_READ_MEMORY_GIB: address space of the child (not under ASan)
+  double memory_gib = 8;      // ATTN_READ_MEMORY_GIB: address space the child may map beyond its parent's (not under ASan)
   static SandboxLimits from_environment();  // defaults, overridden by the variables above
 };
 

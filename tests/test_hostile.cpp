@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <fcntl.h>
 #include <hdf5.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -652,4 +653,36 @@ TEST(Sandbox, ACrashAHangAndAnAllocationBombComeBackAsMessages) {
       limits);
   EXPECT_NE(bomb.find("more than the 1 GiB"), std::string::npos) << bomb;
 #endif
+}
+
+// The reader's address-space limit counts from what the process it is forked
+// from maps: a Python process with PyTorch and JAX loaded maps several GiB it
+// never touches (4.5 GiB with torch 2.15 and jax 0.10), and with a limit on
+// the total every read of python.frameworks failed ("needs 0.00 GiB, more than
+// the 0.00 GiB of address space this process may still map"). A reservation
+// larger than the limit stands in for them; the bomb is still caught.
+TEST(Sandbox, TheAddressLimitCountsFromWhatTheParentAlreadyMaps) {
+  constexpr std::size_t kReserved = std::size_t{12} << 30;
+  void* reserved = ::mmap(nullptr, kReserved, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  ASSERT_NE(reserved, MAP_FAILED);
+  SandboxLimits limits;
+  limits.wall_seconds = 10;
+  limits.memory_gib = 1;
+  EXPECT_EQ(run_sandboxed(
+                [] {
+                  std::vector<char> some(std::size_t{256} << 20);
+                  some[12345] = 1;
+                },
+                limits),
+            "");
+#if !defined(__SANITIZE_ADDRESS__)
+  const std::string bomb = run_sandboxed(
+      [] {
+        std::vector<char> huge(std::size_t{4} << 30);
+        huge[12345] = 1;
+      },
+      limits);
+  EXPECT_NE(bomb.find("more than the 1 GiB"), std::string::npos) << bomb;
+#endif
+  ::munmap(reserved, kReserved);
 }
