@@ -402,7 +402,7 @@ TEST_F(Outside, PyTorchVerifiesAndABrokenTorchAdapterFails) {
   EXPECT_GE(per_backend(fp8, "py-torch").at("PASS").get<int>(), 7);
   EXPECT_EQ(per_backend(fp8, "py-torch").at("FAIL").get<int>(), 0);
   std::string untransposed = patched(source, "NAME = \"py-torch\"", "NAME = \"py-torch-wt\"");
-  untransposed = patched(untransposed, "t(data.w_q.T)", "t(data.w_q)");
+  untransposed = patched(untransposed, "torch.cat([p(data.w_q.T),", "torch.cat([p(data.w_q),");
   r = run_attn_env(env, "verify --plugin " + write("torch_wt.py", untransposed).string() + " -b py-torch-wt " + kGolden +
                             "/layer/self_b2_s10_f32.h5");
   EXPECT_EQ(r.code, 1) << r.output;
@@ -410,9 +410,16 @@ TEST_F(Outside, PyTorchVerifiesAndABrokenTorchAdapterFails) {
   // The backward: autograd through SDPA passes every backward case it can
   // express, within the measured bound, at two thread counts (its declared
   // thread-dependent sums DIFFERS, never FAIL); a dV from the wrong head FAILs.
+  // Left out: backward/huge_v_*, V near float32's largest, where autograd's
+  // dP = dO V^T overflows and dQ, dK are NaN (torch 2.15): a FAIL, rightly.
+  std::string cases;
+  for (const auto& entry : fs::directory_iterator(kGolden + "/backward")) {
+    if (entry.path().extension() == ".h5" && entry.path().filename().string().rfind("huge_v_", 0) != 0) {
+      cases += " " + entry.path().string();
+    }
+  }
   const fs::path backward = dir_ / "backward.json";
-  r = run_attn_env(env, "verify -b py-torch " + kGolden + "/backward --direction backward --threads 1,2 -q --json " +
-                            backward.string());
+  r = run_attn_env(env, "verify -b py-torch" + cases + " --direction backward --threads 1,2 -q --json " + backward.string());
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_GE(per_backend(backward, "py-torch").at("PASS").get<int>(), 30);
   std::string first_dv = patched(source, "NAME = \"py-torch\"", "NAME = \"py-torch-dv\"");
