@@ -303,6 +303,83 @@ TEST(LayerVerification, AFloat32MeanOfVOnAFullyMaskedQueryFollowsTheDeclaredConv
   EXPECT_FALSE(apply_layer_conventions(mean_v, layer, reference, bound, wrong).failure.empty());
 }
 
+// The layer's gradients under a declared mean of V (Keras' layer, whose
+// masked softmax fills hidden scores with -1e9): computed here apart from
+// the verifier, the attention's chain written out with uniform weights on
+// the rows that see no key, no gradient to their (filled) scores, or, for
+// an additive -1e9, the uniform weights' own dS. Each passes the truth that
+// conventional_layer_truth builds for its way, fails the other's and the
+// format's. (TensorFlow 2.21's Keras layer: DIFFERS on this case.)
+TEST(LayerGradients, AMeanOfVConventionIsCarriedThroughTheProjections) {
+  const LayerFixture fixture = read_layer_fixture(kGolden / "layer_backward" / "mask_rows_cross_q5_k4_f32.h5");
+  const LayerData& layer = fixture.data;
+  const Problem& p = layer.problem;
+  const LayerReference reference = reference_layer(layer);
+  const CaseData& a = reference.attention;
+  const std::vector<double> d_o = layer_attention_dout(layer, fixture.dout, reference_matmul);
+  auto by_hand = [&](bool additive) {
+    std::vector<double> out(static_cast<std::size_t>(p.rows() * p.head_dim_v), 0.0), dq(a.q.size(), 0.0),
+        dk(a.k.size(), 0.0), dv(a.v.size(), 0.0);
+    for (std::int64_t b = 0; b < p.batch; ++b)
+      for (std::int64_t h = 0; h < p.heads_q; ++h)
+        for (std::int64_t i = 0; i < p.seq_q; ++i) {
+          const std::int64_t row = (b * p.heads_q + h) * p.seq_q + i, g = h / p.group_size();
+          auto qi = [&](std::int64_t d) { return static_cast<std::size_t>(row * p.head_dim + d); };
+          auto kj = [&](std::int64_t j, std::int64_t d, std::int64_t w) {
+            return static_cast<std::size_t>(((b * p.heads_kv + g) * p.seq_k + j) * w + d);
+          };
+          std::vector<double> s(static_cast<std::size_t>(p.seq_k)), w(s.size()), dp(s.size());
+          bool any = false;
+          for (std::int64_t j = 0; j < p.seq_k; ++j) any = any || reference_visible(a, b, h, i, j);
+          double top = -INFINITY, total = 0;
+          for (std::int64_t j = 0; j < p.seq_k; ++j) {
+            double x = 0;
+            for (std::int64_t d = 0; d < p.head_dim; ++d) x += a.q[qi(d)] * a.k[kj(j, d, p.head_dim)];
+            s[static_cast<std::size_t>(j)] = p.scale * x;
+            if (any && reference_visible(a, b, h, i, j)) top = std::max(top, s[static_cast<std::size_t>(j)]);
+          }
+          for (std::int64_t j = 0; j < p.seq_k; ++j) {
+            const double e = !any ? 1.0 : reference_visible(a, b, h, i, j) ? std::exp(s[static_cast<std::size_t>(j)] - top) : 0.0;
+            w[static_cast<std::size_t>(j)] = e, total += e;
+          }
+          double delta = 0;
+          for (std::int64_t j = 0; j < p.seq_k; ++j) {
+            const double pj = w[static_cast<std::size_t>(j)] / total;
+            w[static_cast<std::size_t>(j)] = pj;
+            double x = 0;
+            for (std::int64_t d = 0; d < p.head_dim_v; ++d) {
+              out[static_cast<std::size_t>(row * p.head_dim_v + d)] += pj * a.v[kj(j, d, p.head_dim_v)];
+              dv[kj(j, d, p.head_dim_v)] += pj * d_o[static_cast<std::size_t>(row * p.head_dim_v + d)];
+              x += d_o[static_cast<std::size_t>(row * p.head_dim_v + d)] * a.v[kj(j, d, p.head_dim_v)];
+            }
+            dp[static_cast<std::size_t>(j)] = x, delta += pj * x;
+          }
+          if (!any && !additive) continue;  // filled scores: nothing reaches Q and K
+          for (std::int64_t j = 0; j < p.seq_k; ++j) {
+            const double ds = p.scale * w[static_cast<std::size_t>(j)] * (dp[static_cast<std::size_t>(j)] - delta);
+            for (std::int64_t d = 0; d < p.head_dim; ++d) {
+              dq[qi(d)] += ds * a.k[kj(j, d, p.head_dim)];
+              dk[kj(j, d, p.head_dim)] += ds * a.q[qi(d)];
+            }
+          }
+        }
+    return layer_gradients(layer, fixture.dout, out, dq, dk, dv, {}, {}, reference_matmul);
+  };
+  const LayerGradientTruth format = layer_gradient_truth(layer, reference, fixture.dout, fixture.bias_requires_grad);
+  std::int64_t rows = 0;
+  const LayerGradientTruth filled = conventional_layer_truth(layer, reference, fixture.dout, false, format, false, rows);
+  EXPECT_GT(rows, 0);
+  const LayerGradientTruth additive = conventional_layer_truth(layer, reference, fixture.dout, false, format, true, rows);
+  const LayerGradients fill_got = by_hand(false), additive_got = by_hand(true);
+  EXPECT_EQ(judge_layer_backward(layer, false, filled, fill_got).verdict, Verdict::pass)
+      << judge_layer_backward(layer, false, filled, fill_got).reason;
+  EXPECT_EQ(judge_layer_backward(layer, false, additive, additive_got).verdict, Verdict::pass)
+      << judge_layer_backward(layer, false, additive, additive_got).reason;
+  EXPECT_EQ(judge_layer_backward(layer, false, filled, additive_got).verdict, Verdict::fail);
+  EXPECT_EQ(judge_layer_backward(layer, false, additive, fill_got).verdict, Verdict::fail);
+  EXPECT_EQ(judge_layer_backward(layer, false, format, fill_got).verdict, Verdict::fail);
+}
+
 TEST(LayerGradients, TheChainRuleMatchesFiniteDifferencesOfTheLayer) {
   Rng rng(7);
   const LayerData layer = gradient_layer(rng);

@@ -201,56 +201,26 @@ ConventionalGradients mean_v_gradients(const Convention& declared, const CaseDat
   c.why = declared.why;
   c.additive = additive;
   c.truth = truth;
+  const MeanVTerms terms = mean_v_terms(data, dout, additive);
+  c.rows = terms.rows;
   // Per gradient, the |terms| added to each element and how many.
   struct Added {
     std::vector<double> ReferenceGradients::*values;
-    std::vector<double> abs, count;
+    const std::vector<double>& abs;
+    const std::vector<double>& count;
   };
-  std::vector<Added> added = {{&ReferenceGradients::dq, {}, {}}, {&ReferenceGradients::dk, {}, {}},
-                              {&ReferenceGradients::dv, {}, {}}};
-  for (Added& a : added) a.abs.assign((c.truth.value.*a.values).size(), 0.0), a.count.assign(a.abs.size(), 0.0);
-  auto add = [&](Added& a, std::size_t e, double term) {
-    (c.truth.value.*a.values)[e] += term;
-    a.abs[e] += std::fabs(term);
-    ++a.count[e];
-  };
-  ReferenceRowView view;
-  const double n = static_cast<double>(p.seq_k);
-  std::vector<double> dp(static_cast<std::size_t>(p.seq_k));
-  for (std::int64_t row = 0; row < p.rows(); ++row) {
-    const std::int64_t i = row % p.seq_q, bh = row / p.seq_q, b = bh / p.heads_q, h = bh % p.heads_q;
-    reference_row_view(data, b, h, i, view);
-    if (!view.visible.empty()) continue;
-    ++c.rows;
-    const std::int64_t g = h / p.group_size();
-    const double* dO = &dout[static_cast<std::size_t>(row * p.head_dim_v)];
-    const double* q = &data.q[static_cast<std::size_t>(row * p.head_dim)];
-    auto k_row = [&](std::int64_t j) { return static_cast<std::size_t>((b * p.heads_kv + g) * p.seq_k + j); };
-    double mean = 0;
-    for (std::int64_t j = 0; j < p.seq_k; ++j) {
-      double x = 0;
-      for (std::int64_t d = 0; d < p.head_dim_v; ++d) {
-        x += dO[d] * data.v[k_row(j) * static_cast<std::size_t>(p.head_dim_v) + static_cast<std::size_t>(d)];
-        add(added[2], k_row(j) * static_cast<std::size_t>(p.head_dim_v) + static_cast<std::size_t>(d), dO[d] / n);
-      }
-      dp[static_cast<std::size_t>(j)] = x;
-      mean += x / n;
-    }
-    if (!additive) continue;
-    // Uniform weights on scores that still carry s_j: dS_j = (dP_j - mean dP) / n.
-    for (std::int64_t j = 0; j < p.seq_k; ++j) {
-      const double dx = p.scale * (dp[static_cast<std::size_t>(j)] - mean) / n;
-      for (std::int64_t d = 0; d < p.head_dim; ++d) {
-        const double k = data.k[k_row(j) * static_cast<std::size_t>(p.head_dim) + static_cast<std::size_t>(d)];
-        add(added[0], static_cast<std::size_t>(row * p.head_dim + d), dx * k);
-        add(added[1], k_row(j) * static_cast<std::size_t>(p.head_dim) + static_cast<std::size_t>(d), dx * q[d]);
-      }
-    }
-  }
+  const std::vector<Added> added = {{&ReferenceGradients::dq, terms.abs.dq, terms.count.dq},
+                                    {&ReferenceGradients::dk, terms.abs.dk, terms.count.dk},
+                                    {&ReferenceGradients::dv, terms.abs.dv, terms.count.dv}};
   if (c.rows == 0) return c;
+  for (const Added& a : added) {
+    std::vector<double>& value = c.truth.value.*a.values;
+    const std::vector<double>& extra = terms.value.*a.values;
+    for (std::size_t e = 0; e < value.size(); ++e) value[e] += extra[e];
+  }
   const double u = unit_roundoff(p.dtype), u_acc = accumulation_roundoff(p.dtype);
   const std::vector<GradientPart> parts = gradient_parts(p);
-  for (Added& a : added) {
+  for (const Added& a : added) {
     std::vector<double>& value = c.truth.value.*a.values;
     std::vector<double>& bound = c.truth.bound.*a.values;
     std::vector<double>& magnitude = c.truth.magnitude.*a.values;
@@ -289,6 +259,56 @@ ConventionalGradients conventional_gradients(const std::vector<Convention>& conv
 }
 
 }  // namespace
+
+MeanVTerms mean_v_terms(const CaseData& data, const std::vector<double>& dout, bool additive) {
+  MeanVTerms t;
+  const Problem& p = data.problem;
+  if (p.ragged || p.paged() || p.seq_k == 0) return t;
+  for (ReferenceGradients* g : {&t.value, &t.abs, &t.count}) {
+    g->dq.assign(static_cast<std::size_t>(p.rows() * p.head_dim), 0.0);
+    g->dk.assign(static_cast<std::size_t>(p.kv_batch() * p.heads_kv * p.seq_k * p.head_dim), 0.0);
+    g->dv.assign(static_cast<std::size_t>(p.kv_batch() * p.heads_kv * p.seq_k * p.head_dim_v), 0.0);
+  }
+  auto add = [&](std::vector<double> ReferenceGradients::*g, std::size_t e, double term) {
+    (t.value.*g)[e] += term;
+    (t.abs.*g)[e] += std::fabs(term);
+    ++(t.count.*g)[e];
+  };
+  ReferenceRowView view;
+  const double n = static_cast<double>(p.seq_k);
+  std::vector<double> dp(static_cast<std::size_t>(p.seq_k));
+  for (std::int64_t row = 0; row < p.rows(); ++row) {
+    const std::int64_t i = row % p.seq_q, bh = row / p.seq_q, b = bh / p.heads_q, h = bh % p.heads_q;
+    reference_row_view(data, b, h, i, view);
+    if (!view.visible.empty()) continue;
+    ++t.rows;
+    const std::int64_t g = h / p.group_size();
+    const double* dO = &dout[static_cast<std::size_t>(row * p.head_dim_v)];
+    const double* q = &data.q[static_cast<std::size_t>(row * p.head_dim)];
+    auto k_row = [&](std::int64_t j) { return static_cast<std::size_t>((b * p.heads_kv + g) * p.seq_k + j); };
+    double mean = 0;
+    for (std::int64_t j = 0; j < p.seq_k; ++j) {
+      double x = 0;
+      for (std::int64_t d = 0; d < p.head_dim_v; ++d) {
+        x += dO[d] * data.v[k_row(j) * static_cast<std::size_t>(p.head_dim_v) + static_cast<std::size_t>(d)];
+        add(&ReferenceGradients::dv, k_row(j) * static_cast<std::size_t>(p.head_dim_v) + static_cast<std::size_t>(d), dO[d] / n);
+      }
+      dp[static_cast<std::size_t>(j)] = x;
+      mean += x / n;
+    }
+    if (!additive) continue;
+    // Uniform weights on scores that still carry s_j: dS_j = (dP_j - mean dP) / n.
+    for (std::int64_t j = 0; j < p.seq_k; ++j) {
+      const double dx = p.scale * (dp[static_cast<std::size_t>(j)] - mean) / n;
+      for (std::int64_t d = 0; d < p.head_dim; ++d) {
+        const double k = data.k[k_row(j) * static_cast<std::size_t>(p.head_dim) + static_cast<std::size_t>(d)];
+        add(&ReferenceGradients::dq, static_cast<std::size_t>(row * p.head_dim + d), dx * k);
+        add(&ReferenceGradients::dk, k_row(j) * static_cast<std::size_t>(p.head_dim) + static_cast<std::size_t>(d), dx * q[d]);
+      }
+    }
+  }
+  return t;
+}
 
 Comparison judge_backward(const Problem& p, const GradientTruth& truth, const ReferenceGradients& got) {
   Comparison c;

@@ -104,6 +104,17 @@ Comparison judge_backward(const Problem& problem, const GradientTruth& truth, co
 Comparison judge_backward(const Problem& problem, const GradientTruth& truth, const ReferenceGradients& got,
                           const std::vector<Convention>& conventions, const CaseData& data, const std::vector<double>& dout);
 
+// What empty_rows_mean_v adds to the gradients dq, dk and dv of `data`
+// under `dout` (either way above): per element the sum of the added terms,
+// the sum of their magnitudes and how many; `rows` is how many rows have no
+// visible key (0: nothing is added). The layers' judge carries them through
+// the projections (verify/layer_backward.hpp).
+struct MeanVTerms {
+  std::int64_t rows = 0;
+  ReferenceGradients value, abs, count;
+};
+MeanVTerms mean_v_terms(const CaseData& data, const std::vector<double>& dout, bool additive);
+
 // "" when two runs' gradients are identical bit for bit (dq aside when it
 // may vary), else which gradient differs first and where.
 std::string backward_differences(const Problem& problem, const BackwardRun& a, const BackwardRun& b, bool dq_may_vary);

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -277,6 +278,81 @@ LayerGradientTruth layer_gradient_truth(const LayerData& layer, const LayerRefer
     std::vector<const std::vector<double>*> plain;
     for (const LayerGradients& g : family) plain.push_back(&(g.*part.values));
     t.measured.push_back(gradient_measured_limit(dtype, t.value.*part.values, t.magnitude.*part.values, plain, terms));
+  }
+  return t;
+}
+
+LayerGradientTruth conventional_layer_truth(const LayerData& layer, const LayerReference& ref,
+                                            const std::vector<double>& dout, bool bias_gradient,
+                                            const LayerGradientTruth& truth, bool additive, std::int64_t& rows) {
+  const Problem& p = layer.problem;
+  const std::vector<double> d_attention = layer_attention_dout(layer, dout, reference_matmul);
+  const MeanVTerms terms = mean_v_terms(ref.attention, d_attention, additive);
+  rows = terms.rows;
+  if (rows == 0) return truth;
+  // The attention as the convention has it: each row without a visible key
+  // the mean of V over every key, and the gradients with the added terms.
+  const ReferenceGradients format = reference_backward(ref.attention, d_attention, ref.result, bias_gradient);
+  std::vector<double> out = ref.result.out, out_abs(out.size(), 0.0);
+  const double n = static_cast<double>(p.seq_k);
+  for (std::int64_t row = 0; row < p.rows(); ++row) {
+    if (ref.stats.visible[at(row)] != 0) continue;
+    const std::int64_t b = row / (p.heads_q * p.seq_q), g = row / p.seq_q % p.heads_q / p.group_size();
+    for (std::int64_t d = 0; d < p.head_dim_v; ++d) {
+      double sum = 0, magnitude = 0;
+      for (std::int64_t j = 0; j < p.seq_k; ++j) {
+        const double v = ref.attention.v[at(((b * p.heads_kv + g) * p.seq_k + j) * p.head_dim_v + d)];
+        sum += v / n, magnitude += std::fabs(v) / n;
+      }
+      out[at(row * p.head_dim_v + d)] = sum, out_abs[at(row * p.head_dim_v + d)] = magnitude;
+    }
+  }
+  auto with = [](std::vector<double> a, const std::vector<double>& b) {
+    for (std::size_t i = 0; i < a.size(); ++i) a[i] += b[i];
+    return a;
+  };
+  LayerGradientTruth t = truth;
+  t.value = layer_gradients(layer, dout, out, with(format.dq, terms.value.dq), with(format.dk, terms.value.dk),
+                            with(format.dv, terms.value.dv), format.dbias, format.dsinks, reference_matmul);
+  // What the added terms are summed from, through the same chain in magnitudes.
+  LayerData magnitudes = layer;
+  for (std::vector<double>* x : {&magnitudes.x_q, &magnitudes.x_k, &magnitudes.x_v, &magnitudes.w_q, &magnitudes.w_k,
+                                 &magnitudes.w_v, &magnitudes.w_o}) {
+    for (double& e : *x) e = std::fabs(e);
+  }
+  std::vector<double> dout_abs = dout;
+  for (double& e : dout_abs) e = std::fabs(e);
+  const LayerGradients added = layer_gradients(magnitudes, dout_abs, out_abs, terms.abs.dq, terms.abs.dk, terms.abs.dv,
+                                               {}, {}, reference_matmul);
+  // Each added term is a product summed over rows, widths or keys.
+  const auto inner = static_cast<double>(std::max({p.batch * p.seq_q, p.batch * p.seq_k, layer.model_dim, layer.k_in(),
+                                                   layer.v_in(), layer.o_width(), p.seq_k}));
+  const double u = unit_roundoff(p.dtype), u_acc = accumulation_roundoff(p.dtype);
+  const std::vector<LayerGradientPart> parts = layer_gradient_parts(layer, bias_gradient);
+  for (std::size_t index = 0; index < parts.size(); ++index) {
+    const auto member = parts[index].values;
+    if (member == &LayerGradients::db_o || member == &LayerGradients::dbias || member == &LayerGradients::dsinks) continue;
+    const std::vector<double>& value = t.value.*member;
+    const std::vector<double>& extra = added.*member;
+    std::vector<double>& bound = t.bound.*member;
+    std::vector<double>& magnitude = t.magnitude.*member;
+    if (extra.size() != value.size() || bound.size() != value.size()) continue;
+    double top = 0, squares = 0;
+    for (std::size_t e = 0; e < value.size(); ++e) {
+      bound[e] += ToleranceConstants::safety_factor * (u * std::fabs(value[e]) + (u + std::sqrt(inner) * u_acc) * extra[e]);
+      magnitude[e] += extra[e];
+      const double m = std::fabs(value[e]) + (u_acc / u) * magnitude[e];
+      top = std::max(top, m);
+      squares += m * m;
+    }
+    // The plain layer backwards follow the format, not the convention: the
+    // measured floor is raised to one rounding of the conventional values.
+    if (index < t.measured.size()) {
+      MeasuredLimit& m = t.measured[index];
+      const double floor = ToleranceConstants::baseline_floor * u;
+      m.floor_max = std::max(m.floor_max, floor * top);
+      m.floor_rms = std::max(m.floor_rms, floor * std::sqrt(squares / static_cast<double>(std::max<std::size_t>(value.size(), 1))));
+    }
   }
   return t;
 }

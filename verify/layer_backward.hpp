@@ -49,6 +49,17 @@ struct LayerGradientTruth {
 LayerGradientTruth layer_gradient_truth(const LayerData& layer, const LayerReference& reference,
                                         const std::vector<double>& dout, bool bias_gradient);
 
+// The truth as a framework's declared empty_rows_mean_v changes it (Keras'
+// MultiHeadAttention gives a query whose keys are all hidden the mean of V):
+// that row's O reaches dW_O, its dO / seq_k the dV of every key, and, where
+// the hiding is additive, (dP - mean dP) / seq_k dQ and dK (mean_v_terms);
+// all carried through the projections, with bounds and measured floors
+// widened by the added terms' rounding. `rows` is how many attention rows
+// changed (0: the truth as it was).
+LayerGradientTruth conventional_layer_truth(const LayerData& layer, const LayerReference& reference,
+                                            const std::vector<double>& dout, bool bias_gradient,
+                                            const LayerGradientTruth& truth, bool additive, std::int64_t& rows);
+
 // The products of the chain in a dtype: inputs rounded to it, float32
 // accumulation (float64 for float64), the result rounded (project_in_dtype).
 MatMul dtype_matmul(DType dtype);

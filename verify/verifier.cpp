@@ -322,6 +322,34 @@ void verify_layer_backward(const LayerFixture& fixture, const LayerReference& re
           const LayerGradients got = run_layer_backward(backend, data, fixture.dout, fixture.bias_requires_grad, run_options);
           Comparison c = judge_layer_backward(data, fixture.bias_requires_grad, truth_of(), got);
           const std::vector<Convention> conventions = conventions_of(backend, data.problem);
+          const auto mean_v = std::find_if(conventions.begin(), conventions.end(), [](const Convention& x) {
+            return x.kind == ConventionKind::empty_rows_mean_v;
+          });
+          if (c.verdict == Verdict::fail && empty_rows > 0 && mean_v != conventions.end()) {
+            // The gradients as the declaration gives them (a fill, then additive: verify/backward.hpp).
+            for (const bool additive : {false, true}) {
+              std::int64_t rows = 0;
+              const LayerGradientTruth declared = conventional_layer_truth(data, reference, fixture.dout,
+                                                                           fixture.bias_requires_grad, truth_of(), additive, rows);
+              if (rows == 0) break;
+              Comparison as_declared = judge_layer_backward(data, fixture.bias_requires_grad, declared, got);
+              if (as_declared.verdict != Verdict::pass && as_declared.verdict != Verdict::mistrusted) continue;
+              const std::string differs = fmt::format(
+                  "{} attention rows with no visible key are the mean of V (declared: {}): their O reaches dw_o and "
+                  "their dO / seq_k the dV of every key{}, through the projections; the format passes them nothing",
+                  rows, mean_v->why, additive ? ", and (dP - mean dP) / seq_k dQ and dK" : "");
+              if (as_declared.verdict == Verdict::pass) {
+                as_declared.verdict = Verdict::differs;
+                as_declared.reason = differs;
+              } else {
+                as_declared.reason += "; " + differs;
+              }
+              return as_declared;
+            }
+            c.fail(fmt::format("its gradients are neither the format's nor those of its declared convention ({}: {})",
+                               "the mean of V", mean_v->why));
+            return c;
+          }
           if (c.verdict == Verdict::fail && empty_rows > 0 && !conventions.empty()) {
             // Its attention's gradients on those rows are judged on the
             // attention cases, under its declaration (verify/backward.hpp);
