@@ -19,6 +19,7 @@ struct FuzzArgs {
   std::vector<std::string> backends;
   std::string out = "fuzz-failures";
   int max_shrink = 400;
+  bool layers = false;
 };
 
 std::string self_path() {
@@ -41,6 +42,9 @@ Runner add_fuzz_command(CLI::App& app) {
   cmd->add_option("-b,--backend", args->backends, "Backends to fuzz, e.g. -b streaming,blocked (default: all)")
       ->allow_extra_args(false)
       ->delimiter(',');
+  cmd->add_flag("--layers", args->layers,
+               "Draw only whole multi-head attention layers (kind mha: projections, masks, key padding, own key and "
+               "value widths, mixed precision, the layer's gradients); without it, 1 case in 16 is one");
   cmd->add_option("--out", args->out, "Folder for the shrunk failing cases (fixture files)")->capture_default_str();
   cmd->add_option("--max-shrink", args->max_shrink, "Cases judged at most while shrinking one failure")
       ->capture_default_str()
@@ -55,10 +59,12 @@ Runner add_fuzz_command(CLI::App& app) {
     options.minutes = args->minutes;
     options.out_dir = args->out;
     options.max_shrink_evaluations = args->max_shrink;
+    options.layers_only = args->layers;
     std::vector<std::string> names;
     for (const auto& b : backends) names.emplace_back(b->name());
-    fmt::print("attn fuzz: seed {}, up to {} cases{}, backends: {}\n", options.seed, options.cases,
-               options.minutes > 0 ? fmt::format(" or {} minutes", options.minutes) : "", fmt::join(names, ", "));
+    fmt::print("attn fuzz: seed {}, up to {}{} cases{}, backends: {}\n", options.seed, options.cases,
+               options.layers_only ? " layer" : "", options.minutes > 0 ? fmt::format(" or {} minutes", options.minutes) : "",
+               fmt::join(names, ", "));
     std::fflush(stdout);
     FuzzSummary summary = run_fuzz(backends, options, [](const std::string& line) {
       fmt::print("{}\n", line);
@@ -81,8 +87,8 @@ Runner add_fuzz_command(CLI::App& app) {
       fmt::print("  {} verify {} --backend {} --threads {} --layout {}{}\n", self,
                  shell_quote(std::filesystem::absolute(f.file).string()), shell_quote(f.backend), c.threads,
                  layout_name(c.layout), plugin);
-      fmt::print("  {} fuzz --seed {} --cases {} --backend {}{}   (draws it again)\n", self, args->seed, f.index + 1,
-                 shell_quote(f.backend), plugin);
+      fmt::print("  {} fuzz --seed {} --cases {}{} --backend {}{}   (draws it again)\n", self, args->seed, f.index + 1,
+                 args->layers ? " --layers" : "", shell_quote(f.backend), plugin);
     }
     return 1;
   };

@@ -21,6 +21,7 @@
 #include "reference/layer.hpp"
 #include "tests/declared.hpp"
 #include "verify/conventions.hpp"
+#include "verify/fuzz.hpp"
 #include "verify/layer_backward.hpp"
 #include "verify/layer.hpp"
 #include "verify/run_case.hpp"
@@ -560,6 +561,39 @@ TEST(LayerGradients, EveryBackendPassesAndEachFlawedLayerFails) {
       case FlawedLayer::Flaw::key_padding_ignored_in_dw_k: EXPECT_EQ(failed, 6) << names; break;  // kv_len's
     }
   }
+}
+
+// The fuzzer draws whole layers (1 case in 16; attn fuzz --layers, only
+// them): each flawed layer is found within seed 1's first 100 layer cases,
+// shrunk to a layer fixture from which nothing simpler still fails, and the
+// file reproduces the failure while naive passes it.
+TEST(LayerGradients, TheFuzzerFindsEachFlawedLayerAndShrinksItToALayerFixture) {
+  std::vector<std::unique_ptr<Backend>> flawed;
+  for (auto flaw : {FlawedLayer::Flaw::dw_o_transposed, FlawedLayer::Flaw::b_v_gradient_left_out,
+                    FlawedLayer::Flaw::key_padding_ignored_in_dw_k}) {
+    flawed.push_back(std::make_unique<FlawedLayer>(flaw));
+  }
+  FuzzOptions options;
+  options.seed = 1;
+  options.cases = 100;
+  options.layers_only = true;
+  options.out_dir = scratch_dir() / "fuzz";
+  const FuzzSummary summary = run_fuzz(flawed, options);
+  ASSERT_EQ(summary.failures.size(), flawed.size());
+  const auto naive = make_backends(std::vector<std::string>{"naive"});
+  for (const FuzzFailure& f : summary.failures) {
+    SCOPED_TRACE(f.backend);
+    EXPECT_TRUE(f.shrunk.smallest.layer()) << f.shrunk.smallest.describe();
+    EXPECT_TRUE(f.shrunk.minimal);
+    const Backend& mutant = **std::find_if(flawed.begin(), flawed.end(), [&](const auto& b) { return b->name() == f.backend; });
+    for (const FuzzCase& simpler : simpler_fuzz_cases(f.shrunk.smallest)) {
+      EXPECT_FALSE(judge_fuzz_case(mutant, simpler, &f.check).failed) << simpler.describe();
+    }
+    const LayerFixture file = read_layer_fixture(f.file);
+    EXPECT_GE(verify_layer_fixture(file, {&mutant}, {}).failed(), 1) << f.file;
+    EXPECT_EQ(verify_layer_fixture(file, {naive.front().get()}, {}).failed(), 0) << f.file;
+  }
+  fs::remove_all(options.out_dir);
 }
 
 // The Python contract's layer_backward(), through the bridge: a NumPy layer

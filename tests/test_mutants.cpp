@@ -82,7 +82,9 @@ TEST(Catalogue, TheFuzzerFindsEveryMutantAndShrinksItToAMinimalCaseThatReproduce
     config.invariance = config.relations = true;  // as the fuzzer judged it
     // (the golden comparison's unit, or the check that found it; a relation
     // or the invariance check may catch the same bug again on the file)
-    EXPECT_GE(verify_fixture(read_fixture(f.file), {&mutant}, config).failed(), 1) << f.file;
+    const int reproduced = f.shrunk.smallest.layer() ? verify_layer_fixture(read_layer_fixture(f.file), {&mutant}, config).failed()
+                                                     : verify_fixture(read_fixture(f.file), {&mutant}, config).failed();
+    EXPECT_GE(reproduced, 1) << f.file;
     std::vector<std::string> real = {m.target == "flash" ? "streaming" : std::string(m.target)};
     const VerifySummary by_real = verify({f.file}, make_backends(real), config);
     EXPECT_TRUE(by_real.input_errors.empty());
@@ -128,6 +130,12 @@ TEST(FuzzDraw, CoversEveryDtypeLayoutMaskBiasKvLenAndCausalRule) {
     if (p.ragged) seen.insert("ragged");
     if (p.ragged && std::count(c.spec.recipe.k_lens.begin(), c.spec.recipe.k_lens.end(), 0) > 0) seen.insert("empty sequence");
     if (p.paged()) seen.insert("paged");
+    if (c.layer()) {
+      seen.insert("layer");
+      if (c.spec.recipe.backward) seen.insert("layer backward");
+      if (c.spec.kdim > 0) seen.insert("layer kdim");
+      if (p.mask.present || p.kv_len) seen.insert("layer masked");
+    }
     if (p.paged() && p.page_size == 1) seen.insert("page_size 1");
     for (const QuantSpec* spec : {&p.q_quant, &p.k_quant, &p.v_quant}) {
       if (!spec->quantised()) continue;
@@ -142,7 +150,8 @@ TEST(FuzzDraw, CoversEveryDtypeLayoutMaskBiasKvLenAndCausalRule) {
                            "causal=bottom_right", "threads=1", "threads=8", "mask", "bias", "kv_len", "seq_k=0",
                            "decode", "dv!=d", "gqa", "odd head_dim", "window", "window 0", "softcap", "alibi", "sinks",
                            "ragged", "empty sequence", "paged", "page_size 1", "e4m3", "e5m2", "s8", "u8", "s4", "u4",
-                           "q8_0", "q4_0", "descale per head", "zero point", "grouped scale", "quantised paged"}) {
+                           "q8_0", "q4_0", "descale per head", "zero point", "grouped scale", "quantised paged", "layer",
+                           "layer backward", "layer kdim", "layer masked"}) {
     EXPECT_TRUE(seen.count(want)) << "400 cases of seed " << kSeed << " never drew " << want;
   }
 }

@@ -177,9 +177,9 @@ BaselineFamily baseline_family(const CaseData& data, int threads) {
   return family;
 }
 
-std::vector<double> baseline_layer(const LayerData& layer, int threads) {
+std::vector<double> baseline_layer(const LayerData& layer, int threads, Formulation formulation) {
   const Problem& p = layer.problem;
-  const std::vector<double> o = baseline_attention(layer_attention_inputs(layer), threads);
+  const std::vector<double> o = baseline_attention(layer_attention_inputs(layer), threads, formulation);
   const std::vector<double> merged = merge_heads(o, p.batch, p.heads_q, p.seq_q, p.head_dim_v);
   return project_in_dtype(merged, p.batch * p.seq_q, layer.o_width(), layer.w_o, layer.model_dim, layer.b_o, p.dtype);
 }

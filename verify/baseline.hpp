@@ -70,8 +70,9 @@ std::vector<double> baseline_attention(const CaseData& data, int threads = 0,
                                        Formulation formulation = Formulation::natural);
 
 // A layer's y with the verifier's own projections (verify/layer.hpp) around
-// the baseline attention.
-std::vector<double> baseline_layer(const LayerData& layer, int threads = 0);
+// the baseline attention of that formulation.
+std::vector<double> baseline_layer(const LayerData& layer, int threads = 0,
+                                   Formulation formulation = Formulation::natural);
 
 // Every formulation's out and its normalisation probe (the same case with V
 // replaced by ones), in the order of kFormulations; three passes over the case.

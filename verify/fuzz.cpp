@@ -112,6 +112,12 @@ bool store(FuzzCase& c, Problem p) {
     r.seq_lens.clear();
   }
   if (!p.sinks) r.sink_mean = 0, r.sink_std = 2;
+  if (c.layer()) {  // a layer: no packed, paged or quantised attention, no dropout; x_k is x_q only when as long
+    if (p.ragged || p.paged() || p.quantised() || r.dropout_p > 0) return false;
+    if (c.spec.model_dim < 1 || c.spec.kdim < 0 || c.spec.vdim < 0) return false;
+    if (p.seq_q != p.seq_k) r.cross_attention = true;
+    r.lattice_scores = r.poison_hidden_v = false;
+  }
   // Version 4: scales follow the tensor's shape as it shrinks (an axis that is
   // not broadcast takes the new size; groups that no longer divide the row
   // become one per row). No backward pass through codes.
@@ -254,6 +260,85 @@ void draw_version4(Rng& rng, Problem& p, bool exact_scores) {
 
 }  // namespace
 
+namespace {
+
+FuzzCase draw_layer_case(Rng& rng, FuzzCase c) {
+  Problem p;
+  const DType dtypes[] = {DType::f64, DType::f32, DType::f32, DType::f16, DType::bf16};
+  p.dtype = pick(rng, dtypes);
+  p.batch = rng.uniform_int(1, 2);
+  p.heads_kv = rng.uniform_int(1, 3);
+  const std::int64_t groups[] = {1, 1, 2};
+  p.heads_q = p.heads_kv * pick(rng, groups);
+  p.seq_q = rng.uniform_int(1, 8);
+  p.seq_k = rng.uniform() < 0.4 ? p.seq_q : rng.uniform_int(1, 9);
+  p.head_dim = rng.uniform_int(1, 8);
+  p.head_dim_v = rng.uniform() < 0.7 ? p.head_dim : rng.uniform_int(1, 8);
+  c.spec.model_dim = rng.uniform_int(1, 16);
+  InputRecipe& r = c.spec.recipe;
+  if (rng.uniform() < 0.3) {
+    c.spec.kdim = rng.uniform_int(1, 16);
+    c.spec.vdim = rng.uniform() < 0.5 ? c.spec.kdim : rng.uniform_int(1, 16);
+  }
+  r.cross_attention = p.seq_q != p.seq_k || rng.uniform() < 0.5;
+  r.projection_bias = rng.uniform() < 0.8;
+  r.float32_weights = (p.dtype == DType::f16 || p.dtype == DType::bf16) && rng.uniform() < 0.3;
+  const double causal = rng.uniform();
+  p.causal = causal < 0.6 ? Causal::none : causal < 0.8 ? Causal::top_left : Causal::bottom_right;
+  auto broadcast = [&](BroadcastShape& shape) {
+    shape.present = true;
+    shape.batch = rng.uniform() < 0.5 ? 1 : p.batch;
+    shape.heads = rng.uniform() < 0.6 ? 1 : p.heads_q;
+    shape.rows = rng.uniform() < 0.3 ? 1 : p.seq_q;
+  };
+  if (rng.uniform() < 0.35) {
+    broadcast(p.mask);
+    const MaskPattern masks[] = {MaskPattern::random, MaskPattern::fully_masked_rows, MaskPattern::block,
+                                 MaskPattern::hidden_columns};
+    r.mask = pick(rng, masks);
+  }
+  if (rng.uniform() < 0.15) {
+    broadcast(p.bias);
+    const BiasPattern biases[] = {BiasPattern::normal, BiasPattern::with_neg_inf};
+    r.bias = pick(rng, biases);
+  }
+  if (rng.uniform() < 0.4) {  // key padding, as a layer usually has
+    p.kv_len = true;
+    for (std::int64_t b = 0; b < p.batch; ++b) r.kv_len.push_back(rng.uniform_int(0, p.seq_k));
+  }
+  if (rng.uniform() < 0.2) {
+    c.default_scale = false;
+    p.scale = rng.uniform(0.05, 1.5);
+  }
+  if (rng.uniform() < 0.15) p.window_left = rng.uniform_int(0, 4);
+  if (rng.uniform() < 0.1) p.window_right = rng.uniform_int(0, 4);
+  if (rng.uniform() < 0.1) p.softcap = rng.uniform(2.0, 30.0);
+  if (rng.uniform() < 0.1) p.alibi = true;
+  if (rng.uniform() < 0.15) p.sinks = true;
+  if ((p.window_left >= 0 || p.window_right >= 0 || p.alibi) && p.causal == Causal::none && rng.uniform() < 0.5) {
+    p.align = Align::top_left;
+  }
+  if (rng.uniform() < 0.5) {
+    r.backward = true;
+    r.bias_requires_grad = p.bias.present && rng.uniform() < 0.6;
+  }
+  const int threads[] = {1, 2, 8};
+  c.threads = pick(rng, threads);
+  c.layout = rng.uniform() < 0.5 ? Layout::bhsd : Layout::bshd;
+  if (!store(c, p)) throw Error(fmt::format("attn fuzz: drew an invalid layer case {}: {}", c.spec.name, c.describe()));
+  return c;
+}
+
+// The fixture of a case, judged as attn verify judges its file: a layer's
+// (its golden computed, then checked as a file's is) or an attention case's
+// (no golden: trusted, the reference is the truth).
+VerifySummary judge(const FuzzCase& c, const std::vector<const Backend*>& backends, const VerifyOptions& options) {
+  if (c.layer()) return verify_layer_fixture(generate_layer_fixture(c.spec), backends, options);
+  return verify_fixture(fuzz_fixture(c), backends, options, true);
+}
+
+}  // namespace
+
 std::string FuzzCase::describe() const {
   const InputRecipe& r = spec.recipe;
   std::string text = spec.problem;
@@ -271,6 +356,15 @@ std::string FuzzCase::describe() const {
   if (r.lattice_scores) text += ",lattice_scores";
   if (r.backward) text += r.bias_requires_grad ? ",backward,bias_requires_grad" : ",backward";
   if (r.dropout_p > 0) text += fmt::format(",dropout_p={}", r.dropout_p);
+  if (layer()) {
+    text += fmt::format(",layer(model_dim={}", spec.model_dim);
+    if (spec.kdim > 0) text += fmt::format(",kdim={}", spec.kdim);
+    if (spec.vdim > 0) text += fmt::format(",vdim={}", spec.vdim);
+    if (r.cross_attention) text += ",cross";
+    if (!r.projection_bias) text += ",no_projection_bias";
+    if (r.float32_weights) text += ",float32_weights";
+    text += ")";
+  }
   return text + fmt::format(" [threads {}, {}]", threads, layout_name(layout));
 }
 
@@ -335,6 +429,13 @@ FuzzCase draw_fuzz_case(std::uint64_t seed, std::int64_t index) {
     r.backward = true;
     if (!store(c, p)) throw Error(fmt::format("attn fuzz: drew an invalid case {}: {}", c.spec.name, p.to_string()));
     return c;
+  }
+  // A whole multi-head attention layer (kind = mha): projections, the
+  // attention with any mask, bias, kv_len or version 2 addition, its own key
+  // and value widths, mixed precision, and the layer's gradients. A family of
+  // its own stream (1 case in 16).
+  if (Rng layer = Rng::from_name(fmt::format("attn fuzz mha {} {}", seed, index)); layer.uniform() < 1.0 / 16) {
+    return draw_layer_fuzz_case(seed, index);
   }
   Problem p;
   const DType dtypes[] = {DType::f64, DType::f32, DType::f16, DType::bf16};
@@ -468,6 +569,15 @@ FuzzCase draw_fuzz_case(std::uint64_t seed, std::int64_t index) {
   return c;
 }
 
+FuzzCase draw_layer_fuzz_case(std::uint64_t seed, std::int64_t index) {
+  Rng layer = Rng::from_name(fmt::format("attn fuzz mha {} {}", seed, index));
+  layer.uniform();  // the draw that chose the family in draw_fuzz_case
+  FuzzCase c;
+  c.spec.name = fmt::format("fuzz/s{}_c{}", seed, index);
+  c.spec.tags = "fuzz";
+  return draw_layer_case(layer, std::move(c));
+}
+
 Fixture fuzz_fixture(const FuzzCase& c) {
   Fixture f;
   f.data = generate_inputs(c.spec);
@@ -509,6 +619,19 @@ std::vector<FuzzCase> simpler_fuzz_cases(const FuzzCase& c) {
   };
   for (std::int64_t t : toward(c.threads, 1)) with([&](FuzzCase& n, Problem&) { n.threads = static_cast<int>(t); });
   if (c.layout != Layout::bhsd) with([](FuzzCase& n, Problem&) { n.layout = Layout::bhsd; });
+  if (c.layer()) {  // a layer's own widths and parts, each toward the simplest
+    for (std::int64_t m : toward(c.spec.model_dim, 1)) with([&](FuzzCase& n, Problem&) { n.spec.model_dim = m; });
+    for (std::int64_t CaseSpec::*width : {&CaseSpec::kdim, &CaseSpec::vdim}) {
+      if (c.spec.*width == 0) continue;
+      with([&](FuzzCase& n, Problem&) { n.spec.*width = 0; });
+      for (std::int64_t w : toward(c.spec.*width, 1)) with([&](FuzzCase& n, Problem&) { n.spec.*width = w; });
+    }
+    if (c.spec.recipe.cross_attention && p.seq_q == p.seq_k && c.spec.kdim == 0 && c.spec.vdim == 0) {
+      with([](FuzzCase& n, Problem&) { n.spec.recipe.cross_attention = false; });
+    }
+    if (c.spec.recipe.projection_bias) with([](FuzzCase& n, Problem&) { n.spec.recipe.projection_bias = false; });
+    if (c.spec.recipe.float32_weights) with([](FuzzCase& n, Problem&) { n.spec.recipe.float32_weights = false; });
+  }
   auto resize_batch = [&](FuzzCase& n, Problem& q, std::int64_t b, bool keep_last) {
     q.mask.batch = follow(q.mask.batch, p.batch, b);
     q.bias.batch = follow(q.bias.batch, p.batch, b);
@@ -662,7 +785,7 @@ VerifyOptions options_of(const FuzzCase& c, const std::string* only = nullptr) {
 }  // namespace
 
 FuzzJudgement judge_fuzz_case(const Backend& backend, const FuzzCase& c, const std::string* only) {
-  const VerifySummary summary = verify_fixture(fuzz_fixture(c), {&backend}, options_of(c, only), true);
+  const VerifySummary summary = judge(c, {&backend}, options_of(c, only));
   for (const auto& o : summary.outcomes) {
     if (o.comparison.verdict == Verdict::fail && (!only || o.check == *only)) return {true, o.comparison.reason, o.check};
   }
@@ -695,6 +818,42 @@ ShrinkResult shrink_fuzz_case(const Backend& backend, const FuzzCase& failing, s
   }
 }
 
+namespace {
+
+// The shrunk case as a standard fixture, written whole or not at all, its
+// goldens from the reference: an attention case's out, lse and gradients, a
+// layer's y and gradients (inputs drawn from the case's own name, as judged).
+void write_shrunk_case(const FuzzFailure& f, const std::string& name, const std::string& description) {
+  OutputFile file(f.file);
+  if (f.shrunk.smallest.layer()) {
+    LayerFixture shrunk = generate_layer_fixture(f.shrunk.smallest.spec);
+    shrunk.header.name = name;
+    shrunk.header.description = description;
+    write_layer_fixture(shrunk, file.temp_path());
+    file.commit();
+    return;
+  }
+  Fixture shrunk = fuzz_fixture(f.shrunk.smallest);
+  shrunk.header.name = name;
+  shrunk.header.description = description;
+  ReferenceStats stats;
+  ReferenceResult truth = reference_attention(shrunk.data, &stats);
+  if (shrunk.gradients) {
+    ReferenceGradients g = reference_backward(shrunk.data, shrunk.gradients->dout, truth, shrunk.gradients->bias_requires_grad);
+    shrunk.gradients->dq = std::move(g.dq);
+    shrunk.gradients->dk = std::move(g.dk);
+    shrunk.gradients->dv = std::move(g.dv);
+    shrunk.gradients->dbias = std::move(g.dbias);
+    shrunk.gradients->dsinks = std::move(g.dsinks);
+  }
+  shrunk.out = std::move(truth.out);
+  shrunk.lse = std::move(truth.lse);
+  write_fixture(shrunk, file.temp_path());
+  file.commit();
+}
+
+}  // namespace
+
 FuzzSummary run_fuzz(const std::vector<std::unique_ptr<Backend>>& backends, const FuzzOptions& options,
                      const std::function<void(const std::string&)>& progress) {
   FuzzSummary summary;
@@ -717,8 +876,8 @@ FuzzSummary run_fuzz(const std::vector<std::unique_ptr<Backend>>& backends, cons
       which.push_back(b);
     }
     if (active.empty()) break;
-    const FuzzCase c = draw_fuzz_case(options.seed, index);
-    const VerifySummary judged = verify_fixture(fuzz_fixture(c), active, options_of(c), true);
+    const FuzzCase c = options.layers_only ? draw_layer_fuzz_case(options.seed, index) : draw_fuzz_case(options.seed, index);
+    const VerifySummary judged = judge(c, active, options_of(c));
     ++summary.cases;
     for (std::size_t a = 0; a < active.size(); ++a) {
       // A backend's outcomes (forward, and backward for a case with gradients):
@@ -745,27 +904,9 @@ FuzzSummary run_fuzz(const std::vector<std::unique_ptr<Backend>>& backends, cons
                     shrink_fuzz_case(*backends[b], c, o.comparison.reason, options.max_shrink_evaluations, o.check)};
       std::filesystem::create_directories(options.out_dir);
       f.file = options.out_dir / fmt::format("{}_s{}_c{}.h5", o.backend, options.seed, index);
-      Fixture shrunk = fuzz_fixture(f.shrunk.smallest);
-      shrunk.header.name = fmt::format("fuzz/{}_s{}_c{}", o.backend, options.seed, index);
-      shrunk.header.description =
-          fmt::format("attn fuzz --seed {}, case {}, shrunk for {}: {} (drawn as {})", options.seed, index, o.backend,
-                      f.shrunk.smallest.describe(), c.describe());
-      ReferenceStats stats;
-      ReferenceResult truth = reference_attention(shrunk.data, &stats);
-      if (shrunk.gradients) {
-        ReferenceGradients g = reference_backward(shrunk.data, shrunk.gradients->dout, truth,
-                                                  shrunk.gradients->bias_requires_grad);
-        shrunk.gradients->dq = std::move(g.dq);
-        shrunk.gradients->dk = std::move(g.dk);
-        shrunk.gradients->dv = std::move(g.dv);
-        shrunk.gradients->dbias = std::move(g.dbias);
-        shrunk.gradients->dsinks = std::move(g.dsinks);
-      }
-      shrunk.out = std::move(truth.out);
-      shrunk.lse = std::move(truth.lse);
-      OutputFile file(f.file);  // written whole or not at all
-      write_fixture(shrunk, file.temp_path());
-      file.commit();
+      write_shrunk_case(f, fmt::format("fuzz/{}_s{}_c{}", o.backend, options.seed, index),
+                        fmt::format("attn fuzz --seed {}, case {}, shrunk for {}: {} (drawn as {})", options.seed, index,
+                                    o.backend, f.shrunk.smallest.describe(), c.describe()));
       say(fmt::format("      shrunk in {} steps ({} cases judged{}) to: {}\n      {}\n      wrote {}", f.shrunk.steps,
                       f.shrunk.evaluations, f.shrunk.minimal ? "; nothing simpler fails" : "; shrink budget spent",
                       f.shrunk.smallest.describe(), f.shrunk.reason, f.file.string()));

@@ -26,13 +26,19 @@ struct FuzzCase {
   int threads = 1;
   Layout layout = Layout::bhsd;
   std::string describe() const;  // problem, recipe and configuration in one line
+  bool layer() const { return spec.model_dim > 0; }  // a whole layer (kind = mha) around the attention
 };
 
-// Case `index` of `seed`: depends on nothing else.
+// Case `index` of `seed`: depends on nothing else. One case in 16 is a whole
+// layer (kind = mha), from a stream of its own.
 FuzzCase draw_fuzz_case(std::uint64_t seed, std::int64_t index);
+// Case `index` of `seed` drawn as a layer, whatever that stream says (attn
+// fuzz --layers): the layer case draw_fuzz_case gives where it gives one.
+FuzzCase draw_layer_fuzz_case(std::uint64_t seed, std::int64_t index);
 
-// The inputs of a case (values clamped into the dtype's finite range) and the
-// float64 reference as its golden.
+// The inputs of an attention case (values clamped into the dtype's finite
+// range) and the float64 reference as its golden. (A layer case's fixture is
+// generate_layer_fixture(c.spec).)
 Fixture fuzz_fixture(const FuzzCase& c);
 
 // Every case one step simpler than c: each size lowered toward its minimum
@@ -70,6 +76,7 @@ struct FuzzOptions {
   double minutes = 0;  // > 0: stop drawing once this much time has passed
   std::filesystem::path out_dir = "fuzz-failures";
   int max_shrink_evaluations = 400;
+  bool layers_only = false;  // draw_layer_fuzz_case instead of draw_fuzz_case
 };
 
 struct FuzzFailure {

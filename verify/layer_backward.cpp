@@ -231,31 +231,44 @@ LayerGradientTruth layer_gradient_truth(const LayerData& layer, const LayerRefer
   }
   // Each input projection's: x^T @ d, the column sums of d, d @ w^T, with d
   // the attention's gradient of that projection (merged) and its bound.
+  // The magnitudes (the measured floor's, in units of the dtype's rounding):
+  // every product of the chain multiplies the attention's gradient as the
+  // dtype holds it, a rounding of each term (|d| @ |w|); and that gradient
+  // was itself summed in the accumulation's precision from terms that may
+  // cancel (one visible key: dS = P (dP - D) with P = 1 gives dQ = 0 from
+  // two sums a backend rounds), what the attention's magnitude m_d carries
+  // through the same product at the accumulation's roundoff.
+  const double accumulated = accumulation_roundoff(dtype) / unit_roundoff(dtype);
   auto projection = [&](const std::vector<double>& x, std::int64_t rows, std::int64_t in, const std::vector<double>& w,
-                        std::int64_t width, std::vector<double> d, std::vector<double> e_d, bool has_bias,
-                        const Operand& ones, std::vector<double> LayerGradients::*dx,
+                        std::int64_t width, std::vector<double> d, std::vector<double> e_d, const std::vector<double>& m_d,
+                        bool has_bias, const Operand& ones, std::vector<double> LayerGradients::*dx,
                         std::vector<double> LayerGradients::*dw, std::vector<double> LayerGradients::*db) {
     const Operand x_t{transposed(x, rows, in), transposed(rounding_of(x, dtype), rows, in)};
+    std::vector<double> summed(d.size());
+    for (std::size_t i = 0; i < d.size(); ++i) summed[i] = std::fabs(d[i]) + accumulated * m_d[i];
     const Operand g{std::move(d), std::move(e_d)};
     const Operand w_t{transposed(w, in, width), transposed(rounding_of(w, dtype), in, width)};
-    ProductBound pb = product_bound(x_t, in, rows, g, width, v.*dw, dtype);
-    t.bound.*dw = std::move(pb.bound), t.magnitude.*dw = std::move(pb.magnitude);
+    t.bound.*dw = product_bound(x_t, in, rows, g, width, v.*dw, dtype).bound;
+    t.magnitude.*dw = abs_matmul(x_t.value, in, rows, summed, width);
     if (has_bias) {
-      pb = product_bound(ones, 1, rows, g, width, v.*db, dtype);
-      t.bound.*db = std::move(pb.bound), t.magnitude.*db = std::move(pb.magnitude);
+      t.bound.*db = product_bound(ones, 1, rows, g, width, v.*db, dtype).bound;
+      t.magnitude.*db = abs_matmul(ones.value, 1, rows, summed, width);
     }
-    pb = product_bound(g, rows, width, w_t, in, v.*dx, dtype);
-    t.bound.*dx = std::move(pb.bound), t.magnitude.*dx = std::move(pb.magnitude);
+    t.bound.*dx = product_bound(g, rows, width, w_t, in, v.*dx, dtype).bound;
+    t.magnitude.*dx = abs_matmul(summed, rows, width, w_t.value, in);
   };
   projection(layer.x_q, q_rows, m, layer.w_q, layer.q_width(), merge_heads(truth.attention.dq, p.batch, p.heads_q, p.seq_q, p.head_dim),
              merge_heads(attention_error(attention.bound.dq, moved.dq), p.batch, p.heads_q, p.seq_q, p.head_dim),
+             merge_heads(attention.magnitude.dq, p.batch, p.heads_q, p.seq_q, p.head_dim),
              !layer.b_q.empty(), ones_q, &LayerGradients::dx_q, &LayerGradients::dw_q, &LayerGradients::db_q);
   projection(layer.x_k, k_rows, layer.k_in(), layer.w_k, layer.k_width(), merge_heads(truth.attention.dk, p.batch, p.heads_kv, p.seq_k, p.head_dim),
              merge_heads(attention_error(attention.bound.dk, moved.dk), p.batch, p.heads_kv, p.seq_k, p.head_dim),
+             merge_heads(attention.magnitude.dk, p.batch, p.heads_kv, p.seq_k, p.head_dim),
              !layer.b_k.empty(), ones_k, &LayerGradients::dx_k, &LayerGradients::dw_k, &LayerGradients::db_k);
   projection(layer.x_v, k_rows, layer.v_in(), layer.w_v, layer.v_width(),
              merge_heads(truth.attention.dv, p.batch, p.heads_kv, p.seq_k, p.head_dim_v),
              merge_heads(attention_error(attention.bound.dv, moved.dv), p.batch, p.heads_kv, p.seq_k, p.head_dim_v),
+             merge_heads(attention.magnitude.dv, p.batch, p.heads_kv, p.seq_k, p.head_dim_v),
              !layer.b_v.empty(), ones_k, &LayerGradients::dx_v, &LayerGradients::dw_v, &LayerGradients::db_v);
   if (!moved.dbias.empty()) {
     t.bound.dbias = attention_error(attention.bound.dbias, moved.dbias);
@@ -277,7 +290,11 @@ LayerGradientTruth layer_gradient_truth(const LayerData& layer, const LayerRefer
   for (const LayerGradientPart& part : layer_gradient_parts(layer, bias_gradient)) {
     std::vector<const std::vector<double>*> plain;
     for (const LayerGradients& g : family) plain.push_back(&(g.*part.values));
-    t.measured.push_back(gradient_measured_limit(dtype, t.value.*part.values, t.magnitude.*part.values, plain, terms));
+    // Every product of the chain multiplies values the dtype holds (dQ, dK,
+    // dV, O and the attention's dout are rounded to it): its floor takes a
+    // rounding of each term, as the a-priori bound's carried errors do.
+    t.measured.push_back(gradient_measured_limit(dtype, t.value.*part.values, t.magnitude.*part.values, plain, terms,
+                                                 /*rounded_terms=*/true));
   }
   return t;
 }

@@ -195,8 +195,9 @@ MeasuredLimit measured_limit(DType dtype, const std::vector<double>& truth,
 }
 
 MeasuredLimit gradient_measured_limit(DType dtype, const std::vector<double>& truth, const std::vector<double>& summed,
-                                      const std::vector<const std::vector<double>*>& plain, std::int64_t terms) {
-  const double ratio = accumulation_roundoff(dtype) / unit_roundoff(dtype);
+                                      const std::vector<const std::vector<double>*>& plain, std::int64_t terms,
+                                      bool rounded_terms) {
+  const double ratio = rounded_terms ? 1.0 : accumulation_roundoff(dtype) / unit_roundoff(dtype);
   std::vector<double> magnitude(truth.size());
   for (std::size_t e = 0; e < truth.size(); ++e) {
     magnitude[e] = std::fabs(truth[e]) + (e < summed.size() ? ratio * summed[e] : 0.0);

@@ -115,9 +115,12 @@ MeasuredLimit measured_limit(DType dtype, const std::vector<double>& truth,
 // of truth's size are left out), floored at a unit roundoff of the result
 // plus one of the accumulation at `summed` (each element's sum of |terms|),
 // subnormals allowed over `terms`; infinite (no measurement) where a plain
-// value is not finite.
+// value is not finite. With `rounded_terms` the terms are themselves values
+// rounded to the dtype (a layer's chain multiplies dQ, dK, dV and O as the
+// dtype holds them): the floor takes one dtype rounding of `summed`.
 MeasuredLimit gradient_measured_limit(DType dtype, const std::vector<double>& truth, const std::vector<double>& summed,
-                                      const std::vector<const std::vector<double>*>& plain, std::int64_t terms);
+                                      const std::vector<const std::vector<double>*>& plain, std::int64_t terms,
+                                      bool rounded_terms = false);
 
 // The forward's floor magnitude per out element: sum_j p_ij |v_jd|, and what
 // adding a bias or ALiBi term moves: every float formulation rounds the score

@@ -369,9 +369,9 @@ void verify_layer_backward(const LayerFixture& fixture, const LayerReference& re
 }
 
 // A layer case: y is compared as a one-head [batch, 1, seq_q, model_dim] tensor.
-void verify_layer(const std::filesystem::path& file, const BackendRefs& backends,
-                  const VerifyOptions& options, const OutcomeCallback& on_outcome, VerifySummary& summary) {
-  LayerFixture fixture = read_layer_fixture(file);
+void verify_layer_case(const LayerFixture& fixture, const BackendRefs& backends, const VerifyOptions& options,
+                       const OutcomeCallback& on_outcome, VerifySummary& summary) {
+  const std::filesystem::path& file = fixture.header.path;
   const Problem& problem = fixture.data.problem;
   const std::int64_t model_dim = fixture.header.model_dim;
   const std::vector<RunConfig> configs = run_configs(options);
@@ -392,8 +392,24 @@ void verify_layer(const std::filesystem::path& file, const BackendRefs& backends
   std::string warning;
   if (anyone_runs(backends, problem, configs, &fixture.data)) {
     const std::vector<char> counts(static_cast<std::size_t>(problem.batch * problem.seq_q), 1);
-    baseline = {baseline_layer(fixture.data, options.run.threads)};
-    measured = measured_limit(problem.dtype, reference.y, baseline, reference.y, model_dim, counts,
+    // Every plain formulation, as for the attention: the least accurate sets
+    // the measured bound (one alone is lucky on a row of a few elements).
+    for (const Formulation f : kFormulations) baseline.push_back(baseline_layer(fixture.data, options.run.threads, f));
+    // Its floor: y multiplies the attention's output as the dtype holds it,
+    // a rounding of each term of O @ w_o (and of b_o), not only of y.
+    const LayerData& l = fixture.data;
+    const std::vector<double> o = merge_heads(reference.result.out, problem.batch, problem.heads_q, problem.seq_q,
+                                              problem.head_dim_v);
+    std::vector<double> summed(reference.y.size(), 0.0);
+    for (std::int64_t r = 0; r < problem.batch * problem.seq_q; ++r)
+      for (std::int64_t col = 0; col < model_dim; ++col) {
+        double m = l.b_o.empty() ? 0.0 : std::fabs(l.b_o[static_cast<std::size_t>(col)]);
+        for (std::int64_t k = 0; k < l.o_width(); ++k) {
+          m += std::fabs(o[static_cast<std::size_t>(r * l.o_width() + k)] * l.w_o[static_cast<std::size_t>(k * model_dim + col)]);
+        }
+        summed[static_cast<std::size_t>(r * model_dim + col)] = std::max(m, std::fabs(reference.y[static_cast<std::size_t>(r * model_dim + col)]));
+      }
+    measured = measured_limit(problem.dtype, reference.y, baseline, summed, model_dim, counts,
                               std::max({problem.seq_k, model_dim, fixture.data.k_in(), fixture.data.v_in()}));
     tolerance = fixture_tolerance(fixture.header, fixture.y);
     warning = loose_tolerance_warning(fixture.header, reference.y, tolerance);
@@ -715,6 +731,13 @@ VerifySummary verify_fixture(const Fixture& fixture, const std::vector<const Bac
   return summary;
 }
 
+VerifySummary verify_layer_fixture(const LayerFixture& fixture, const std::vector<const Backend*>& backends,
+                                   const VerifyOptions& options, const OutcomeCallback& on_outcome) {
+  VerifySummary summary;
+  verify_layer_case(fixture, backends, options, on_outcome, summary);
+  return summary;
+}
+
 namespace {
 
 // Tags that select nothing are an input error recorded like any other (so the
@@ -747,7 +770,7 @@ std::string sandboxed_read(const std::filesystem::path& file, const VerifyOption
 void verify_file(const std::filesystem::path& file, const FixtureHeader& header, const BackendRefs& backends,
                  const VerifyOptions& options, const OutcomeCallback& on_outcome, VerifySummary& summary) {
   if (header.kind == FixtureKind::mha) {
-    verify_layer(file, backends, options, on_outcome, summary);
+    verify_layer_case(read_layer_fixture(file), backends, options, on_outcome, summary);
     return;
   }
   Fixture fixture = read_fixture(file);

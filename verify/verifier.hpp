@@ -14,6 +14,7 @@
 
 #include "attnbench/backend.hpp"
 #include "fixtures/fixture.hpp"
+#include "fixtures/layer.hpp"
 #include "verify/compare.hpp"
 #include "verify/quantised.hpp"
 
@@ -113,6 +114,12 @@ VerifySummary verify(const std::vector<std::filesystem::path>& files,
 VerifySummary verify_fixture(const Fixture& fixture, const std::vector<const Backend*>& backends,
                              const VerifyOptions& options, bool trusted_golden = false,
                              const OutcomeCallback& on_outcome = {});
+
+// One layer fixture (kind = mha) already in memory, judged as `verify`
+// judges its file: y and, where it has them, the layer's gradients (its
+// golden checked against the reference, as a file's is).
+VerifySummary verify_layer_fixture(const LayerFixture& fixture, const std::vector<const Backend*>& backends,
+                                   const VerifyOptions& options, const OutcomeCallback& on_outcome = {});
 
 // Problems given on the command line (attn verify --problem): inputs drawn
 // by the standard suite's generator (seeded by the problem's text), no
