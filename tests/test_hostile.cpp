@@ -629,6 +629,14 @@ TEST_F(Hostile, AnUnreadableInputAndAnUnwritableOutputAreExitTwoWithTheReason) {
 
 // ---- The sandboxed reader ----------------------------------------------------
 
+// Work that allocates `gib` GiB and touches it.
+std::function<void()> touch_gib(double gib) {
+  return [gib] {
+    std::vector<char> block(static_cast<std::size_t>(gib * 1024 * 1024 * 1024));
+    block[12345] = 1;
+  };
+}
+
 TEST(Sandbox, ACrashAHangAndAnAllocationBombComeBackAsMessages) {
   SandboxLimits limits;
   limits.wall_seconds = 2;
@@ -645,12 +653,7 @@ TEST(Sandbox, ACrashAHangAndAnAllocationBombComeBackAsMessages) {
   EXPECT_NE(run_sandboxed([] { for (;;) ::pause(); }, limits).find("did not finish within 2 s"), std::string::npos);
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 10.0);
 #if !defined(__SANITIZE_ADDRESS__)
-  const std::string bomb = run_sandboxed(
-      [] {
-        std::vector<char> huge(std::size_t{4} << 30);
-        huge[12345] = 1;
-      },
-      limits);
+  const std::string bomb = run_sandboxed(touch_gib(4), limits);
   EXPECT_NE(bomb.find("more than the 1 GiB"), std::string::npos) << bomb;
 #endif
 }
@@ -668,20 +671,9 @@ TEST(Sandbox, TheAddressLimitCountsFromWhatTheParentAlreadyMaps) {
   SandboxLimits limits;
   limits.wall_seconds = 10;
   limits.memory_gib = 1;
-  EXPECT_EQ(run_sandboxed(
-                [] {
-                  std::vector<char> some(std::size_t{256} << 20);
-                  some[12345] = 1;
-                },
-                limits),
-            "");
+  EXPECT_EQ(run_sandboxed(touch_gib(0.25), limits), "");
 #if !defined(__SANITIZE_ADDRESS__)
-  const std::string bomb = run_sandboxed(
-      [] {
-        std::vector<char> huge(std::size_t{4} << 30);
-        huge[12345] = 1;
-      },
-      limits);
+  const std::string bomb = run_sandboxed(touch_gib(4), limits);
   EXPECT_NE(bomb.find("more than the 1 GiB"), std::string::npos) << bomb;
 #endif
   ::munmap(reserved, kReserved);

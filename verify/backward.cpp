@@ -334,12 +334,7 @@ Comparison judge_backward(const Problem& p, const GradientTruth& truth, const Re
         "{} rows with no visible key weigh every key 1/seq_k, so their dO / seq_k reaches dV of every key{} "
         "(declared: {}); the format passes them nothing",
         conventional.rows, conventional.additive ? " and (dP - mean dP) / seq_k reaches dQ and dK" : "", conventional.why);
-    if (as_declared.verdict == Verdict::pass) {
-      as_declared.verdict = Verdict::differs;
-      as_declared.reason = differs;
-    } else {
-      as_declared.reason += "; " + differs;
-    }
+    as_declared.as_declared(differs);
     return as_declared;
   }
   return c;

@@ -27,6 +27,15 @@ void Comparison::fail(std::string why) {
   reason = reason.empty() ? std::move(why) : reason + "; " + why;
 }
 
+void Comparison::as_declared(const std::string& why) {
+  if (verdict == Verdict::pass) {
+    verdict = Verdict::differs;
+    reason = why;
+  } else {
+    reason += (reason.empty() ? "" : "; ") + why;
+  }
+}
+
 void Comparison::add(TensorScore score) {
   compared = true;
   for (const std::string& failure : score.failures) fail(failure);

@@ -45,6 +45,10 @@ struct Comparison {
   // MISTRUSTED; a convention's failure is a FAIL; a PASS whose empty rows
   // followed a declared convention becomes DIFFERS.
   void conclude(const ConventionOutcome& conventions = {});
+  // A comparison against the truth a declared convention gives: its PASS is
+  // DIFFERS (why it differs from the format); a MISTRUSTED keeps its verdict
+  // with `why` appended.
+  void as_declared(const std::string& why);
   // The tensor with the largest error/bound (the first of equals); nullptr when none was scored.
   const TensorScore* worst() const;
   const TensorScore* tensor(std::string_view name) const;

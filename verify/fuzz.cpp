@@ -262,6 +262,15 @@ void draw_version4(Rng& rng, Problem& p, bool exact_scores) {
 
 namespace {
 
+// A mask's or bias's shape: each axis broadcast (1) or full, heads broadcast
+// with probability `one_head`.
+void draw_broadcast(Rng& rng, const Problem& p, BroadcastShape& shape, double one_head) {
+  shape.present = true;
+  shape.batch = rng.uniform() < 0.5 ? 1 : p.batch;
+  shape.heads = rng.uniform() < one_head ? 1 : p.heads_q;
+  shape.rows = rng.uniform() < 0.3 ? 1 : p.seq_q;
+}
+
 FuzzCase draw_layer_case(Rng& rng, FuzzCase c) {
   Problem p;
   const DType dtypes[] = {DType::f64, DType::f32, DType::f32, DType::f16, DType::bf16};
@@ -285,12 +294,7 @@ FuzzCase draw_layer_case(Rng& rng, FuzzCase c) {
   r.float32_weights = (p.dtype == DType::f16 || p.dtype == DType::bf16) && rng.uniform() < 0.3;
   const double causal = rng.uniform();
   p.causal = causal < 0.6 ? Causal::none : causal < 0.8 ? Causal::top_left : Causal::bottom_right;
-  auto broadcast = [&](BroadcastShape& shape) {
-    shape.present = true;
-    shape.batch = rng.uniform() < 0.5 ? 1 : p.batch;
-    shape.heads = rng.uniform() < 0.6 ? 1 : p.heads_q;
-    shape.rows = rng.uniform() < 0.3 ? 1 : p.seq_q;
-  };
+  auto broadcast = [&](BroadcastShape& shape) { draw_broadcast(rng, p, shape, 0.6); };
   if (rng.uniform() < 0.35) {
     broadcast(p.mask);
     const MaskPattern masks[] = {MaskPattern::random, MaskPattern::fully_masked_rows, MaskPattern::block,
@@ -490,12 +494,7 @@ FuzzCase draw_fuzz_case(std::uint64_t seed, std::int64_t index) {
   const bool edges = family >= 0.75 && family < 0.9;
   if (edges && causal < 0.5) p.causal = Causal::bottom_right;
   InputRecipe& r = c.spec.recipe;
-  auto broadcast = [&](BroadcastShape& s) {
-    s.present = true;
-    s.batch = rng.uniform() < 0.5 ? 1 : p.batch;
-    s.heads = rng.uniform() < 0.5 ? 1 : p.heads_q;
-    s.rows = rng.uniform() < 0.3 ? 1 : p.seq_q;
-  };
+  auto broadcast = [&](BroadcastShape& s) { draw_broadcast(rng, p, s, 0.5); };
   if (rng.uniform() < 0.3) {
     broadcast(p.mask);
     const MaskPattern masks[] = {MaskPattern::random, MaskPattern::random, MaskPattern::fully_masked_rows,

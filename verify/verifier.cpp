@@ -338,12 +338,7 @@ void verify_layer_backward(const LayerFixture& fixture, const LayerReference& re
                   "{} attention rows with no visible key are the mean of V (declared: {}): their O reaches dw_o and "
                   "their dO / seq_k the dV of every key{}, through the projections; the format passes them nothing",
                   rows, mean_v->why, additive ? ", and (dP - mean dP) / seq_k dQ and dK" : "");
-              if (as_declared.verdict == Verdict::pass) {
-                as_declared.verdict = Verdict::differs;
-                as_declared.reason = differs;
-              } else {
-                as_declared.reason += "; " + differs;
-              }
+              as_declared.as_declared(differs);
               return as_declared;
             }
             c.fail(fmt::format("its gradients are neither the format's nor those of its declared convention ({}: {})",
