@@ -358,7 +358,7 @@ LayerGradientTruth conventional_layer_truth(const LayerData& layer, const LayerR
     for (std::size_t e = 0; e < value.size(); ++e) {
       bound[e] += ToleranceConstants::safety_factor * (u * std::fabs(value[e]) + (u + std::sqrt(inner) * u_acc) * extra[e]);
       magnitude[e] += extra[e];
-      const double m = std::fabs(value[e]) + (u_acc / u) * magnitude[e];
+      const double m = std::fabs(value[e]) + magnitude[e];  // the chain's terms are rounded to the dtype
       top = std::max(top, m);
       squares += m * m;
     }
