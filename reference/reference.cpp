@@ -324,7 +324,7 @@ std::vector<double> reference_weights(const CaseData& data, std::int64_t b, std:
   const Problem& p = data.problem;
   std::vector<double> weights(static_cast<std::size_t>(p.seq_q * p.seq_k), 0.0);
   for (std::int64_t i = 0; i < p.seq_q; ++i) {
-    double* row = &weights[static_cast<std::size_t>(i * p.seq_k)];
+    double* row = weights.data() + static_cast<std::size_t>(i * p.seq_k);  // no element when seq_k is 0
     const RowPlace at = place(data, b, h, i);
     const double sink = sink_of(data, h);
     double max_score = sink;
