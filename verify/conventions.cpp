@@ -54,13 +54,12 @@ std::vector<double> convention_weights(ConventionKind kind, const CaseData& data
   return weight;
 }
 
-// The row every convention predicts, [head_dim_v]; zeros for NaN.
-std::vector<double> predicted_row(ConventionKind kind, const CaseData& data, std::int64_t b, std::int64_t h,
-                                  std::int64_t i) {
+// V of entry b as query head h reads it, averaged with `weight` over the
+// keys, [head_dim_v]; zeros without weights.
+std::vector<double> weighted_v(const CaseData& data, std::int64_t b, std::int64_t h, const std::vector<double>& weight) {
   const Problem& p = data.problem;
   const std::int64_t kvh = h / p.group_size();
   std::vector<double> row(static_cast<std::size_t>(p.head_dim_v), 0.0);
-  const std::vector<double> weight = convention_weights(kind, data, b, h, i);
   for (std::size_t j = 0; j < weight.size(); ++j) {
     for (std::int64_t d = 0; d < p.head_dim_v; ++d) {
       row[static_cast<std::size_t>(d)] +=
@@ -68,6 +67,12 @@ std::vector<double> predicted_row(ConventionKind kind, const CaseData& data, std
     }
   }
   return row;
+}
+
+// The row every convention predicts, [head_dim_v]; zeros for NaN.
+std::vector<double> predicted_row(ConventionKind kind, const CaseData& data, std::int64_t b, std::int64_t h,
+                                  std::int64_t i) {
+  return weighted_v(data, b, h, convention_weights(kind, data, b, h, i));
 }
 
 // The error a backend of the case's dtype may make in a row it computes by
@@ -83,7 +88,7 @@ std::vector<double> convention_row_error(ConventionKind kind, const CaseData& da
   std::vector<double> error(static_cast<std::size_t>(p.head_dim_v), 0.0);
   const std::vector<double> weight = convention_weights(kind, data, b, h, i);
   if (weight.empty()) return error;
-  const std::vector<double> row = predicted_row(kind, data, b, h, i);
+  const std::vector<double> row = weighted_v(data, b, h, weight);
   const std::int64_t q_row = (b * p.heads_q + h) * p.seq_q + i;
   double score_shift = 0;
   if (kind == ConventionKind::empty_rows_unmasked) {
