@@ -1,6 +1,7 @@
 // attn fuzz: random problems judged as attn verify judges fixtures; each
 // backend's first failure is shrunk and written as a fixture.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include "cli/commands.hpp"
@@ -85,7 +86,7 @@ Runner add_fuzz_command(CLI::App& app) {
       const FuzzCase& c = f.shrunk.smallest;
       const std::string plugin = plugin_arguments(f.backend);  // a plugin's backend needs its --plugin again
       fmt::print("  {} verify {} --backend {} --threads {} --layout {}{}\n", self,
-                 shell_quote(std::filesystem::absolute(f.file).string()), shell_quote(f.backend), c.threads,
+                 shell_quote(std::filesystem::absolute(f.file).string()), shell_quote(f.backend), fmt::join(c.thread_counts(), ","),
                  layout_name(c.layout), plugin);
       fmt::print("  {} fuzz --seed {} --cases {}{} --backend {}{}   (draws it again)\n", self, args->seed, f.index + 1,
                  args->layers ? " --layers" : "", shell_quote(f.backend), plugin);

@@ -77,7 +77,7 @@ TEST(Catalogue, TheFuzzerFindsEveryMutantAndShrinksItToAMinimalCaseThatReproduce
     // The file is a standard fixture that reproduces the failure, and the real backend passes it.
     ASSERT_TRUE(fs::exists(f.file));
     VerifyOptions config;
-    config.thread_counts = {f.shrunk.smallest.threads};
+    config.thread_counts = f.shrunk.smallest.thread_counts();
     config.layouts = {f.shrunk.smallest.layout};
     config.invariance = config.relations = true;  // as the fuzzer judged it
     // (the golden comparison's unit, or the check that found it; a relation

@@ -372,6 +372,11 @@ std::string FuzzCase::describe() const {
   return text + fmt::format(" [threads {}, {}]", threads, layout_name(layout));
 }
 
+std::vector<int> FuzzCase::thread_counts() const {
+  if (threads > 1 && spec.recipe.backward && !layer()) return {threads, 1};
+  return {threads};
+}
+
 FuzzCase draw_fuzz_case(std::uint64_t seed, std::int64_t index) {
   Rng rng = Rng::from_name(fmt::format("attn fuzz {} {}", seed, index));
   FuzzCase c;
@@ -748,7 +753,7 @@ namespace {
 
 VerifyOptions options_of(const FuzzCase& c, const std::string* only = nullptr) {
   VerifyOptions options;
-  options.thread_counts = {c.threads};
+  options.thread_counts = c.thread_counts();
   options.layouts = {c.layout};
   options.invariance = options.relations = true;  // every case it draws
   // Their runs no larger than the case itself with 63 short entries (of 16

@@ -27,6 +27,11 @@ struct FuzzCase {
   Layout layout = Layout::bhsd;
   std::string describe() const;  // problem, recipe and configuration in one line
   bool layer() const { return spec.model_dim > 0; }  // a whole layer (kind = mha) around the attention
+  // The thread counts it is judged at: its own, and for an attention case
+  // with gradients at more than one thread, 1 besides (the gradients must
+  // keep their bits whatever the thread count; the checks without a golden
+  // run at the first).
+  std::vector<int> thread_counts() const;
 };
 
 // Case `index` of `seed`: depends on nothing else. One case in 16 is a whole
