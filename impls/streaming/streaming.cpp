@@ -137,6 +137,11 @@ class StreamingPlan final : public Plan {
   }
 
  private:
+  // Where a chunk keeps its running max, sum and output rows.
+  struct Sums {
+    float *m, *l, *o;
+  };
+
   // shift 0 first; a tile whose sums of weights times V overflowed is redone
   // with the weights scaled down (Kernels::exp2_sum): here when the tile is
   // one chunk, in merge when it is split.
@@ -173,11 +178,17 @@ class StreamingPlan final : public Plan {
       else if (descale != 1.0f) std::for_each(s.q.begin(), s.q.begin() + rows * p_.head_dim, [&](float& x) { x *= descale; });
     }
     const Geometry& g = descaled;
-    std::fill_n(s.m.begin(), rows, kNegInf);
-    std::fill_n(s.l.begin(), rows, 0.0f);
-    std::fill_n(s.o.begin(), rows * g_.dv_pad, 0.0f);
-    // The AMX kernels read P's padding rows; the softmax writes only real ones.
-    if (g_.bf16_kernels) std::fill(s.p_bf16.begin() + rows * kKeyBlock, s.p_bf16.end(), bf16{});
+    // A split tile's chunk sums into its own partials (merge combines them),
+    // a whole tile's into the scratch.
+    const std::int64_t base = (tile_index * chunks_ + chunk) * g_.tile_rows;
+    const Sums sums = split ? Sums{partial_m_.data() + base, partial_l_.data() + base, partial_o_.data() + base * g_.dv_pad}
+                            : Sums{s.m.data(), s.l.data(), s.o.data()};
+    std::fill_n(sums.m, rows, kNegInf);
+    std::fill_n(sums.l, rows, 0.0f);
+    std::fill_n(sums.o, rows * g_.dv_pad, 0.0f);
+    // The AMX kernels read P's padding rows; the softmax writes only real
+    // ones. (The AVX-512 and portable kernels read the rows they are given.)
+    if (g_.bf16_kernels && kernels_.bf16_rows_align > 1) std::fill(s.p_bf16.begin() + rows * kKeyBlock, s.p_bf16.end(), bf16{});
 
     const std::int64_t read_end = std::min(end_key, std::min(last, end_block) * kKeyBlock);  // this task's last key
     // In place: the rows of each block's keys (through the page table), and
@@ -185,7 +196,7 @@ class StreamingPlan final : public Plan {
     // they compute this one.
     // A block's runs of rows (at most one a query: tiles hold at most
     // kMaxTileRows / group queries, or one).
-    std::array<cpu::ColumnRun, kMaxTileRows> runs{};
+    std::array<cpu::ColumnRun, kMaxTileRows> runs;  // the first n_runs set for each block
     BlockRows rows_a, rows_b;
     BlockRows* here = &rows_a;
     BlockRows* ahead = &rows_b;
@@ -252,12 +263,12 @@ class StreamingPlan final : public Plan {
         const bool kernel_max = !direct && !g_.bf16_kernels;
         cpu::finish_scores(p_, g, io_, kernels_, seen, j0, scores, block_max, kernel_max);
       }
-      online_softmax(s, r0, live, pending, shift);
+      online_softmax(s, sums, r0, live, pending, shift);
       if (io_.dropout.active()) {  // the dropped weights 0 once l took them (cpu::drop_weights)
         cpu::drop_weights(p_, g_, io_, mask_, t, r0, live, j0, keys, s.scores.data(),
                           g_.bf16_kernels ? s.p_bf16.data() : nullptr);
       }
-      float* const o = s.o.data() + r0 * g_.dv_pad;
+      float* const o = sums.o + r0 * g_.dv_pad;
       const bf16* const p_bf16 = s.p_bf16.data() + r0 * kKeyBlock;
       if (direct) {
         const cpu::Ahead next{ahead->v.data(), ahead->n, v_format_.row_bytes(p_.head_dim_v)};
@@ -282,11 +293,11 @@ class StreamingPlan final : public Plan {
     }
     if (io_.dropout.active()) {  // the kept weights' 1 / (1 - p), once on each sum
       const float keep_scale = static_cast<float>(mask_.keep_scale());
-      std::for_each(s.o.begin(), s.o.begin() + rows * g_.dv_pad, [&](float& x) { x *= keep_scale; });
+      std::for_each(sums.o, sums.o + rows * g_.dv_pad, [&](float& x) { x *= keep_scale; });
     }
     if (direct && !io_.v_codes.empty()) {  // V's descale, on the sums of weights times codes
       const float descale = io_.v_codes.descale_of(t.b, t.kv_head);
-      if (descale != 1.0f) std::for_each(s.o.begin(), s.o.begin() + rows * g_.dv_pad, [&](float& x) { x *= descale; });
+      if (descale != 1.0f) std::for_each(sums.o, sums.o + rows * g_.dv_pad, [&](float& x) { x *= descale; });
     }
     if (!split) {
       // (after the descale: with the weights scaled down the sums are at most
@@ -300,10 +311,6 @@ class StreamingPlan final : public Plan {
                       shift ? s.l0.data() : nullptr);
       return;
     }
-    const std::int64_t base = (tile_index * chunks_ + chunk) * g_.tile_rows;
-    std::copy_n(s.m.begin(), rows, partial_m_.begin() + base);
-    std::copy_n(s.l.begin(), rows, partial_l_.begin() + base);
-    std::copy_n(s.o.begin(), rows * g_.dv_pad, partial_o_.begin() + base * g_.dv_pad);
   }
 
   // The rows of K and V of keys [j0, min(j0 + 64, end)) of the tile's
@@ -344,13 +351,13 @@ class StreamingPlan final : public Plan {
   // gets weights 0: its scores are all -inf, taken against 0. Up to
   // kMaxTileRows rows at a time (a tile holds more when one kv head has more
   // query heads).
-  void online_softmax(Scratch& s, std::int64_t r0, std::int64_t live, float pending, int shift) {
+  void online_softmax(Scratch& s, const Sums& acc, std::int64_t r0, std::int64_t live, float pending, int shift) {
     std::array<float, kMaxTileRows> m_new, against, sums;
     for (std::int64_t first = r0; first < r0 + live; first += kMaxTileRows) {
       const std::int64_t n = std::min(kMaxTileRows, r0 + live - first);
       for (std::int64_t i = 0; i < n; ++i) {
         const auto r = static_cast<std::size_t>(first + i), at = static_cast<std::size_t>(i);
-        m_new[at] = std::max(s.m[r], s.block_max[r]);
+        m_new[at] = std::max(acc.m[r], s.block_max[r]);
         against[at] = m_new[at] == kNegInf ? 0.0f : m_new[at];
       }
       float* const scores = s.scores.data() + first * kKeyBlock;
@@ -361,16 +368,18 @@ class StreamingPlan final : public Plan {
       }
       for (std::int64_t i = 0; i < n; ++i) {
         const auto r = static_cast<std::size_t>(first + i), at = static_cast<std::size_t>(i);
-        const float m_old = s.m[r];
+        const float m_old = acc.m[r];
         if (m_new[at] == kNegInf) continue;  // nothing visible yet
-        if (m_new[at] > m_old) {  // lazy: rescale only when the max grew
-          const float alpha = m_old == kNegInf ? 0.0f : std::exp2(m_old - m_new[at]);
-          float* o = s.o.data() + (first + i) * g_.dv_pad;
+        // Lazy: rescale only when the max grew. A row that has seen nothing
+        // visible yet (each chunk's first block) still holds its zeros.
+        if (m_new[at] > m_old && m_old != kNegInf) {
+          const float alpha = std::exp2(m_old - m_new[at]);
+          float* o = acc.o + (first + i) * g_.dv_pad;
           for (std::int64_t c = 0; c < g_.dv_pad; ++c) o[c] *= alpha;
-          s.l[r] *= alpha;
+          acc.l[r] *= alpha;
         }
-        s.l[r] += sums[at];
-        s.m[r] = m_new[at];
+        acc.l[r] += sums[at];
+        acc.m[r] = m_new[at];
       }
     }
   }
