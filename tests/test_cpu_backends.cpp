@@ -675,4 +675,35 @@ TEST(CpuKernels, Avx512AndPortableAgree) {
   EXPECT_EQ(avx->scale_row(r1.data(), 0.5f, 40), portable.scale_row(r2.data(), 0.5f, 40));
   EXPECT_EQ(r1, r2);
   EXPECT_EQ(r1[40], -INFINITY);
+  // A row of sums rescaled, a partial added at its weight: the product
+  // rounded, then the sum, in both sets (a fused multiply-add would round
+  // once; tails shorter than a vector are written and nothing past them).
+  for (const std::int64_t n : {std::int64_t{64}, std::int64_t{23}}) {
+    std::vector<float> x(80), o(80);
+    const float w = 1.0f / 3.0f, a = 0.7f;
+    for (std::size_t e = 0; e < x.size(); ++e) {
+      x[e] = 1.0f + static_cast<float>(e) * 0x1p-20f;
+      // Every other one the rounded product's negative: the sum is 0 where
+      // the product was rounded first, the product's rounding error if fused.
+      o[e] = e % 2 ? 3.0f - static_cast<float>(e) * 0x1p-21f : -(w * x[e]);
+    }
+    std::vector<float> want_add = o, want_scale = o;
+    for (std::int64_t e = 0; e < n; ++e) {
+      const float product = w * x[static_cast<std::size_t>(e)];
+      want_add[static_cast<std::size_t>(e)] += product;
+      want_scale[static_cast<std::size_t>(e)] *= a;
+    }
+    bool fused_differs = false;
+    for (std::int64_t e = 0; e < n; ++e) {
+      fused_differs |= std::fma(w, x[static_cast<std::size_t>(e)], o[static_cast<std::size_t>(e)]) != want_add[static_cast<std::size_t>(e)];
+    }
+    EXPECT_TRUE(fused_differs) << "the data cannot tell a fused multiply-add";
+    for (const cpu::Kernels* k : {avx, &portable}) {
+      std::vector<float> added = o, scaled = o;
+      k->add_scaled(added.data(), x.data(), w, n);
+      k->scale(scaled.data(), a, n);
+      EXPECT_EQ(added, want_add) << k->isa << " n " << n;
+      EXPECT_EQ(scaled, want_scale) << k->isa << " n " << n;
+    }
+  }
 }

@@ -140,6 +140,11 @@ struct Kernels {
                          std::int64_t dv, std::int64_t dv_pad, float* o, const Ahead& ahead);
   // x[j] *= scale for j < visible, x[j] = -inf for visible <= j < 64; returns the max.
   float (*scale_row)(float* x, float scale, std::int64_t visible);
+  // o[j] *= a for j < n: a row of running sums rescaled when its max grew.
+  void (*scale)(float* o, float a, std::int64_t n);
+  // o[j] += w * x[j] for j < n, the product rounded, then the sum (no fused
+  // multiply-add: the same bits in every kernel set): a split partial merged.
+  void (*add_scaled)(float* o, const float* x, float w, std::int64_t n);
   // out[j] = bfloat16(x[j]), round to nearest even, j < n.
   void (*to_bf16)(const float* x, std::int64_t n, bf16* out);
   // out[j] = float(x[j]) for j < n (exact: every float16 is a float).

@@ -921,6 +921,26 @@ ATTN_AVX512 float scale_row(float* x, float scale, std::int64_t visible) {
   return _mm512_reduce_max_ps(m);
 }
 
+ATTN_AVX512 void scale(float* o, float a, std::int64_t n) {
+  const __m512 av = _mm512_set1_ps(a);
+  for (std::int64_t j = 0; j < n; j += 16) {
+    const __mmask16 live = static_cast<__mmask16>(n - j >= 16 ? 0xFFFF : (1u << (n - j)) - 1);
+    _mm512_mask_storeu_ps(o + j, live, _mm512_mul_ps(_mm512_maskz_loadu_ps(live, o + j), av));
+  }
+}
+
+ATTN_AVX512 void add_scaled(float* o, const float* x, float w, std::int64_t n) {
+  const __m512 wv = _mm512_set1_ps(w);
+  for (std::int64_t j = 0; j < n; j += 16) {
+    const __mmask16 live = static_cast<__mmask16>(n - j >= 16 ? 0xFFFF : (1u << (n - j)) - 1);
+    // The explicitly rounded forms: the compiler may not fuse them into a
+    // multiply-add (C++ contracts a * b + c by default where FMA exists).
+    constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    const __m512 product = _mm512_mul_round_ps(wv, _mm512_maskz_loadu_ps(live, x + j), kNearest);
+    _mm512_mask_storeu_ps(o + j, live, _mm512_add_round_ps(_mm512_maskz_loadu_ps(live, o + j), product, kNearest));
+  }
+}
+
 ATTN_AVX512 void to_bf16(const float* x, std::int64_t n, bf16* out) {
   std::int64_t j = 0;
   for (; j + 16 <= n; j += 16) {
@@ -959,8 +979,8 @@ ATTN_AVX512 void transpose32(const void* const* rows, std::int64_t n, std::int64
 }
 
 const Kernels kAvx512{"avx512_bf16", qk_f32, qk_bf16, pv_f32, pv_bf16, exp2_sum, exp2_rows, exp2_rows_bf16,
-                      max_of, qk_direct, pv_direct, qk_bf16_direct, pv_bf16_direct, scale_row, to_bf16, widen_f16,
-                      transpose32};
+                      max_of, qk_direct, pv_direct, qk_bf16_direct, pv_bf16_direct, scale_row, scale, add_scaled,
+                      to_bf16, widen_f16, transpose32};
 
 }  // namespace
 

@@ -200,6 +200,17 @@ float scale_row(float* x, float scale, std::int64_t visible) {
   return m;
 }
 
+void scale(float* o, float a, std::int64_t n) {
+  for (std::int64_t j = 0; j < n; ++j) o[j] *= a;
+}
+
+void add_scaled(float* o, const float* x, float w, std::int64_t n) {
+  for (std::int64_t j = 0; j < n; ++j) {
+    const float product = w * x[j];
+    o[j] += product;
+  }
+}
+
 void to_bf16(const float* x, std::int64_t n, bf16* out) {
   for (std::int64_t j = 0; j < n; ++j) out[j] = float_to_bf16(x[j]);
 }
@@ -217,8 +228,8 @@ void transpose32(const void* const* rows, std::int64_t n, std::int64_t words, vo
 }
 
 const Kernels kPortable{"portable", qk_f32, qk_bf16, pv_f32, pv_bf16, exp2_sum, exp2_rows, exp2_rows_bf16,
-                        max_of, qk_direct, pv_direct, qk_bf16_direct, pv_bf16_direct, scale_row, to_bf16, widen_f16,
-                        transpose32};
+                        max_of, qk_direct, pv_direct, qk_bf16_direct, pv_bf16_direct, scale_row, scale, add_scaled,
+                        to_bf16, widen_f16, transpose32};
 
 }  // namespace
 

@@ -375,7 +375,7 @@ class StreamingPlan final : public Plan {
         if (m_new[at] > m_old && m_old != kNegInf) {
           const float alpha = std::exp2(m_old - m_new[at]);
           float* o = acc.o + (first + i) * g_.dv_pad;
-          for (std::int64_t c = 0; c < g_.dv_pad; ++c) o[c] *= alpha;
+          kernels_.scale(o, alpha, g_.dv_pad);
           acc.l[r] *= alpha;
         }
         acc.l[r] += sums[at];
@@ -415,7 +415,7 @@ class StreamingPlan final : public Plan {
         const float w = std::exp2(partial_m_[at] - global);
         l += w * partial_l_[at];
         const float* po = partial_o_.data() + at * g_.dv_pad;
-        for (std::int64_t d = 0; d < g_.dv_pad; ++d) o[d] += w * po[d];
+        kernels_.add_scaled(o, po, w, g_.dv_pad);
       }
       s.m[static_cast<std::size_t>(r)] = global;
       s.l[static_cast<std::size_t>(r)] = l;
