@@ -86,8 +86,8 @@ Runner add_fuzz_command(CLI::App& app) {
       const FuzzCase& c = f.shrunk.smallest;
       const std::string plugin = plugin_arguments(f.backend);  // a plugin's backend needs its --plugin again
       fmt::print("  {} verify {} --backend {} --threads {} --layout {}{}\n", self,
-                 shell_quote(std::filesystem::absolute(f.file).string()), shell_quote(f.backend), fmt::join(c.thread_counts(), ","),
-                 layout_name(c.layout), plugin);
+                 shell_quote(std::filesystem::absolute(f.file).string()), shell_quote(f.backend),
+                 fmt::join(c.thread_counts(), ","), layout_name(c.layout), plugin);
       fmt::print("  {} fuzz --seed {} --cases {}{} --backend {}{}   (draws it again)\n", self, args->seed, f.index + 1,
                  args->layers ? " --layers" : "", shell_quote(f.backend), plugin);
     }

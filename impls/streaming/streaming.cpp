@@ -188,7 +188,9 @@ class StreamingPlan final : public Plan {
     std::fill_n(sums.o, rows * g_.dv_pad, 0.0f);
     // The AMX kernels read P's padding rows; the softmax writes only real
     // ones. (The AVX-512 and portable kernels read the rows they are given.)
-    if (g_.bf16_kernels && kernels_.bf16_rows_align > 1) std::fill(s.p_bf16.begin() + rows * kKeyBlock, s.p_bf16.end(), bf16{});
+    if (g_.bf16_kernels && kernels_.bf16_rows_align > 1) {
+      std::fill(s.p_bf16.begin() + rows * kKeyBlock, s.p_bf16.end(), bf16{});
+    }
 
     const std::int64_t read_end = std::min(end_key, std::min(last, end_block) * kKeyBlock);  // this task's last key
     // In place: the rows of each block's keys (through the page table), and
