@@ -260,6 +260,21 @@ ConventionalGradients conventional_gradients(const std::vector<Convention>& conv
 
 }  // namespace
 
+ReferenceGradients convention_widened_bounds(const std::vector<Convention>& conventions, const CaseData& data,
+                                             const std::vector<double>& dout, const GradientTruth& truth) {
+  ReferenceGradients bound = truth.bound;
+  for (const bool additive : {false, true}) {
+    const ConventionalGradients c = conventional_gradients(conventions, data, dout, truth, additive);
+    if (c.rows == 0) continue;
+    for (const GradientPart& part : gradient_parts(data.problem)) {
+      std::vector<double>& widened = bound.*part.values;
+      const std::vector<double>& way = c.truth.bound.*part.values;
+      for (std::size_t e = 0; e < widened.size() && e < way.size(); ++e) widened[e] = std::max(widened[e], way[e]);
+    }
+  }
+  return bound;
+}
+
 MeanVTerms mean_v_terms(const CaseData& data, const std::vector<double>& dout, bool additive) {
   MeanVTerms t;
   const Problem& p = data.problem;

@@ -115,6 +115,12 @@ struct MeanVTerms {
 };
 MeanVTerms mean_v_terms(const CaseData& data, const std::vector<double>& dout, bool additive);
 
+// truth's a-priori bounds, widened where a declared convention adds terms to
+// the gradients (empty_rows_mean_v, either way): what two runs of a backend
+// that follows it may differ by beside their own rounding (the relations).
+ReferenceGradients convention_widened_bounds(const std::vector<Convention>& conventions, const CaseData& data,
+                                             const std::vector<double>& dout, const GradientTruth& truth);
+
 // "" when two runs' gradients are identical bit for bit (dq aside when it
 // may vary), else which gradient differs first and where.
 std::string backward_differences(const Problem& problem, const BackwardRun& a, const BackwardRun& b, bool dq_may_vary);
