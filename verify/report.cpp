@@ -23,8 +23,11 @@ namespace attn {
 
 namespace {
 
+// A ratio to a limit: three decimals, or three digits and an exponent where
+// it is far past any limit (a bound near 0 gives ratios of 1e300).
 std::string ratio_text(double ratio) {
   if (std::isinf(ratio)) return "inf";
+  if (std::fabs(ratio) >= 1e6) return fmt::format("{:.3g}", ratio);
   return fmt::format("{:.3f}", ratio);
 }
 
@@ -163,8 +166,8 @@ void print_summary(std::FILE* out, const VerifySummary& summary, const std::stri
   fmt::print(out, "\n{:<{}} {:>6} {:>6} {:>6} {:>11} {:>8} {:>16}\n", "backend", w, "PASS", "FAIL", "SKIP", "MISTRUSTED",
              "DIFFERS", "worst err/bound");
   for (const auto& [name, c] : per_backend) {
-    fmt::print(out, "{:<{}} {:>6} {:>6} {:>6} {:>11} {:>8} {:>16.3f}\n", printable(name), w, c.pass, c.fail, c.skip,
-               c.mistrusted, c.differs, c.worst);
+    fmt::print(out, "{:<{}} {:>6} {:>6} {:>6} {:>11} {:>8} {:>16}\n", printable(name), w, c.pass, c.fail, c.skip,
+               c.mistrusted, c.differs, ratio_text(c.worst));
   }
   const std::vector<BudgetUse> budget = budget_use(summary);
   if (!budget.empty()) {
@@ -175,7 +178,8 @@ void print_summary(std::FILE* out, const VerifySummary& summary, const std::stri
                                                               ToleranceConstants::baseline_factor_wide));
     auto text = [](const Distribution& d) {
       return d.count == 0 ? std::string("-")
-                          : fmt::format("{:.3f} {:.3f} {:.3f} {:.3f}", d.min, d.median, d.p99, d.max);
+                          : fmt::format("{} {} {} {}", ratio_text(d.min), ratio_text(d.median), ratio_text(d.p99),
+                                        ratio_text(d.max));
     };
     for (const auto& b : budget) {
       fmt::print(out, "{:<{}} {:<5} {:<8} {:>7}  {:<29}  {:<29}\n", printable(b.backend), w, b.dtype,
