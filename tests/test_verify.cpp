@@ -1056,6 +1056,33 @@ TEST(Verifier, ABackwardRelationsBoundCountsTheTermsADeclaredConventionAdds) {
   }
 }
 
+// A float64 case's truth rounds its scores as every implementation does: the
+// measured limit's floor counts one rounding of them (scores near 10 after
+// the scale probe doubles and quadruples Q's scales: py-numpy's RMS error
+// was 4.2x baselines at one unit roundoff, attn fuzz --seed 3, case 710).
+TEST(Verifier, AFloat64CasesMeasuredFloorCountsTheRoundingOfItsScores) {
+  const fs::path file =
+      fs::path(ATTN_SOURCE_DIR) / "tests" / "data" / "fuzz" / "seed3_case710_f64_s8_u4_scores_rounded_probe.h5";
+  const Fixture fixture = read_fixture(file);
+  const Problem& p = fixture.data.problem;
+  ReferenceStats stats;
+  reference_attention(fixture.data, &stats);
+  const std::vector<double> floor = forward_floor_magnitude(p, stats);
+  Problem as_f32 = p;
+  as_f32.dtype = DType::f32;
+  const std::vector<double> floor_f32 = forward_floor_magnitude(as_f32, stats);
+  bool grew = false;
+  for (std::size_t e = 0; e < floor.size(); ++e) {
+    EXPECT_GE(floor[e], floor_f32[e]);
+    grew |= floor[e] > 2 * floor_f32[e];  // scores of several units: several times the weighted |v|
+  }
+  EXPECT_TRUE(grew) << "the float64 floor holds no score rounding";
+  VerifyOptions options;
+  const VerifySummary s = verify({file}, make_backends(std::vector<std::string>{"py-numpy", "naive"}), options);
+  ASSERT_TRUE(s.input_errors.empty());
+  for (const auto& o : s.outcomes) EXPECT_NE(o.comparison.verdict, Verdict::fail) << o.backend << " " << o.check << ": " << o.comparison.reason;
+}
+
 // A batch of thousands of entries runs only its first 16 alone: each entry
 // taken out is a few vectors, and 2^22 one-query entries took gigabytes.
 TEST(Verifier, ABatchOfThousandsOfEntriesRunsOnlyItsFirstSixteenAlone) {
