@@ -19,7 +19,7 @@ struct FuzzArgs {
   double minutes = 0;
   std::vector<std::string> backends;
   std::string out = "fuzz-failures";
-  int max_shrink = 400;
+  int max_shrink = 600;
   bool layers = false;
 };
 

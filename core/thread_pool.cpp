@@ -4,8 +4,12 @@
 
 #include <pthread.h>
 #include <sched.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 #include <atomic>
+#include <chrono>
 #include <cfenv>
 #include <condition_variable>
 #include <cstdlib>
@@ -30,6 +34,12 @@ int resolve_threads(int requested) {
 }
 
 namespace {
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#endif
+}
+
 std::vector<int> allowed_cpus() {
   std::vector<int> cpus;
   cpu_set_t set;
@@ -46,21 +56,45 @@ void pin_to(std::thread::native_handle_type handle, int cpu) {
   CPU_SET(cpu, &set);
   pthread_setaffinity_np(handle, sizeof set, &set);
 }
+
+// How long a thread spins on an atomic before it sleeps on the condition
+// variable: a worker after its job (the next call often follows at once: a
+// decode step, a benchmark's loop), the caller while the workers finish.
+// Waking a sleeping thread takes tens of microseconds on these VMs, as long
+// as a small decode takes whole: a second thread that wakes that late finds
+// the tasks already taken. Only while the pool has no more threads than
+// CPUs: oversubscribed, a spinning thread would take the CPU from one that
+// still computes.
+constexpr auto kSpin = std::chrono::microseconds(200);
+
+// Spins until done() or the spin's time is up; true when done().
+template <class Done>
+bool spin_until(Done done, bool spin) {
+  if (!spin) return done();
+  const auto until = std::chrono::steady_clock::now() + kSpin;
+  for (int i = 0;; ++i) {
+    if (done()) return true;
+    cpu_relax();
+    if ((i & 63) == 63 && std::chrono::steady_clock::now() > until) return done();
+  }
+}
 }  // namespace
 
 struct ThreadPool::State {
   std::mutex mutex;
   std::condition_variable wake, done;
-  std::uint64_t generation = 0;
-  int running = 0;
-  bool stop = false;
-  const std::function<void(int)>* job = nullptr;
+  std::atomic<std::uint64_t> generation{0};  // bumped (under mutex) for each job
+  std::atomic<int> running{0};               // workers still in the current job
+  bool stop = false;                         // under mutex
+  bool spin = false;                         // no more threads than CPUs
+  const std::function<void(int)>* job = nullptr;  // written before generation's bump
   std::vector<std::thread> workers;
   std::exception_ptr error;
 };
 
 ThreadPool::ThreadPool(int threads) : state_(new State), threads_(std::max(1, threads)) {
   std::vector<int> cpus = allowed_cpus();
+  state_->spin = cpus.size() >= static_cast<std::size_t>(threads_);
   // Workers 1..n-1 are pool threads; worker 0 is whoever calls.
   for (int w = 1; w < threads_; ++w) {
     state_->workers.emplace_back([this, w] {
@@ -68,24 +102,31 @@ ThreadPool::ThreadPool(int threads) : state_(new State), threads_(std::max(1, th
       // backend may have changed (flush-to-zero): start from the default.
       std::fesetenv(FE_DFL_ENV);
       std::uint64_t seen = 0;
+      State& st = *state_;
       for (;;) {
         const std::function<void(int)>* job;
+        if (!spin_until([&] { return st.generation.load(std::memory_order_acquire) != seen; }, st.spin)) {
+          std::unique_lock lock(st.mutex);
+          st.wake.wait(lock, [&] { return st.stop || st.generation.load(std::memory_order_acquire) != seen; });
+          if (st.stop) return;
+        }
         {
-          std::unique_lock lock(state_->mutex);
-          state_->wake.wait(lock, [&] { return state_->stop || state_->generation != seen; });
-          if (state_->stop) return;
-          seen = state_->generation;
-          job = state_->job;
+          std::lock_guard lock(st.mutex);  // job and stop are read under the mutex that wrote them
+          if (st.stop) return;
+          seen = st.generation.load(std::memory_order_acquire);
+          job = st.job;
         }
         try {
           const FloatStateGuard floats;  // a job may set flush-to-zero: the next one must not inherit it
           (*job)(w);
         } catch (...) {
-          std::lock_guard lock(state_->mutex);
-          if (!state_->error) state_->error = std::current_exception();
+          std::lock_guard lock(st.mutex);
+          if (!st.error) st.error = std::current_exception();
         }
-        std::lock_guard lock(state_->mutex);
-        if (--state_->running == 0) state_->done.notify_all();
+        if (st.running.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+          std::lock_guard lock(st.mutex);  // the caller checks running under it before it sleeps
+          st.done.notify_all();
+        }
       }
     });
     if (cpus.size() >= static_cast<std::size_t>(threads_)) pin_to(state_->workers.back().native_handle(), cpus[static_cast<std::size_t>(w)]);
@@ -96,6 +137,7 @@ ThreadPool::~ThreadPool() {
   {
     std::lock_guard lock(state_->mutex);
     state_->stop = true;
+    state_->generation.fetch_add(1, std::memory_order_release);  // ends a spin
   }
   state_->wake.notify_all();
   for (auto& t : state_->workers) t.join();
@@ -116,24 +158,28 @@ void ThreadPool::on_each_thread(const std::function<void(int)>& fn) {
     fn(0);
     return;
   }
+  State& st = *state_;
   {
-    std::lock_guard lock(state_->mutex);
-    state_->job = &fn;
-    state_->running = threads_ - 1;
-    state_->error = nullptr;
-    ++state_->generation;
+    std::lock_guard lock(st.mutex);
+    st.job = &fn;
+    st.running.store(threads_ - 1, std::memory_order_relaxed);
+    st.error = nullptr;
+    st.generation.fetch_add(1, std::memory_order_release);
   }
-  state_->wake.notify_all();
+  st.wake.notify_all();
   std::exception_ptr mine;
   try {
     fn(0);
   } catch (...) {
     mine = std::current_exception();
   }
-  std::unique_lock lock(state_->mutex);
-  state_->done.wait(lock, [&] { return state_->running == 0; });
+  if (!spin_until([&] { return st.running.load(std::memory_order_acquire) == 0; }, st.spin)) {
+    std::unique_lock lock(st.mutex);
+    st.done.wait(lock, [&] { return st.running.load(std::memory_order_acquire) == 0; });
+  }
+  std::lock_guard lock(st.mutex);  // error, written under it
   if (mine) std::rethrow_exception(mine);
-  if (state_->error) std::rethrow_exception(state_->error);
+  if (st.error) std::rethrow_exception(st.error);
 }
 
 void ThreadPool::parallel_for(std::int64_t tasks, const std::function<void(std::int64_t, int)>& fn) {

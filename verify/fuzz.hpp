@@ -80,7 +80,7 @@ struct FuzzOptions {
   std::int64_t cases = 200;
   double minutes = 0;  // > 0: stop drawing once this much time has passed
   std::filesystem::path out_dir = "fuzz-failures";
-  int max_shrink_evaluations = 400;
+  int max_shrink_evaluations = 600;
   bool layers_only = false;  // draw_layer_fuzz_case instead of draw_fuzz_case
 };
 

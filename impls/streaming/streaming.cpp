@@ -25,7 +25,8 @@ using cpu::QueryTile;
 
 constexpr std::int64_t kMaxTileRows = 96;
 constexpr std::int64_t kDirectRows = 8;
-constexpr std::int64_t kSplitChunks = 8;  // an entry with fewer tiles than this splits its long rows in 8
+constexpr std::int64_t kSplitChunks = 8;  // an entry with fewer tiles than this splits its long rows, in up to 8
+constexpr std::int64_t kChunkBlocks = 16;  // chunks of at least this many key blocks where the rows allow two
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 using Scratch = cpu::TileScratch;
@@ -84,9 +85,9 @@ class StreamingPlan final : public Plan {
     // around it nor the thread count: an entry's out and lse are the same bits
     // alone, in any batch and at any number of threads (batch invariance; the
     // backward starts from them). chunks_ is the most a tile splits into.
-    // A tile splits in kSplitChunks when its entry has fewer tiles than that
-    // and the tile itself sees at least 2 * kSplitChunks key blocks.
-    if (p.heads_kv * g_.query_tiles < kSplitChunks && g_.key_blocks >= 2 * kSplitChunks) chunks_ = kSplitChunks;
+    // A tile splits when its entry has fewer tiles than kSplitChunks and the
+    // tile itself sees at least 2 * kSplitChunks key blocks (parts_of).
+    if (p.heads_kv * g_.query_tiles < kSplitChunks && g_.key_blocks >= 2 * kSplitChunks) chunks_ = split_parts(g_.key_blocks);
     require_workspace(threads_ * Scratch::bytes_for(p, g_, !direct_, 1) +
                           (chunks_ > 1 ? 4.0 * static_cast<double>(tiles_ * chunks_ * g_.tile_rows) * static_cast<double>(g_.dv_pad + 2) : 0.0),
                       "streaming's tile scratch and split-K partials");
@@ -209,7 +210,9 @@ class StreamingPlan final : public Plan {
       if (direct) {
         if (block == std::max(first, begin_block)) key_rows(t, j0, read_end, *here);
         else std::swap(here, ahead);
-        key_rows(t, j0 + kKeyBlock, read_end, *ahead);
+        // A chunk's last block asks for the first keys of the tile's next
+        // chunk, which this thread most often computes next.
+        key_rows(t, j0 + kKeyBlock, j0 + kKeyBlock < read_end ? read_end : end_key, *ahead);
       }
       const std::int64_t keys = direct ? here->n : std::min(kKeyBlock, p_.seq_k - j0);
       // Only the rows that see a key of the block compute it (a window's edge
@@ -395,10 +398,16 @@ class StreamingPlan final : public Plan {
   }
   // The chunks a tile whose visible keys span blocks [begin, end) splits
   // into: 1 unless its entry has few tiles (chunks_ > 1) and the tile's own
-  // keys are many, then kSplitChunks. A function of the entry alone.
+  // keys are many, then split_parts of them. A function of the entry alone.
   std::int64_t parts_of(std::int64_t begin_block, std::int64_t end_block) const {
-    return chunks_ > 1 && end_block - begin_block >= 2 * kSplitChunks ? chunks_ : 1;
+    return chunks_ > 1 && end_block - begin_block >= 2 * kSplitChunks ? split_parts(end_block - begin_block) : 1;
   }
+  // Chunks of at least kChunkBlocks blocks, 2 to kSplitChunks of them: each
+  // chunk costs its set-up, more rescales, a cold start and its share of
+  // the merge (measured: 8 chunks of a 4096-key row about 1 % of the row's
+  // time each), so a 4096-key row splits in 4 and rows of 8192 keys and
+  // more in 8.
+  static std::int64_t split_parts(std::int64_t blocks) { return std::clamp<std::int64_t>(blocks / kChunkBlocks, 2, kSplitChunks); }
 
   void merge(std::int64_t tile_index, Scratch& s, int shift = 0) {
     const QueryTile t = cpu::query_tile(p_, g_, tile_index);
