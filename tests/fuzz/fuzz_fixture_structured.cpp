@@ -212,8 +212,17 @@ void arbitrary(attn::h5::File& file, Bytes& in) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  static const std::filesystem::path path =
-      std::filesystem::temp_directory_path() / ("attn_fuzz_structured_" + std::to_string(::getpid()) + ".h5");
+  // This process's scratch file, removed when the fuzzer exits (left behind
+  // only by a crash, with the input that caused it).
+  static const struct Scratch {
+    std::filesystem::path path =
+        std::filesystem::temp_directory_path() / ("attn_fuzz_structured_" + std::to_string(::getpid()) + ".h5");
+    ~Scratch() {
+      std::error_code ignored;
+      std::filesystem::remove(path, ignored);
+    }
+  } scratch;
+  const std::filesystem::path& path = scratch.path;
   static const auto naive = attn::make_naive_backend();
   Bytes in(data, size);
   {
