@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/cpu.hpp"
+#include "core/instruction_loops.hpp"
 #include "core/thread_pool.hpp"
 
 #define ATTN_AVX512 __attribute__((target("avx512f,avx512bw,avx512bf16,fma")))
@@ -21,48 +22,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// N independent accumulator chains, enough to cover the latency on every
-// pipe. Each chain starts from a value the compiler cannot see (the empty asm
-// below), so it cannot prove the chains equal and fold them into one: an
-// earlier version started them all from the same constant, GCC computed a
-// single latency-bound chain while the count assumed 16, and the "peak" came
-// out about twice the real one (600 GFLOP/s against 245-327 measured since).
-template <int N> ATTN_AVX512 inline void opaque_start(__m512 (&acc)[N]) {
-  for (int i = 0; i < N; ++i) {
-    acc[i] = _mm512_set1_ps(0.001f * static_cast<float>(i + 1));
-    __asm__("" : "+v"(acc[i]));
-  }
-}
-
-template <int N> ATTN_AVX512 inline double reduce(__m512 (&acc)[N]) {
-  __m512 s = acc[0];
-  for (int i = 1; i < N; ++i) s = _mm512_add_ps(s, acc[i]);
-  return _mm512_reduce_add_ps(s);
-}
-
-constexpr int kChains = 24;
-
-ATTN_AVX512 double fma_loop(std::int64_t iterations) {
-  __m512 acc[kChains];
-  opaque_start(acc);
-  const __m512 b = _mm512_set1_ps(0.9999f), c = _mm512_set1_ps(1e-6f);
-  for (std::int64_t n = 0; n < iterations; ++n) {
-#pragma GCC unroll 24
-    for (int i = 0; i < kChains; ++i) acc[i] = _mm512_fmadd_ps(acc[i], b, c);
-  }
-  return reduce(acc);
-}
-
-ATTN_AVX512 double dot_loop(std::int64_t iterations) {
-  __m512 acc[kChains];
-  opaque_start(acc);
-  const __m512bh b = (__m512bh)_mm512_set1_epi32(0x3C003C00);  // pairs of bf16 2^-7
-  for (std::int64_t n = 0; n < iterations; ++n) {
-#pragma GCC unroll 24
-    for (int i = 0; i < kChains; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], b, b);
-  }
-  return reduce(acc);
-}
+using loops::kChains;
 
 ATTN_AVX2 double avx2_fma_loop(std::int64_t iterations) {
   __m256 acc[kChains / 2];
@@ -200,8 +160,8 @@ MachinePeak measure_peak(int threads, double seconds_per_test) {
   const bool avx512 = cpu.avx512_bf16, avx2 = cpu.avx2_fma;
   peak.isa = std::string(cpu_kernel_set());
   if (avx512) {
-    peak.fp32_gflops = throughput(pool, seconds_per_test, kChains * 16.0 * 2, fma_loop) / 1e9;
-    peak.bf16_gflops = throughput(pool, seconds_per_test, kChains * 16.0 * 4, dot_loop) / 1e9;
+    peak.fp32_gflops = throughput(pool, seconds_per_test, loops::kFmaAvx512Flops, loops::fma_avx512) / 1e9;
+    peak.bf16_gflops = throughput(pool, seconds_per_test, loops::kDotBf16Flops, loops::dot_bf16_avx512) / 1e9;
     if (cpu.amx_bf16) {
       peak.amx_bf16_gflops = throughput(pool, seconds_per_test, 4 * 16.0 * 16 * 32 * 2, amx_loop) / 1e9;
     }

@@ -7,6 +7,7 @@
 #include "bench/runner.hpp"
 #include "fixtures/h5.hpp"
 #include "cli/commands.hpp"
+#include "core/cpu.hpp"
 #include "core/registry.hpp"
 
 namespace attn::cli {
@@ -34,6 +35,8 @@ std::vector<std::pair<std::string, std::string>> environment_context(const std::
     if ((" " + flags + " ").find(std::string(" ") + f + " ") != std::string::npos) isa += std::string(isa.empty() ? "" : " ") + f;
   }
   context.emplace_back("attn_cpu_isa", isa);
+  context.emplace_back("attn_cpu_kernels", std::string(cpu_kernel_set()));
+  context.emplace_back("attn_bf16_products", fmt::format("{} ({})", bf16_products().dot ? "dot" : "float32", bf16_products().why));
   context.emplace_back("attn_compiler", fmt::format("gcc {}", __VERSION__));
   context.emplace_back("attn_build_type", ATTN_BUILD_TYPE);
   context.emplace_back("attn_git_commit", ATTN_GIT_COMMIT);

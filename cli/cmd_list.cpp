@@ -128,8 +128,11 @@ Runner add_list_command(CLI::App& app) {
       print_matrix(backends);
       return 0;
     }
-    fmt::print("host: {}; CPU kernel set: {} (ATTN_CPU_ISA=amx|avx512|portable forces one)\n\n",
-               cpu_model_name().empty() ? "unknown CPU" : printable(cpu_model_name()), cpu_kernel_set());
+    const Bf16Products& bf16 = bf16_products();  // (an ATTN_BF16_PRODUCTS error before any output)
+    fmt::print("host: {}; CPU kernel set: {} (ATTN_CPU_ISA=amx|avx512|portable forces one)\n", cpu_model_name().empty() ? "unknown CPU" : printable(cpu_model_name()),
+               cpu_kernel_set());
+    fmt::print("bfloat16 products: {} ({}; ATTN_BF16_PRODUCTS=dot|float32 forces one)\n\n", bf16.dot ? "in bfloat16 pairs" : "widened to float32",
+               bf16.why);
     // The name column fits the longest name; on a terminal the text column
     // wraps at its width, under itself.
     std::size_t name_width = 14;

@@ -5,10 +5,13 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 
 #include "attnbench/error.hpp"
+#include "core/instruction_loops.hpp"
 
 namespace attn {
 
@@ -72,6 +75,56 @@ std::string_view cpu_kernel_set() {
       throw Error(fmt::format("ATTN_CPU_ISA={}: this CPU (or the OS) does not allow it; leave it unset to pick the best", forced));
     }
     throw Error(fmt::format("ATTN_CPU_ISA={}: expected amx, avx512 or portable", forced));
+  }();
+  return chosen;
+}
+
+namespace {
+
+// The best of five interleaved runs of each loop, a few hundred microseconds
+// apiece, in flops per second: on a shared VM a run now and then loses its
+// core for part of it, and the fastest is the core's rate.
+std::pair<double, double> dot_and_fma_rates() {
+  using Clock = std::chrono::steady_clock;
+  constexpr std::int64_t kIterations = 1 << 13;
+  volatile double sink = 0;
+  double dot = 0, fma = 0;
+  auto rate = [&](auto loop, double flops) {
+    const auto start = Clock::now();
+    sink = sink + loop(kIterations);
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    return seconds > 0 ? flops * static_cast<double>(kIterations) / seconds : 0.0;
+  };
+  for (int run = 0; run < 5; ++run) {
+    dot = std::max(dot, rate(loops::dot_bf16_avx512, loops::kDotBf16Flops));
+    fma = std::max(fma, rate(loops::fma_avx512, loops::kFmaAvx512Flops));
+  }
+  return {dot, fma};
+}
+
+}  // namespace
+
+const Bf16Products& bf16_products() {
+  static const Bf16Products chosen = [] {
+    Bf16Products b;
+    const std::string_view set = cpu_kernel_set();
+    if (const char* env = std::getenv("ATTN_BF16_PRODUCTS"); env && *env) {
+      const std::string forced = env;
+      if (forced != "dot" && forced != "float32") throw Error(fmt::format("ATTN_BF16_PRODUCTS={}: expected dot or float32", forced));
+      b.dot = forced == "dot";
+      b.why = fmt::format("ATTN_BF16_PRODUCTS={}", forced);
+      return b;
+    }
+    if (set != "avx512_bf16") {
+      b.why = set == "amx_bf16" ? "AMX tiles (not measured)" : "the portable set (not measured)";
+      return b;
+    }
+    const auto [dot, fma] = dot_and_fma_rates();
+    b.dot_gflops = dot / 1e9;
+    b.fma_gflops = fma / 1e9;
+    b.dot = dot > fma;
+    b.why = fmt::format("vdpbf16ps {:.0f} against FMA {:.0f} GFLOP/s on one core, measured", b.dot_gflops, b.fma_gflops);
+    return b;
   }();
   return chosen;
 }

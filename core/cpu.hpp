@@ -24,4 +24,18 @@ std::string cpu_model_name();
 // forces one. Throws attn::Error for an unknown value or one this CPU refuses.
 std::string_view cpu_kernel_set();
 
+// How the CPU backends multiply bfloat16 cases: in bfloat16 pairs (dot:
+// vdpbf16ps, AMX tiles, or the portable set's), or widened to float32 and
+// multiplied by FMA. With the avx512_bf16 set it is measured once per process
+// on one core (about 2 ms): pairs when vdpbf16ps gives more flops than FMA
+// (AMD EPYC family 25 model 17: twice as many; an Intel Xeon family 6 model
+// 207 gave less than half). ATTN_BF16_PRODUCTS=dot|float32 forces one (both
+// stay tested); attn::Error for another value.
+struct Bf16Products {
+  bool dot = true;
+  double dot_gflops = 0, fma_gflops = 0;  // one core's, when measured
+  std::string why;                        // for attn list and the benchmarks' context
+};
+const Bf16Products& bf16_products();
+
 }  // namespace attn

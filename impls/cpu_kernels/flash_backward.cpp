@@ -52,7 +52,7 @@ class FlashBackwardPlan final : public BackwardPlan {
     // to bfloat16 as FlashAttention-2's 16-bit backward feeds them, where the
     // kernels take any row count (AVX-512, portable); the AMX set wants rows
     // and pairs padded to its tiles and keeps the float32 path.
-    bf16_ = p.dtype == DType::bf16 && kernels_.bf16_rows_align == 1 && kernels_.bf16_pairs_align == 1;
+    bf16_ = g_.bf16_kernels && kernels_.bf16_rows_align == 1 && kernels_.bf16_pairs_align == 1;
     // The scores exactly the forward's (log2 units, finish_scores; float32 Q
     // prescaled, bfloat16 products scaled there as the forward's bfloat16
     // tiles are), so that P meets the forward's lse: scores rounded otherwise

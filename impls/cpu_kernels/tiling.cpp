@@ -6,6 +6,8 @@
 #include <cstring>
 #include <limits>
 
+#include "core/cpu.hpp"
+
 namespace attn::cpu {
 
 namespace {
@@ -78,7 +80,8 @@ Geometry Geometry::of(const Problem& p, std::int64_t max_tile_rows, const Kernel
   g.tile_rows = g.tile_queries * g.group;
   g.query_tiles = (p.seq_q + g.tile_queries - 1) / g.tile_queries;
   g.key_blocks = (p.seq_k + kKeyBlock - 1) / kKeyBlock;
-  g.bf16_kernels = p.dtype == DType::bf16;
+  // bfloat16 in pairs, or widened to float32 where pairs are the slower (core/cpu.hpp).
+  g.bf16_kernels = p.dtype == DType::bf16 && bf16_products().dot;
   g.head_dim_pairs = (p.head_dim + 1) / 2;
   g.scratch_rows = g.tile_rows;
   if (g.bf16_kernels) {

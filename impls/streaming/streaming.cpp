@@ -74,7 +74,7 @@ class StreamingPlan final : public Plan {
     // array (integer encodings) they are dequantised block by block into the
     // pack.
     direct_ = reads_in_place(p, io, g_);
-    if (direct_ && p.dtype != DType::bf16) g_ = g_.with_float32_products();
+    if (direct_ && !g_.bf16_kernels) g_ = g_.with_float32_products();
     k_format_ = format_of(io.k, io.k_codes);
     v_format_ = format_of(io.v, io.v_codes);
     narrow_rows_ = !g_.bf16_kernels || kernels_.bf16_rows_align == 1;
@@ -486,7 +486,8 @@ class StreamingBackend final : public Backend {
       if (fit.ragged) return plan_backward_per_entry(fit, fit_io, options, *this);
       // A float32-product forward that read K in place summed Q K^T in the
       // in-place kernel's order: the backward recomputes S in it too.
-      const bool in_place = fit.dtype != DType::bf16 && reads_in_place(fit, fit_io.forward, Geometry::of(fit, kMaxTileRows, cpu::best_kernels()));
+      const Geometry g = Geometry::of(fit, kMaxTileRows, cpu::best_kernels());
+      const bool in_place = !g.bf16_kernels && reads_in_place(fit, fit_io.forward, g);
       return cpu::make_flash_backward_plan(fit, fit_io, options, kMaxTileRows, in_place);
     });
   }
