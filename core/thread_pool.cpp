@@ -8,19 +8,82 @@
 #include <immintrin.h>
 #endif
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cfenv>
 #include <condition_variable>
+#include <cmath>
 #include <cstdlib>
 #include <exception>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <sstream>
+#include <string>
 #include <thread>
 #include <vector>
 
 namespace attn {
+
+double cpu_quota_of(std::string_view cpu_max) {
+  std::istringstream in{std::string(cpu_max)};
+  std::string quota;
+  double period = 0;
+  if (!(in >> quota >> period) || quota == "max" || period <= 0) return 0;
+  char* end = nullptr;
+  const double q = std::strtod(quota.c_str(), &end);
+  return end && *end == '\0' && q > 0 ? q / period : 0;
+}
+
+namespace {
+
+std::string first_line(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+// cgroup v1's quota and period in `dir` as a cpu.max line ("-1": none).
+std::string v1_cpu_max(const std::string& dir) {
+  const std::string quota = first_line(dir + "/cpu.cfs_quota_us");
+  return quota.empty() || quota.front() == '-' ? std::string() : quota + " " + first_line(dir + "/cpu.cfs_period_us");
+}
+
+// The CPU time the process's cgroup may use, in CPUs (0: no limit found):
+// its own group's (cgroup v2's cpu.max; v1's cfs quota and period), else
+// the namespace root's (a container's own).
+double cgroup_cpu_quota() {
+  std::ifstream groups("/proc/self/cgroup");
+  for (std::string line; std::getline(groups, line);) {
+    const auto colon = line.find(':'), second = line.find(':', colon + 1);
+    if (colon == std::string::npos || second == std::string::npos) continue;
+    std::string controllers = ",";  // ",cpu,cpuacct," (v1), ",," (v2)
+    controllers.append(line, colon + 1, second - colon - 1).append(",");
+    const std::string path = line.substr(second + 1);
+    double q = 0;
+    if (controllers == ",,") q = cpu_quota_of(first_line("/sys/fs/cgroup" + path + "/cpu.max"));
+    else if (controllers.find(",cpu,") != std::string::npos) q = cpu_quota_of(v1_cpu_max("/sys/fs/cgroup/cpu" + path));
+    if (q > 0) return q;
+  }
+  if (const double q = cpu_quota_of(first_line("/sys/fs/cgroup/cpu.max")); q > 0) return q;
+  return cpu_quota_of(v1_cpu_max("/sys/fs/cgroup/cpu"));
+}
+
+}  // namespace
+
+int available_cpus() {
+  static const int cpus = [] {
+    int n = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) n = std::max(1, CPU_COUNT(&set));
+    if (const double quota = cgroup_cpu_quota(); quota > 0) n = std::clamp(static_cast<int>(std::ceil(quota)), 1, n);
+    return n;
+  }();
+  return cpus;
+}
 
 int resolve_threads(int requested) {
   if (requested > 0) return requested;
@@ -28,9 +91,7 @@ int resolve_threads(int requested) {
     int n = std::atoi(env);
     if (n > 0) return n;
   }
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return available_cpus();
 }
 
 namespace {
@@ -63,8 +124,9 @@ void pin_to(std::thread::native_handle_type handle, int cpu) {
 // Waking a sleeping thread takes tens of microseconds on these VMs, as long
 // as a small decode takes whole: a second thread that wakes that late finds
 // the tasks already taken. Only while the pool has no more threads than
-// CPUs: oversubscribed, a spinning thread would take the CPU from one that
-// still computes.
+// available_cpus() (affinity and cgroup quota): oversubscribed, a spinning
+// thread would take the CPU, or the container's quota, from one that still
+// computes.
 constexpr auto kSpin = std::chrono::microseconds(200);
 
 // Spins until done() or the spin's time is up; true when done().
@@ -94,7 +156,7 @@ struct ThreadPool::State {
 
 ThreadPool::ThreadPool(int threads) : state_(new State), threads_(std::max(1, threads)) {
   std::vector<int> cpus = allowed_cpus();
-  state_->spin = cpus.size() >= static_cast<std::size_t>(threads_);
+  state_->spin = threads_ <= available_cpus();
   // Workers 1..n-1 are pool threads; worker 0 is whoever calls.
   for (int w = 1; w < threads_; ++w) {
     state_->workers.emplace_back([this, w] {

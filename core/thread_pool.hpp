@@ -6,12 +6,22 @@
 
 #include <cstdint>
 #include <functional>
+#include <string_view>
 
 namespace attn {
 
 // Threads a backend should use: `requested` when positive, else
-// OMP_NUM_THREADS when set, else the CPUs this process may run on.
+// OMP_NUM_THREADS when set, else available_cpus().
 int resolve_threads(int requested);
+
+// The CPUs this process may run on (its affinity mask), fewer when its
+// cgroup's CPU quota allows less time (a container limited to 2 CPUs on a
+// 64-core host: 2). Asked once.
+int available_cpus();
+
+// The CPUs a cgroup v2 cpu.max line allows ("200000 100000": 2), 0 for no
+// limit ("max 100000") or a line it cannot read. v1's "quota period" alike.
+double cpu_quota_of(std::string_view cpu_max);
 
 class ThreadPool {
  public:

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
-#include <thread>
 
 #include "core/detmath.hpp"
 #include "core/thread_pool.hpp"
@@ -365,7 +364,7 @@ ReferenceResult reference_attention(const CaseData& data, ReferenceStats* stats,
     stats->hull_hi.assign(result.out.size(), 0.0);
   }
   const std::int64_t rows = p.rows();
-  int workers = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int workers = threads > 0 ? threads : available_cpus();
   if (rows * p.seq_k * (p.head_dim + p.head_dim_v) < (1 << 16)) workers = 1;
   auto work = [&](int worker) {
     std::vector<double> scores, magnitudes;

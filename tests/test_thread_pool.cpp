@@ -2,9 +2,11 @@
 // whether the workers catch the next call while they spin or have gone to
 // sleep, in a pool that spins (no more threads than CPUs) and in one that
 // never does (more threads than CPUs); an exception in a task reaches the
-// caller and leaves the pool usable.
+// caller and leaves the pool usable. The CPUs a container's cgroup quota
+// allows cap the default thread count (and so whether workers spin).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <stdexcept>
@@ -69,4 +71,19 @@ TEST(ThreadPool, AnExceptionInATaskReachesTheCallerAndThePoolGoesOn) {
   }),
                std::runtime_error);
   expect_each_task_once(pool, 5, std::chrono::microseconds(0));
+}
+
+TEST(ThreadPool, ACgroupQuotaCapsTheCpusAvailable) {
+  EXPECT_EQ(cpu_quota_of("200000 100000"), 2.0);
+  EXPECT_EQ(cpu_quota_of("150000 100000"), 1.5);
+  EXPECT_EQ(cpu_quota_of("50000 100000\n"), 0.5);
+  EXPECT_EQ(cpu_quota_of("max 100000"), 0.0);  // no limit
+  EXPECT_EQ(cpu_quota_of("-1 100000"), 0.0);   // cgroup v1's "no limit"
+  EXPECT_EQ(cpu_quota_of(""), 0.0);
+  EXPECT_EQ(cpu_quota_of("200000"), 0.0);
+  EXPECT_EQ(cpu_quota_of("2x 100000"), 0.0);
+  EXPECT_EQ(cpu_quota_of("100000 0"), 0.0);
+  const int cpus = available_cpus();
+  EXPECT_GE(cpus, 1);
+  EXPECT_LE(cpus, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
 }

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
-#include <thread>
 #include <type_traits>
 
 #include "core/detmath.hpp"
@@ -130,7 +129,7 @@ void baseline_row(const CaseData& data, std::int64_t row, const RowSinks& sinks,
 
 template <typename Body> void rows_in_parallel(const Problem& p, int threads, Body body) {
   const std::int64_t rows = p.rows();
-  int workers = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int workers = threads > 0 ? threads : available_cpus();
   if (rows * p.seq_k * (p.head_dim + p.head_dim_v) < (1 << 16)) workers = 1;
   auto work = [&](int worker) {
     auto run = [&](auto zero) {
