@@ -12,6 +12,7 @@
 #include <string>
 
 #include "attnbench/error.hpp"
+#include "tests/fuzz/scratch_file.hpp"
 #include "fixtures/fixture.hpp"
 
 // attn verify reads a fixture in a child whose address space is limited
@@ -25,17 +26,8 @@
 extern "C" const char* __asan_default_options() { return "max_allocation_size_mb=1024:allocator_may_return_null=1"; }
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  // This process's scratch file, removed when the fuzzer exits (left behind
-  // only by a crash, with the input that caused it).
-  static const struct Scratch {
-    std::filesystem::path path =
-        std::filesystem::temp_directory_path() / ("attn_fuzz_bytes_" + std::to_string(::getpid()) + ".h5");
-    ~Scratch() {
-      std::error_code ignored;
-      std::filesystem::remove(path, ignored);
-    }
-  } scratch;
-  const std::filesystem::path& path = scratch.path;
+  static const attn::fuzzing::ScratchFile scratch("attn_fuzz_bytes_");
+  const std::filesystem::path& path = scratch.path();
   std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
   try {
     attn::read_fixture(path);

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "attnbench/error.hpp"
+#include "tests/fuzz/scratch_file.hpp"
 #include "core/case_data.hpp"
 #include "fixtures/fixture.hpp"
 #include "fixtures/h5.hpp"
@@ -212,17 +213,8 @@ void arbitrary(attn::h5::File& file, Bytes& in) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  // This process's scratch file, removed when the fuzzer exits (left behind
-  // only by a crash, with the input that caused it).
-  static const struct Scratch {
-    std::filesystem::path path =
-        std::filesystem::temp_directory_path() / ("attn_fuzz_structured_" + std::to_string(::getpid()) + ".h5");
-    ~Scratch() {
-      std::error_code ignored;
-      std::filesystem::remove(path, ignored);
-    }
-  } scratch;
-  const std::filesystem::path& path = scratch.path;
+  static const attn::fuzzing::ScratchFile scratch("attn_fuzz_structured_");
+  const std::filesystem::path& path = scratch.path();
   static const auto naive = attn::make_naive_backend();
   Bytes in(data, size);
   {
