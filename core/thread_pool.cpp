@@ -148,7 +148,7 @@ struct ThreadPool::State {
   std::atomic<std::uint64_t> generation{0};  // bumped (under mutex) for each job
   std::atomic<int> running{0};               // workers still in the current job
   bool stop = false;                         // under mutex
-  bool spin = false;                         // no more threads than CPUs
+  bool spin = false;                         // no more threads than available_cpus()
   const std::function<void(int)>* job = nullptr;  // written before generation's bump
   std::vector<std::thread> workers;
   std::exception_ptr error;
