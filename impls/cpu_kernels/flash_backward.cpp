@@ -50,8 +50,10 @@ class FlashBackwardPlan final : public BackwardPlan {
     if (!io.forward.lse) throw Unsupported("the flash backward needs the forward's lse");
     // bfloat16 cases multiply in bfloat16 pairs (vdpbf16ps), P and dS rounded
     // to bfloat16 as FlashAttention-2's 16-bit backward feeds them, where the
+    // host multiplies bfloat16 in pairs (Geometry's bf16_kernels) and the
     // kernels take any row count (AVX-512, portable); the AMX set wants rows
-    // and pairs padded to its tiles and keeps the float32 path.
+    // and pairs padded to its tiles and keeps the float32 path, as does a host
+    // whose pairs are the slower.
     bf16_ = g_.bf16_kernels && kernels_.bf16_rows_align == 1 && kernels_.bf16_pairs_align == 1;
     // The scores exactly the forward's (log2 units, finish_scores; float32 Q
     // prescaled, bfloat16 products scaled there as the forward's bfloat16

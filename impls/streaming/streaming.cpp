@@ -26,7 +26,7 @@ using cpu::QueryTile;
 constexpr std::int64_t kMaxTileRows = 96;
 constexpr std::int64_t kDirectRows = 8;
 constexpr std::int64_t kSplitChunks = 8;  // an entry with fewer tiles than this splits its long rows, in up to 8
-constexpr std::int64_t kChunkBlocks = 16;  // chunks of at least this many key blocks where the rows allow two
+constexpr std::int64_t kChunkBlocks = 16;  // a split row takes one chunk per this many key blocks (split_parts)
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 using Scratch = cpu::TileScratch;
@@ -65,11 +65,12 @@ class StreamingPlan final : public Plan {
     threads_ = resolve_threads(options.threads);
     // Few rows a tile (decode): packing K and V would cost as much as the
     // whole computation, so the kernels read them in place, through the page
-    // table when paged: bfloat16 with bfloat16 dot products as the packed
-    // path's, float16 widened on load to float32 products.
+    // table when paged: bfloat16 in bfloat16 pairs where the packed path
+    // multiplies so (Geometry's bf16_kernels), else (float16, bfloat16 on a
+    // host whose pairs are the slower) widened on load to float32 products.
     // Quantised K and V (version 4) are read in place too when the kernels
     // decode their codes on load (fp8, ggml blocks: RowFormat), to bfloat16
-    // for a bfloat16 case, else to float32; K's descale is folded into the
+    // for bfloat16 pairs, else to float32; K's descale is folded into the
     // score scale (or Q's float32 rows), V's into the output. With a scale
     // array (integer encodings) they are dequantised block by block into the
     // pack.
@@ -402,7 +403,7 @@ class StreamingPlan final : public Plan {
   std::int64_t parts_of(std::int64_t begin_block, std::int64_t end_block) const {
     return chunks_ > 1 && end_block - begin_block >= 2 * kSplitChunks ? split_parts(end_block - begin_block) : 1;
   }
-  // Chunks of at least kChunkBlocks blocks, 2 to kSplitChunks of them: each
+  // One chunk per kChunkBlocks blocks, 2 to kSplitChunks of them: each
   // chunk costs its set-up, more rescales, a cold start and its share of
   // the merge (measured: 8 chunks of a 4096-key row about 1 % of the row's
   // time each), so a 4096-key row splits in 4 and rows of 8192 keys and
