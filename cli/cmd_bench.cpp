@@ -31,7 +31,7 @@ std::vector<std::pair<std::string, std::string>> environment_context(const std::
   std::vector<std::pair<std::string, std::string>> context;
   context.emplace_back("attn_cpu_model", read_first("/proc/cpuinfo", "model name"));
   std::string flags = read_first("/proc/cpuinfo", "flags"), isa;
-  for (const char* f : {"avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16"}) {
+  for (const char* f : {"avx2", "fma", "avx512f", "avx512_bf16", "avx512vbmi", "avx512_fp16", "amx_bf16"}) {
     if ((" " + flags + " ").find(std::string(" ") + f + " ") != std::string::npos) isa += std::string(isa.empty() ? "" : " ") + f;
   }
   context.emplace_back("attn_cpu_isa", isa);

@@ -129,7 +129,7 @@ Runner add_list_command(CLI::App& app) {
       return 0;
     }
     const Bf16Products& bf16 = bf16_products();  // (an ATTN_BF16_PRODUCTS error before any output)
-    fmt::print("host: {}; CPU kernel set: {} (ATTN_CPU_ISA=amx|avx512|portable forces one)\n", cpu_model_name().empty() ? "unknown CPU" : printable(cpu_model_name()),
+    fmt::print("host: {}; CPU kernel set: {} (ATTN_CPU_ISA=amx|avx512_vbmi|avx512|portable forces one)\n", cpu_model_name().empty() ? "unknown CPU" : printable(cpu_model_name()),
                cpu_kernel_set());
     fmt::print("bfloat16 products: {} ({}; ATTN_BF16_PRODUCTS=dot|float32 forces one)\n\n", bf16.dot ? "in bfloat16 pairs" : "widened to float32",
                bf16.why);

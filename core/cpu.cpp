@@ -43,6 +43,7 @@ const CpuFeatures& cpu_features() {
     f.avx512_bf16 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                     __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
                     __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("fma");
+    f.avx512_vbmi = f.avx512_bf16 && __builtin_cpu_supports("avx512vbmi");
     f.amx_bf16 = f.avx512_bf16 && cpu_has_amx_bf16() && os_grants_tiles();
     return f;
   }();
@@ -67,17 +68,20 @@ std::string_view cpu_kernel_set() {
     const CpuFeatures& f = cpu_features();
     const char* env = std::getenv("ATTN_CPU_ISA");
     const std::string forced = env ? env : "";
-    if (forced.empty()) return f.amx_bf16 ? "amx_bf16" : f.avx512_bf16 ? "avx512_bf16" : "portable";
+    if (forced.empty()) return f.amx_bf16 ? "amx_bf16" : f.avx512_vbmi ? "avx512_vbmi" : f.avx512_bf16 ? "avx512_bf16" : "portable";
     if (forced == "portable") return "portable";
     if (forced == "avx512" && f.avx512_bf16) return "avx512_bf16";
+    if (forced == "avx512_vbmi" && f.avx512_vbmi) return "avx512_vbmi";
     if (forced == "amx" && f.amx_bf16) return "amx_bf16";
-    if (forced == "avx512" || forced == "amx") {
+    if (forced == "avx512" || forced == "avx512_vbmi" || forced == "amx") {
       throw Error(fmt::format("ATTN_CPU_ISA={}: this CPU (or the OS) does not allow it; leave it unset to pick the best", forced));
     }
-    throw Error(fmt::format("ATTN_CPU_ISA={}: expected amx, avx512 or portable", forced));
+    throw Error(fmt::format("ATTN_CPU_ISA={}: expected amx, avx512_vbmi, avx512 or portable", forced));
   }();
   return chosen;
 }
+
+bool is_avx512_set(std::string_view set) { return set == "avx512_bf16" || set == "avx512_vbmi"; }
 
 namespace {
 
@@ -115,7 +119,7 @@ const Bf16Products& bf16_products() {
       b.why = fmt::format("ATTN_BF16_PRODUCTS={}", forced);
       return b;
     }
-    if (set != "avx512_bf16") {
+    if (!is_avx512_set(set)) {
       b.why = set == "amx_bf16" ? "AMX tiles (not measured)" : "the portable set (not measured)";
       return b;
     }

@@ -28,6 +28,15 @@ namespace {
 
 const fs::path kGolden = fs::path(ATTN_SOURCE_DIR) / "fixtures" / "golden";
 
+// The AVX-512 kernel sets this CPU runs: avx512_bf16, and avx512_vbmi (the
+// same kernels compiled again, with AVX512_VBMI's fp8 decode) where it has it.
+std::vector<const cpu::Kernels*> avx512_sets() {
+  std::vector<const cpu::Kernels*> sets;
+  for (const cpu::Kernels* k : {cpu::avx512_kernels(), cpu::avx512_vbmi_kernels()})
+    if (k) sets.push_back(k);
+  return sets;
+}
+
 }  // namespace
 
 TEST(CpuBackends, StreamingIsBitwiseReproducibleAtAFixedThreadCount) {
@@ -188,8 +197,9 @@ TEST(CpuBackends, StreamingTilesOfMoreThan96Rows) {
 // through a table in any order (as pages do), and the rows each asks the
 // memory for (cpu::Ahead, K's own here) change nothing.
 TEST(CpuKernels, DirectDecodeKernelsAgreeWithPortable) {
-  const cpu::Kernels* avx = cpu::avx512_kernels();
-  if (!avx) GTEST_SKIP() << "this CPU lacks AVX-512 BF16: only the portable kernels run here";
+  if (avx512_sets().empty()) GTEST_SKIP() << "this CPU lacks AVX-512 BF16: only the portable kernels run here";
+  for (const cpu::Kernels* avx : avx512_sets()) {
+  SCOPED_TRACE(avx->isa);
   const cpu::Kernels& portable = cpu::portable_kernels();
   std::mt19937 gen(5);
   std::normal_distribution<float> normal;
@@ -265,6 +275,7 @@ TEST(CpuKernels, DirectDecodeKernelsAgreeWithPortable) {
       }
     }
   }
+  }
 }
 
 // The decode kernels read quantised K and V (format version 4) in place,
@@ -277,7 +288,7 @@ TEST(CpuKernels, DirectDecodeKernelsAgreeWithPortable) {
 // kernel set this CPU runs is held to it.
 TEST(CpuKernels, DirectDecodeKernelsDecodeEveryCode) {
   std::vector<const cpu::Kernels*> sets{&cpu::portable_kernels()};
-  if (const cpu::Kernels* avx = cpu::avx512_kernels()) sets.push_back(avx);
+  for (const cpu::Kernels* avx : avx512_sets()) sets.push_back(avx);
   std::mt19937 gen(11);
   for (const Encoding encoding : {Encoding::e4m3, Encoding::e5m2, Encoding::q8_0, Encoding::q4_0}) {
     const bool ggml = is_ggml(encoding);
@@ -372,6 +383,50 @@ TEST(CpuKernels, DirectDecodeKernelsDecodeEveryCode) {
   }
 }
 
+// The avx512_vbmi set decodes fp8 by byte permutes, 64 codes at a time, and
+// avx512_bf16 by 16-bit table lookups, 32 at a time: the same bfloat16
+// values multiplied in the same order, so every bit of Q K^T and P V must
+// agree, for every code (NaN and infinities included), row count, odd and
+// even key counts, and head dims with and without a tail of 64 or 32. (A NaN
+// is a NaN: which of two NaNs of opposite signs a sum keeps is the
+// compiler's operand order, not the decode's.)
+TEST(CpuKernels, VbmiDecodeGivesTheSameBitsAsTheTables) {
+  const cpu::Kernels* vbmi = cpu::avx512_vbmi_kernels();
+  if (!vbmi) GTEST_SKIP() << "this CPU lacks AVX512_VBMI: only the avx512_bf16 decode runs here";
+  const cpu::Kernels& tables = *cpu::avx512_kernels();
+  std::mt19937 gen(23);
+  std::normal_distribution<float> normal;
+  for (const Encoding encoding : {Encoding::e4m3, Encoding::e5m2}) {
+    for (const std::int64_t dim : {8, 40, 64, 96, 128, 136}) {
+      const std::int64_t keys_max = 64, dv_pad = (dim + 15) / 16 * 16 + 16;
+      std::vector<std::uint8_t> codes(static_cast<std::size_t>(keys_max * dim));
+      std::uniform_int_distribution<int> byte(0, 255);
+      for (std::uint8_t& c : codes) c = static_cast<std::uint8_t>(byte(gen));
+      std::vector<const void*> rows(static_cast<std::size_t>(keys_max));
+      for (std::int64_t j = 0; j < keys_max; ++j) rows[static_cast<std::size_t>(j)] = codes.data() + (j * 13 % keys_max) * dim;
+      const cpu::Ahead ahead{rows.data(), 11, dim};
+      std::vector<bf16> q(static_cast<std::size_t>(8 * (dim + 4))), p(8 * 64);
+      for (bf16& x : q) x = float_to_bf16(normal(gen));
+      for (bf16& x : p) x = float_to_bf16(std::abs(normal(gen)));
+      for (std::int64_t n : {1, 2, 3, 4, 5, 8}) {
+        for (std::int64_t keys : {1, 2, 17, 63, 64}) {
+          const std::string what = std::string(encoding_name(encoding)) + " dim " + std::to_string(dim) + " rows " +
+                                   std::to_string(n) + " keys " + std::to_string(keys);
+          std::vector<float> s1(static_cast<std::size_t>(n * 64), 7.0f), s2 = s1;
+          vbmi->qk_bf16_direct(q.data(), n, dim, dim + 4, rows.data(), encoding, keys, s1.data(), ahead);
+          tables.qk_bf16_direct(q.data(), n, dim, dim + 4, rows.data(), encoding, keys, s2.data(), ahead);
+          auto same = [](float a, float b) { return std::isnan(a) ? std::isnan(b) : std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b); };
+          for (std::size_t e = 0; e < s1.size(); ++e) ASSERT_TRUE(same(s1[e], s2[e])) << what << " qk at " << e << ": " << s1[e] << " against " << s2[e];
+          std::vector<float> o1(static_cast<std::size_t>(n * dv_pad), 0.25f), o2 = o1;
+          vbmi->pv_bf16_direct(p.data(), n, keys, rows.data(), encoding, dim, dv_pad, o1.data(), ahead);
+          tables.pv_bf16_direct(p.data(), n, keys, rows.data(), encoding, dim, dv_pad, o2.data(), ahead);
+          for (std::size_t e = 0; e < o1.size(); ++e) ASSERT_TRUE(same(o1[e], o2[e])) << what << " pv at " << e << ": " << o1[e] << " against " << o2[e];
+        }
+      }
+    }
+  }
+}
+
 // AMX products work on whole 16-row tiles and 16-pair steps; with the padding
 // Geometry gives them (zero pairs past head_dim, room for 16-row tiles) they
 // must agree with the AVX-512 vdpbf16ps kernels on every real row.
@@ -450,7 +505,7 @@ TEST(CpuKernels, Transpose32WritesEachWordOnceAndNothingElse) {
   std::vector<const void*> rows(64);
   for (std::size_t r = 0; r < rows.size(); ++r) rows[r] = src.data() + ((r * 11) % 64) * 40;  // any order, as pages
   std::vector<const cpu::Kernels*> sets{&cpu::portable_kernels()};
-  if (cpu::avx512_kernels()) sets.push_back(cpu::avx512_kernels());
+  for (const cpu::Kernels* avx : avx512_sets()) sets.push_back(avx);
   for (const cpu::Kernels* k : sets) {
     for (std::int64_t n : {0, 1, 5, 16, 17, 64}) {
       for (std::int64_t words : {1, 7, 16, 20, 33}) {
@@ -472,7 +527,7 @@ TEST(CpuKernels, WideningFloat16IsExactForEveryBitPattern) {
   std::vector<f16> all(65536 + 5);  // 5 more: a tail that is not a multiple of 16
   for (std::size_t e = 0; e < all.size(); ++e) all[e].bits = static_cast<std::uint16_t>(e);
   std::vector<const cpu::Kernels*> sets{&cpu::portable_kernels()};
-  if (const cpu::Kernels* avx = cpu::avx512_kernels()) sets.push_back(avx);
+  for (const cpu::Kernels* avx : avx512_sets()) sets.push_back(avx);
   for (const cpu::Kernels* k : sets) {
     std::vector<float> out(all.size() + 1, 7.0f);
     k->widen_f16(all.data(), static_cast<std::int64_t>(all.size()), out.data());

@@ -160,6 +160,7 @@ struct Kernels {
 const Kernels& best_kernels();
 const Kernels& portable_kernels();
 const Kernels* avx512_kernels();  // nullptr when the CPU lacks AVX-512F/BW/BF16
+const Kernels* avx512_vbmi_kernels();  // the same with AVX512_VBMI's fp8 decode; nullptr without it
 const Kernels* amx_kernels();     // nullptr without AMX-BF16, or when Linux refuses the tile state
 
 // The smallest shift with 2^shift >= keys (0 for one key or none): what

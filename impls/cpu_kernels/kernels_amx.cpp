@@ -160,7 +160,9 @@ ATTN_AMX void pv_bf16(const bf16* p, std::int64_t rows, std::int64_t keys, const
 
 const Kernels* amx_kernels() {
   static const Kernels* chosen = []() -> const Kernels* {
-    const Kernels* avx = avx512_kernels();
+    // AMX's own products, the rest (the decode kernels among them) AVX-512's,
+    // with VBMI where the CPU has it (every AMX CPU so far).
+    const Kernels* avx = avx512_vbmi_kernels() ? avx512_vbmi_kernels() : avx512_kernels();
     if (!avx || !cpu_features().amx_bf16) return nullptr;
     static Kernels amx = *avx;
     amx.isa = "amx_bf16";

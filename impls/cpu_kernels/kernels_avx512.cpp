@@ -1,6 +1,9 @@
 // AVX-512 micro-kernels (AVX512F/BW/VL + AVX512_BF16's vdpbf16ps). Compiled
 // with target attributes so the rest of the build stays baseline x86-64; used
-// only when the CPU reports these features.
+// only when the CPU reports these features. Compiled twice: the avx512_bf16
+// set, and with ATTN_KERNELS_VBMI the avx512_vbmi set, the same kernels
+// allowed AVX512_VBMI's byte permutes, with which the decode kernels turn
+// fp8 codes into bfloat16 64 at a time (the same bits, in fewer instructions).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -13,7 +16,11 @@
 #include "core/cpu.hpp"
 #include "impls/cpu_kernels/kernels.hpp"
 
+#if defined(ATTN_KERNELS_VBMI)
+#define ATTN_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vbmi,fma")))
+#else
 #define ATTN_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")))
+#endif
 
 namespace attn::cpu {
 
@@ -681,7 +688,8 @@ ATTN_AVX512 void pv_direct(const float* p, std::int64_t rows, std::int64_t keys,
 // outside `m` 0. bfloat16 rows as they are; fp8 codes exactly (every e4m3
 // and e5m2 value is a normal bfloat16); a ggml block's d * q rounded to
 // nearest even (d has 11 significant bits: the one rounding per quantised
-// element that the bound of a bfloat16 case allows).
+// element that the bound of a bfloat16 case allows). load64 and pairs32
+// below read through load unless a loader has its own.
 struct Bf16Rows {
   static std::int64_t byte_of(std::int64_t e) { return e * 2; }
   ATTN_AVX512 static __m512i load(const void* row, std::int64_t d, __mmask32 m) {
@@ -758,21 +766,168 @@ struct Q4_0Bf16Codes {
   }
 };
 
+#if defined(ATTN_KERNELS_VBMI)
+// fp8 codes by byte table (AVX512_VBMI): one two-register byte permute looks
+// up the low byte of each of 64 codes' bfloat16 (the index's bit 7, the sign,
+// is ignored: 128 magnitudes), another the high byte, to which the sign goes;
+// two more interleave the bytes into 32 bfloat16 each, in the codes' order or
+// in any other. The bits are kFp8Bf16's: the same values as Fp8Bf16Codes, in
+// 6 instructions per 64 codes where that takes 7 per 32.
+template <Encoding E> struct Fp8ByteTables {
+  std::array<std::uint8_t, 128> low{}, high{};
+};
+template <Encoding E> constexpr Fp8ByteTables<E> fp8_byte_tables() {
+  Fp8ByteTables<E> t;
+  for (std::size_t m = 0; m < 128; ++m) {
+    t.low[m] = static_cast<std::uint8_t>(kFp8Bf16<E>[m] & 0xff);
+    t.high[m] = static_cast<std::uint8_t>(kFp8Bf16<E>[m] >> 8);
+  }
+  return t;
+}
+template <Encoding E> alignas(64) constexpr Fp8ByteTables<E> kFp8Bytes = fp8_byte_tables<E>();
+
+// Byte indexes for the two-register byte permutes (`from` the first register,
+// 64 + from the second). Words: byte 2i of the first (low bytes), 2i + 1 of
+// the second (high bytes), codes [from, from + 32): bfloat16 i of a vector.
+constexpr std::array<std::uint8_t, 64> word_index(int from) {
+  std::array<std::uint8_t, 64> x{};
+  for (int i = 0; i < 32; ++i) {
+    x[static_cast<std::size_t>(2 * i)] = static_cast<std::uint8_t>(from + i);
+    x[static_cast<std::size_t>(2 * i + 1)] = static_cast<std::uint8_t>(64 + from + i);
+  }
+  return x;
+}
+alignas(64) constexpr std::array<std::uint8_t, 64> kWords0 = word_index(0), kWords32 = word_index(32);
+// Pairs: 32 columns of two rows' codes (the first register's, the second's)
+// as adjacent bytes, in the order unpacking two rows of 16-bit elements gives
+// (pairs32): bytes [0, 32) the low pairs, lane t column 8 (t / 4) + t % 4,
+// bytes [32, 64) the high ones, column 8 (t / 4) + 4 + t % 4.
+constexpr std::array<std::uint8_t, 64> pair_index() {
+  std::array<std::uint8_t, 64> x{};
+  for (int t = 0; t < 16; ++t) {
+    for (int half = 0; half < 2; ++half) {
+      const int column = 8 * (t / 4) + 4 * half + t % 4;
+      x[static_cast<std::size_t>(32 * half + 2 * t)] = static_cast<std::uint8_t>(column);
+      x[static_cast<std::size_t>(32 * half + 2 * t + 1)] = static_cast<std::uint8_t>(64 + column);
+    }
+  }
+  return x;
+}
+alignas(64) constexpr std::array<std::uint8_t, 64> kPairBytes = pair_index();
+
+template <Encoding E> struct Fp8VbmiCodes {
+  static std::int64_t byte_of(std::int64_t e) { return e; }
+  // The bfloat16 of 64 codes, as two vectors of low and high bytes.
+  ATTN_AVX512 static void bytes(__m512i code, __m512i& low, __m512i& high) {
+    const auto& t = kFp8Bytes<E>;
+    low = _mm512_permutex2var_epi8(_mm512_load_si512(t.low.data()), code, _mm512_load_si512(t.low.data() + 64));
+    const __m512i magnitude = _mm512_permutex2var_epi8(_mm512_load_si512(t.high.data()), code, _mm512_load_si512(t.high.data() + 64));
+    high = _mm512_ternarylogic_epi32(magnitude, code, _mm512_set1_epi8(static_cast<char>(0x80)), 0xF8);  // | code & 0x80
+  }
+  ATTN_AVX512 static __m512i words(__m512i low, const std::array<std::uint8_t, 64>& index, __m512i high) {
+    return _mm512_permutex2var_epi8(low, _mm512_load_si512(index.data()), high);
+  }
+  ATTN_AVX512 static __m512i load(const void* row, std::int64_t d, __mmask32 m) {
+    __m512i low, high;
+    bytes(_mm512_zextsi256_si512(_mm256_maskz_loadu_epi8(m, static_cast<const std::uint8_t*>(row) + d)), low, high);
+    return words(low, kWords0, high);
+  }
+  ATTN_AVX512 static void load64(const void* row, std::int64_t d, __mmask64 m, __m512i& first, __m512i& second) {
+    __m512i low, high;
+    bytes(_mm512_maskz_loadu_epi8(m, static_cast<const std::uint8_t*>(row) + d), low, high);
+    first = words(low, kWords0, high);
+    second = words(low, kWords32, high);
+  }
+  ATTN_AVX512 static void pairs32(const void* row0, const void* row1, std::int64_t c, __mmask32 m, __m512i& lo, __m512i& hi) {
+    const __m512i a = _mm512_zextsi256_si512(_mm256_maskz_loadu_epi8(m, static_cast<const std::uint8_t*>(row0) + c));
+    const __m512i b = row1 ? _mm512_zextsi256_si512(_mm256_maskz_loadu_epi8(m, static_cast<const std::uint8_t*>(row1) + c))
+                           : _mm512_setzero_si512();
+    __m512i low, high;
+    bytes(_mm512_permutex2var_epi8(a, _mm512_load_si512(kPairBytes.data()), b), low, high);
+    lo = words(low, kWords0, high);
+    hi = words(low, kWords32, high);
+  }
+};
+#endif
+
+ATTN_AVX512 inline __mmask32 lanes32_below(std::int64_t n) {
+  return n >= 32 ? 0xFFFFFFFFu : n <= 0 ? 0u : (1u << n) - 1;
+}
+
+// Dims [d, d + 64) of a row as two vectors of 32 bfloat16 (dims from `dims`
+// on 0): the loader's own load64 where it has one.
+template <typename Load>
+ATTN_AVX512 inline void load64(const void* row, std::int64_t d, std::int64_t dims, __m512i& first, __m512i& second) {
+  if constexpr (requires { Load::load64(row, d, __mmask64{}, first, second); }) {
+    Load::load64(row, d, dims >= 64 ? ~__mmask64{0} : (__mmask64{1} << dims) - 1, first, second);
+  } else {
+    first = Load::load(row, d, lanes32_below(dims));
+    second = dims > 32 ? Load::load(row, d + 32, lanes32_below(dims - 32)) : _mm512_setzero_si512();
+  }
+}
+
+// Columns [c, c + 32) of two rows (row1 null: zeros) as bfloat16 pairs
+// (row0's element, row1's) for vdpbf16ps, in the order unpacking gives: lo
+// holds columns 8L + {0..3} in lanes 4L + {0..3}, hi columns 8L + {4..7}.
+template <typename Load>
+ATTN_AVX512 inline void pairs32(const void* row0, const void* row1, std::int64_t c, __mmask32 m, __m512i& lo, __m512i& hi) {
+  if constexpr (requires { Load::pairs32(row0, row1, c, m, lo, hi); }) {
+    Load::pairs32(row0, row1, c, m, lo, hi);
+  } else {
+    const __m512i v0 = Load::load(row0, c, m), v1 = row1 ? Load::load(row1, c, m) : _mm512_setzero_si512();
+    lo = _mm512_unpacklo_epi16(v0, v1);
+    hi = _mm512_unpackhi_epi16(v0, v1);
+  }
+}
+
 // Calls fn with the bfloat16 loader of a row format.
 template <typename Fn> ATTN_AVX512 void with_bf16_loader(RowFormat format, Fn&& fn) {
   switch (format.encoding) {
     case Encoding::none:
       if (format.dtype != DType::bf16) throw std::logic_error("the bfloat16 in-place kernels read bfloat16 rows");
       return fn(Bf16Rows{});
+#if defined(ATTN_KERNELS_VBMI)
+    case Encoding::e4m3: return fn(Fp8VbmiCodes<Encoding::e4m3>{});
+    case Encoding::e5m2: return fn(Fp8VbmiCodes<Encoding::e5m2>{});
+#else
     case Encoding::e4m3: return fn(Fp8Bf16Codes<Encoding::e4m3>{});
     case Encoding::e5m2: return fn(Fp8Bf16Codes<Encoding::e5m2>{});
+#endif
     case Encoding::q8_0: return fn(Q8_0Bf16Codes{});
     case Encoding::q4_0: return fn(Q4_0Bf16Codes{});
     default: throw std::logic_error("the in-place kernels decode fp8 and ggml codes only");
   }
 }
 
-// qk_direct_rows with bfloat16 dot products: 32 dims a step, no widening.
+// Dims [d, d + 64) of 16 / R keys against R rows, `dims` of them real (Full:
+// all 64, known at compile time, so no mask and no branch), each vector of 32
+// added in dims order.
+template <int R, typename Load, bool Full>
+ATTN_AVX512 inline void qk_bf16_direct_step(const bf16* const (&qrow)[R], const void* const (&krow)[16 / R], std::int64_t d,
+                                            std::int64_t dims, __m512 (&acc)[16]) {
+  const __mmask32 m0 = Full ? 0xFFFFFFFFu : lanes32_below(dims), m1 = Full ? 0xFFFFFFFFu : lanes32_below(dims - 32);
+  const bool second = Full || dims > 32;
+  __m512bh q0[R], q1[R];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    q0[r] = (__m512bh)_mm512_maskz_loadu_epi16(m0, qrow[r] + d);
+    q1[r] = (__m512bh)_mm512_maskz_loadu_epi16(m1, qrow[r] + d + 32);
+  }
+#pragma GCC unroll 16
+  for (int c = 0; c < 16 / R; ++c) {
+    __m512i k0, k1;
+    load64<Load>(krow[c], d, dims, k0, k1);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) acc[c * R + r] = _mm512_dpbf16_ps(acc[c * R + r], q0[r], (__m512bh)k0);
+    if (second) {
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) acc[c * R + r] = _mm512_dpbf16_ps(acc[c * R + r], q1[r], (__m512bh)k1);
+    }
+  }
+}
+
+// qk_direct_rows with bfloat16 dot products, no widening: 64 dims a step
+// (load64).
 template <int R, typename Load>
 ATTN_AVX512 void qk_bf16_direct_rows(const bf16* q, std::int64_t nr, std::int64_t head_dim, std::int64_t ldq, KeyRows k,
                                      std::int64_t keys, float* s, const Ahead& ahead) {
@@ -787,15 +942,9 @@ ATTN_AVX512 void qk_bf16_direct_rows(const bf16* q, std::int64_t nr, std::int64_
     for (int c = 0; c < kKeys; ++c) krow[c] = k[std::min<std::int64_t>(j + c, keys - 1)];
     __m512 acc[16];
     for (__m512& a : acc) a = _mm512_setzero_ps();
-    for (std::int64_t d = 0; d < head_dim; d += 32) {
-      const __mmask32 m = head_dim - d >= 32 ? 0xFFFFFFFFu : (1u << (head_dim - d)) - 1;
-      __m512bh qv[R];
-      for (int r = 0; r < R; ++r) qv[r] = (__m512bh)_mm512_maskz_loadu_epi16(m, qrow[r] + d);
-      for (int c = 0; c < kKeys; ++c) {
-        const __m512bh kv = (__m512bh)Load::load(krow[c], d, m);
-        for (int r = 0; r < R; ++r) acc[c * R + r] = _mm512_dpbf16_ps(acc[c * R + r], qv[r], kv);
-      }
-    }
+    std::int64_t d = 0;
+    for (; d + 64 <= head_dim; d += 64) qk_bf16_direct_step<R, Load, true>(qrow, krow, d, 64, acc);
+    if (d < head_dim) qk_bf16_direct_step<R, Load, false>(qrow, krow, d, head_dim - d, acc);
     const __m512 sums = _mm512_permutexvar_ps(order, reduce16(acc));
     const unsigned live_keys = (1u << std::min<std::int64_t>(kKeys, keys - j)) - 1;
     for (int r = 0; r < R && r < nr; ++r) {
@@ -825,12 +974,14 @@ ATTN_AVX512 void qk_bf16_direct(const bf16* q, std::int64_t rows, std::int64_t h
   with_bf16_loader(format, [&](auto load) { qk_bf16_direct_typed<decltype(load)>(q, rows, head_dim, ldq, k, keys, s, ahead); });
 }
 
-// O rows [0, NR), 32 columns from c0 of V's rows in place (those below dv
-// V's): key pairs interleaved by unpacking two rows, so one vdpbf16ps adds
-// both keys' products. Unpacking works within 128-bit lanes: the low half
-// holds columns 8L + {0..3} of lane L, the high half 8L + {4..7}; O is
-// permuted to that order on load and back on store.
-template <int NR, typename Load>
+// O rows [0, NR), G groups of 32 columns from c0 of V's rows in place (those
+// below dv V's): key pairs side by side (pairs32), so one vdpbf16ps adds both
+// keys' products; each row's pair of weights is broadcast once for all G
+// groups (G = 2 at up to 4 rows: half the passes over the keys, each with
+// 16 accumulators). Pairs come in unpacking's order, within 128-bit lanes:
+// the low half holds columns 8L + {0..3} of lane L, the high half
+// 8L + {4..7}; O is permuted to that order on load and back on store.
+template <int NR, int G, typename Load>
 ATTN_AVX512 void pv_bf16_direct_block(const bf16* p, std::int64_t keys, KeyRows v, std::int64_t c0, std::int64_t dv,
                                       std::int64_t dv_pad, float* o, const Ahead& ahead) {
   alignas(64) static constexpr std::int32_t kLo[16] = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
@@ -840,64 +991,90 @@ ATTN_AVX512 void pv_bf16_direct_block(const bf16* p, std::int64_t keys, KeyRows 
   alignas(64) static constexpr std::int32_t kBack1[16] = {8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31};
   const __m512i lo_idx = _mm512_load_si512(kLo), hi_idx = _mm512_load_si512(kHi);
   const __m512i back0 = _mm512_load_si512(kBack0), back1 = _mm512_load_si512(kBack1);
-  const std::int64_t cols = dv - c0;
-  const __mmask32 m = cols >= 32 ? 0xFFFFFFFFu : (1u << cols) - 1;
-  const __mmask16 m0 = lanes_below(cols), m1 = lanes_below(cols - 16);
-  const std::int64_t pf_begin = Load::byte_of(c0), pf_end = Load::byte_of(c0 + 32);  // this pass's bytes of the ahead rows
-  float* const out = o + c0;
-  __m512 lo[NR], hi[NR];
-#pragma GCC unroll 8
-  for (int r = 0; r < NR; ++r) {
-    const __m512 a = _mm512_maskz_loadu_ps(m0, out + r * dv_pad), b = _mm512_maskz_loadu_ps(m1, out + r * dv_pad + 16);
-    lo[r] = _mm512_permutex2var_ps(a, lo_idx, b);
-    hi[r] = _mm512_permutex2var_ps(a, hi_idx, b);
+  __mmask32 m[G];
+  __mmask16 m0[G], m1[G];
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g) {
+    const std::int64_t cols = dv - c0 - 32 * g;
+    m[g] = lanes32_below(cols);
+    m0[g] = lanes_below(cols);
+    m1[g] = lanes_below(cols - 16);
   }
+  const std::int64_t pf_begin = Load::byte_of(c0), pf_end = Load::byte_of(c0 + 32 * G);  // this pass's bytes of the ahead rows
+  float* const out = o + c0;
+  __m512 lo[G][NR], hi[G][NR];
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g)
+#pragma GCC unroll 8
+    for (int r = 0; r < NR; ++r) {
+      float* const at = out + r * dv_pad + 32 * g;
+      const __m512 a = _mm512_maskz_loadu_ps(m0[g], at), b = _mm512_maskz_loadu_ps(m1[g], at + 16);
+      lo[g][r] = _mm512_permutex2var_ps(a, lo_idx, b);
+      hi[g][r] = _mm512_permutex2var_ps(a, hi_idx, b);
+    }
+  // Keys j and j + 1 with each row's pair of weights pb (next null: an odd
+  // last key, its partner 0 in V and in P).
+  auto step = [&](std::int64_t j, const void* next, const __m512bh (&pb)[NR]) ATTN_AVX512 {
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) {
+      __m512i vlo, vhi;
+      pairs32<Load>(v[j], next, c0 + 32 * g, m[g], vlo, vhi);
+#pragma GCC unroll 8
+      for (int r = 0; r < NR; ++r) {
+        lo[g][r] = _mm512_dpbf16_ps(lo[g][r], pb[r], (__m512bh)vlo);
+        hi[g][r] = _mm512_dpbf16_ps(hi[g][r], pb[r], (__m512bh)vhi);
+      }
+    }
+  };
   std::int64_t j = 0;
+  __m512bh pb[NR];
   for (; j + 2 <= keys; j += 2) {
     prefetch_rows(ahead, j, j + 2, pf_begin, pf_end);
-    const __m512i v0 = Load::load(v[j], c0, m);
-    const __m512i v1 = Load::load(v[j + 1], c0, m);
-    const __m512bh vlo = (__m512bh)_mm512_unpacklo_epi16(v0, v1), vhi = (__m512bh)_mm512_unpackhi_epi16(v0, v1);
 #pragma GCC unroll 8
     for (int r = 0; r < NR; ++r) {
       std::int32_t pair;
       std::memcpy(&pair, p + r * kKeyBlock + j, sizeof pair);
-      const __m512bh pb = (__m512bh)_mm512_set1_epi32(pair);
-      lo[r] = _mm512_dpbf16_ps(lo[r], pb, vlo);
-      hi[r] = _mm512_dpbf16_ps(hi[r], pb, vhi);
+      pb[r] = (__m512bh)_mm512_set1_epi32(pair);
     }
+    step(j, v[j + 1], pb);
   }
-  if (j < keys) {  // an odd last key: its partner is 0 in V and in P
-    const __m512i v0 = Load::load(v[j], c0, m), v1 = _mm512_setzero_si512();
-    const __m512bh vlo = (__m512bh)_mm512_unpacklo_epi16(v0, v1), vhi = (__m512bh)_mm512_unpackhi_epi16(v0, v1);
+  if (j < keys) {
 #pragma GCC unroll 8
     for (int r = 0; r < NR; ++r) {
       std::uint16_t w;
       std::memcpy(&w, p + r * kKeyBlock + j, sizeof w);
-      const __m512bh pb = (__m512bh)_mm512_set1_epi32(static_cast<std::int32_t>(w));
-      lo[r] = _mm512_dpbf16_ps(lo[r], pb, vlo);
-      hi[r] = _mm512_dpbf16_ps(hi[r], pb, vhi);
+      pb[r] = (__m512bh)_mm512_set1_epi32(static_cast<std::int32_t>(w));
     }
+    step(j, nullptr, pb);
   }
+#pragma GCC unroll 4
+  for (int g = 0; g < G; ++g)
 #pragma GCC unroll 8
-  for (int r = 0; r < NR; ++r) {
-    _mm512_mask_storeu_ps(out + r * dv_pad, m0, _mm512_permutex2var_ps(lo[r], back0, hi[r]));
-    _mm512_mask_storeu_ps(out + r * dv_pad + 16, m1, _mm512_permutex2var_ps(lo[r], back1, hi[r]));
-  }
+    for (int r = 0; r < NR; ++r) {
+      float* const at = out + r * dv_pad + 32 * g;
+      _mm512_mask_storeu_ps(at, m0[g], _mm512_permutex2var_ps(lo[g][r], back0, hi[g][r]));
+      _mm512_mask_storeu_ps(at + 16, m1[g], _mm512_permutex2var_ps(lo[g][r], back1, hi[g][r]));
+    }
   prefetch_rows(ahead, j, ahead.n, pf_begin, pf_end);
 }
 
+// Up to 8 rows at a time; at up to 4 rows 64 columns a pass where 33 or more
+// are left, else 32.
 template <typename Load>
 ATTN_AVX512 void pv_bf16_direct_typed(const bf16* p, std::int64_t rows, std::int64_t keys, KeyRows v, std::int64_t dv,
                                       std::int64_t dv_pad, float* o, const Ahead& ahead) {
   using Fn = void (*)(const bf16*, std::int64_t, KeyRows, std::int64_t, std::int64_t, std::int64_t, float*, const Ahead&);
-  static constexpr auto table = make_table([](auto n) -> Fn { return &pv_bf16_direct_block<decltype(n)::value, Load>; },
-                                           std::make_index_sequence<8>{});
-  for (std::int64_t c0 = 0; c0 < dv; c0 += 32) {
-    for (std::int64_t r = 0; r < rows; r += 8) {
-      const std::int64_t n = std::min<std::int64_t>(8, rows - r);
-      table[static_cast<std::size_t>(n - 1)](p + r * kKeyBlock, keys, v, c0, dv, dv_pad, o + r * dv_pad,
-                                             r == 0 ? ahead : Ahead{});
+  static constexpr auto one = make_table([](auto n) -> Fn { return &pv_bf16_direct_block<decltype(n)::value, 1, Load>; },
+                                         std::make_index_sequence<8>{});
+  static constexpr auto two = make_table([](auto n) -> Fn { return &pv_bf16_direct_block<decltype(n)::value, 2, Load>; },
+                                         std::make_index_sequence<4>{});
+  for (std::int64_t r = 0; r < rows; r += 8) {
+    const std::int64_t n = std::min<std::int64_t>(8, rows - r);
+    const auto i = static_cast<std::size_t>(n - 1);
+    for (std::int64_t c0 = 0; c0 < dv;) {
+      const bool wide = n <= 4 && dv - c0 > 32;
+      (wide ? two[i] : one[i])(p + r * kKeyBlock, keys, v, c0, dv, dv_pad, o + r * dv_pad, r == 0 ? ahead : Ahead{});
+      c0 += wide ? 64 : 32;
     }
   }
 }
@@ -978,12 +1155,22 @@ ATTN_AVX512 void transpose32(const void* const* rows, std::int64_t n, std::int64
   }
 }
 
-const Kernels kAvx512{"avx512_bf16", qk_f32, qk_bf16, pv_f32, pv_bf16, exp2_sum, exp2_rows, exp2_rows_bf16,
+#if defined(ATTN_KERNELS_VBMI)
+constexpr const char* kSetName = "avx512_vbmi";
+#else
+constexpr const char* kSetName = "avx512_bf16";
+#endif
+
+const Kernels kAvx512{kSetName, qk_f32, qk_bf16, pv_f32, pv_bf16, exp2_sum, exp2_rows, exp2_rows_bf16,
                       max_of, qk_direct, pv_direct, qk_bf16_direct, pv_bf16_direct, scale_row, scale, add_scaled,
                       to_bf16, widen_f16, transpose32};
 
 }  // namespace
 
+#if defined(ATTN_KERNELS_VBMI)
+const Kernels* avx512_vbmi_kernels() { return cpu_features().avx512_vbmi ? &kAvx512 : nullptr; }
+#else
 const Kernels* avx512_kernels() { return cpu_features().avx512_bf16 ? &kAvx512 : nullptr; }
+#endif
 
 }  // namespace attn::cpu

@@ -240,6 +240,7 @@ const Kernels& best_kernels() {
   static const Kernels* chosen = []() -> const Kernels* {
     const std::string_view set = cpu_kernel_set();
     if (set == "amx_bf16" && amx_kernels()) return amx_kernels();
+    if (set == "avx512_vbmi" && avx512_vbmi_kernels()) return avx512_vbmi_kernels();
     if (set == "avx512_bf16" && avx512_kernels()) return avx512_kernels();
     return &kPortable;
   }();
