@@ -385,11 +385,13 @@ TEST(CpuKernels, DirectDecodeKernelsDecodeEveryCode) {
 
 // The avx512_vbmi set decodes fp8 by byte permutes, 64 codes at a time, and
 // avx512_bf16 by 16-bit table lookups, 32 at a time: the same bfloat16
-// values multiplied in the same order, so every bit of Q K^T and P V must
-// agree, for every code (NaN and infinities included), row count, odd and
-// even key counts, and head dims with and without a tail of 64 or 32. (A NaN
-// is a NaN: which of two NaNs of opposite signs a sum keeps is the
-// compiler's operand order, not the decode's.)
+// values. P V multiplies them in the same order, so every bit must agree; Q
+// K^T takes K's words (and Q) in another order of dims, so its sums may
+// differ by the rounding of float32 sums of head_dim products, no more. For
+// every code (NaN and infinities included), row count, odd and even key
+// counts, and head dims with and without a tail of 64 or 32. (A NaN is a NaN:
+// which of two NaNs of opposite signs a sum keeps is the operand order, not
+// the decode's.)
 TEST(CpuKernels, VbmiDecodeGivesTheSameBitsAsTheTables) {
   const cpu::Kernels* vbmi = cpu::avx512_vbmi_kernels();
   if (!vbmi) GTEST_SKIP() << "this CPU lacks AVX512_VBMI: only the avx512_bf16 decode runs here";
@@ -397,13 +399,15 @@ TEST(CpuKernels, VbmiDecodeGivesTheSameBitsAsTheTables) {
   std::mt19937 gen(23);
   std::normal_distribution<float> normal;
   for (const Encoding encoding : {Encoding::e4m3, Encoding::e5m2}) {
-    for (const std::int64_t dim : {8, 40, 64, 96, 128, 136}) {
+    for (const std::int64_t dim : {8, 40, 64, 96, 128, 136, 520}) {
       const std::int64_t keys_max = 64, dv_pad = (dim + 15) / 16 * 16 + 16;
       std::vector<std::uint8_t> codes(static_cast<std::size_t>(keys_max * dim));
       std::uniform_int_distribution<int> byte(0, 255);
       for (std::uint8_t& c : codes) c = static_cast<std::uint8_t>(byte(gen));
       std::vector<const void*> rows(static_cast<std::size_t>(keys_max));
       for (std::int64_t j = 0; j < keys_max; ++j) rows[static_cast<std::size_t>(j)] = codes.data() + (j * 13 % keys_max) * dim;
+      std::vector<float> decoded(codes.size());  // row i's values at [i * dim]
+      for (std::int64_t i = 0; i < keys_max; ++i) decode_row(encoding, codes.data() + i * dim, dim, decoded.data() + i * dim);
       const cpu::Ahead ahead{rows.data(), 11, dim};
       std::vector<bf16> q(static_cast<std::size_t>(8 * (dim + 4))), p(8 * 64);
       for (bf16& x : q) x = float_to_bf16(normal(gen));
@@ -416,7 +420,21 @@ TEST(CpuKernels, VbmiDecodeGivesTheSameBitsAsTheTables) {
           vbmi->qk_bf16_direct(q.data(), n, dim, dim + 4, rows.data(), encoding, keys, s1.data(), ahead);
           tables.qk_bf16_direct(q.data(), n, dim, dim + 4, rows.data(), encoding, keys, s2.data(), ahead);
           auto same = [](float a, float b) { return std::isnan(a) ? std::isnan(b) : std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b); };
-          for (std::size_t e = 0; e < s1.size(); ++e) ASSERT_TRUE(same(s1[e], s2[e])) << what << " qk at " << e << ": " << s1[e] << " against " << s2[e];
+          for (std::int64_t r = 0; r < n; ++r) {
+            for (std::int64_t j = 0; j < 64; ++j) {
+              const std::size_t e = static_cast<std::size_t>(r * 64 + j);
+              if (j >= keys || !std::isfinite(s2[e])) {  // untouched, or NaN and infinities alike
+                ASSERT_TRUE(same(s1[e], s2[e])) << what << " qk at " << r << "," << j << ": " << s1[e] << " against " << s2[e];
+                continue;
+              }
+              double magnitude = 0;  // sum of |q_d k_d|: what the order of a float32 sum can move, times 2^-23 a term
+              for (std::int64_t d = 0; d < dim; ++d) {
+                magnitude += std::abs(static_cast<double>(bf16_to_float(q[static_cast<std::size_t>(r * (dim + 4) + d)])) *
+                                      decoded[static_cast<std::size_t>((j * 13 % keys_max) * dim + d)]);
+              }
+              ASSERT_NEAR(s1[e], s2[e], static_cast<double>(dim) * std::ldexp(magnitude, -23)) << what << " qk at " << r << "," << j;
+            }
+          }
           std::vector<float> o1(static_cast<std::size_t>(n * dv_pad), 0.25f), o2 = o1;
           vbmi->pv_bf16_direct(p.data(), n, keys, rows.data(), encoding, dim, dv_pad, o1.data(), ahead);
           tables.pv_bf16_direct(p.data(), n, keys, rows.data(), encoding, dim, dv_pad, o2.data(), ahead);

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <limits>
 #include <stdexcept>
+#include <vector>
 
 #include "core/cpu.hpp"
 #include "impls/cpu_kernels/kernels.hpp"
@@ -328,23 +329,27 @@ ATTN_AVX512 float max_of(const float* x, std::int64_t n) {
 }
 
 // Sums each of 16 vectors across its lanes, all at once: four rounds of
-// shuffles and adds halve the vector count each time (46 instructions where
+// shuffles and adds halve the vector count each time (45 instructions where
 // 16 separate reductions take about 130). Lane L of the result holds the sum
-// of v[kTreeOrder[L]].
-constexpr int kTreeOrder[16] = {0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15};
-
+// of v[L]. The two rounds within 128-bit lanes (vshufps) come first, so only
+// 6 of the shuffles cross lanes: on the AMD EPYC of docs/results those
+// (vshuff32x4, like vpermps and vpermt2b) take the pipes vdpbf16ps and FMA
+// use, while vshufps and vaddps run beside them.
 ATTN_AVX512 inline __m512 reduce16(const __m512 (&v)[16]) {
   __m512 w[8], x[4], y[2];
+  // w[i]: per 128-bit lane, [v[2i] lanes 0+2, 1+3, v[2i+1] lanes 0+2, 1+3]
   for (int i = 0; i < 8; ++i) {
-    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[i], v[i + 8], 0x44), _mm512_shuffle_f32x4(v[i], v[i + 8], 0xEE));
+    w[i] = _mm512_add_ps(_mm512_shuffle_ps(v[2 * i], v[2 * i + 1], 0x44), _mm512_shuffle_ps(v[2 * i], v[2 * i + 1], 0xEE));
   }
+  // x[i]: per 128-bit lane, the lane's sums of v[4i], v[4i+1], v[4i+2], v[4i+3]
   for (int i = 0; i < 4; ++i) {
-    x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(w[i], w[i + 4], 0x88), _mm512_shuffle_f32x4(w[i], w[i + 4], 0xDD));
+    x[i] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * i], w[2 * i + 1], 0x88), _mm512_shuffle_ps(w[2 * i], w[2 * i + 1], 0xDD));
   }
+  // y[i]: 128-bit lanes of x[2i] (0+1, 2+3), then of x[2i+1]; the result: whole sums
   for (int i = 0; i < 2; ++i) {
-    y[i] = _mm512_add_ps(_mm512_shuffle_ps(x[i], x[i + 2], 0x44), _mm512_shuffle_ps(x[i], x[i + 2], 0xEE));
+    y[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * i], x[2 * i + 1], 0x88), _mm512_shuffle_f32x4(x[2 * i], x[2 * i + 1], 0xDD));
   }
-  return _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(y[0], y[1], 0x88), _mm512_shuffle_f32x4(y[0], y[1], 0xDD));
 }
 
 // 16 elements of a row of K or V in place, widened exactly to float32; lanes
@@ -432,19 +437,10 @@ struct Q4_0Codes {
 };
 
 // R rows (1, 2 or 4; nr of them real; more go to the keys-as-lanes kernels
-// below) against 16 / R keys per step: 16
-// accumulators v[key * R + row], reduced together, put in row-major order
-// (lane row * 16/R + key) by one permute, and stored row by row with masks
-// (a scatter costs several times more on every AVX-512 CPU measured).
-// Lane L of reduce16's result holds v[kTreeOrder[L]]: the permute that
-// brings entity (key c, row r), v[c * R + r], to lane r * (16 / R) + c.
-template <int R> struct RowMajor {
-  static constexpr std::array<std::int32_t, 16> from = [] {
-    std::array<std::int32_t, 16> f{};
-    for (int lane = 0; lane < 16; ++lane) f[(kTreeOrder[lane] % R) * (16 / R) + kTreeOrder[lane] / R] = lane;
-    return f;
-  }();
-};
+// below) against 16 / R keys per step: 16 accumulators v[row * 16/R + key],
+// reduced together into one vector in row-major order, and stored row by row
+// with masks (a scatter costs several times more on every AVX-512 CPU
+// measured).
 
 // A 16 x 16 transpose of 32-bit elements: r[p] lane c = the old r[c] lane p.
 ATTN_AVX512 inline void transpose16(__m512i (&r)[16]) {
@@ -571,7 +567,6 @@ template <int R, typename Load>
 ATTN_AVX512 void qk_direct_rows(const float* q, std::int64_t nr, std::int64_t head_dim, KeyRows k, std::int64_t keys,
                                 float* s, const Ahead& ahead) {
   constexpr int kKeys = 16 / R;
-  const __m512i order = _mm512_loadu_si512(RowMajor<R>::from.data());
   const float* qrow[R];
   for (int r = 0; r < R; ++r) qrow[r] = q + std::min<std::int64_t>(r, nr - 1) * head_dim;
   std::int64_t j = 0;
@@ -587,10 +582,10 @@ ATTN_AVX512 void qk_direct_rows(const float* q, std::int64_t nr, std::int64_t he
       for (int r = 0; r < R; ++r) qv[r] = _mm512_maskz_loadu_ps(m, qrow[r] + d);
       for (int c = 0; c < kKeys; ++c) {
         const __m512 kv = Load::load(krow[c], d, m);
-        for (int r = 0; r < R; ++r) acc[c * R + r] = _mm512_fmadd_ps(qv[r], kv, acc[c * R + r]);
+        for (int r = 0; r < R; ++r) acc[r * kKeys + c] = _mm512_fmadd_ps(qv[r], kv, acc[r * kKeys + c]);
       }
     }
-    const __m512 sums = _mm512_permutexvar_ps(order, reduce16(acc));
+    const __m512 sums = reduce16(acc);
     const unsigned live_keys = (1u << std::min<std::int64_t>(kKeys, keys - j)) - 1;
     for (int r = 0; r < R && r < nr; ++r) {
       // Lanes [r * kKeys, (r + 1) * kKeys) land on s[r][j ...].
@@ -832,11 +827,29 @@ template <Encoding E> struct Fp8VbmiCodes {
     bytes(_mm512_zextsi256_si512(_mm256_maskz_loadu_epi8(m, static_cast<const std::uint8_t*>(row) + d)), low, high);
     return words(low, kWords0, high);
   }
+  // 64 codes as words in unpacking's order (in-lane unpacks run beside
+  // vdpbf16ps, byte permutes take its pipes): first holds codes 16L + {0..7}
+  // in 128-bit lane L, second 16L + {8..15}; Q K^T puts Q in the same order
+  // (kLaneWords).
+  static constexpr bool kLaneWords = true;
   ATTN_AVX512 static void load64(const void* row, std::int64_t d, __mmask64 m, __m512i& first, __m512i& second) {
     __m512i low, high;
     bytes(_mm512_maskz_loadu_epi8(m, static_cast<const std::uint8_t*>(row) + d), low, high);
-    first = words(low, kWords0, high);
-    second = words(low, kWords32, high);
+    first = _mm512_unpacklo_epi8(low, high);
+    second = _mm512_unpackhi_epi8(low, high);
+  }
+  // Columns [c, c + 64) of two rows (row1 null: zeros) as bfloat16 pairs,
+  // unpacked: p[k] holds in lane 4L + t column 16L + 4k + t.
+  ATTN_AVX512 static void pairs64(const void* row0, const void* row1, std::int64_t c, __mmask64 m, __m512i (&p)[4]) {
+    __m512i l0, h0, l1 = _mm512_setzero_si512(), h1 = _mm512_setzero_si512();  // code 0 is +0: both bytes 0
+    bytes(_mm512_maskz_loadu_epi8(m, static_cast<const std::uint8_t*>(row0) + c), l0, h0);
+    if (row1) bytes(_mm512_maskz_loadu_epi8(m, static_cast<const std::uint8_t*>(row1) + c), l1, h1);
+    const __m512i w0lo = _mm512_unpacklo_epi8(l0, h0), w0hi = _mm512_unpackhi_epi8(l0, h0);
+    const __m512i w1lo = _mm512_unpacklo_epi8(l1, h1), w1hi = _mm512_unpackhi_epi8(l1, h1);
+    p[0] = _mm512_unpacklo_epi16(w0lo, w1lo);
+    p[1] = _mm512_unpackhi_epi16(w0lo, w1lo);
+    p[2] = _mm512_unpacklo_epi16(w0hi, w1hi);
+    p[3] = _mm512_unpackhi_epi16(w0hi, w1hi);
   }
   ATTN_AVX512 static void pairs32(const void* row0, const void* row1, std::int64_t c, __mmask32 m, __m512i& lo, __m512i& hi) {
     const __m512i a = _mm512_zextsi256_si512(_mm256_maskz_loadu_epi8(m, static_cast<const std::uint8_t*>(row0) + c));
@@ -902,11 +915,41 @@ template <typename Fn> ATTN_AVX512 void with_bf16_loader(RowFormat format, Fn&& 
 // Dims [d, d + 64) of 16 / R keys against R rows, `dims` of them real (Full:
 // all 64, known at compile time, so no mask and no branch), each vector of 32
 // added in dims order.
+// A loader whose load64 gives its words in unpacking's order (Fp8VbmiCodes).
+template <typename Load> constexpr bool kLaneWords = requires { Load::kLaneWords; };
+
+// Q's rows [0, R) in the order of such words, 64 dims at a time: dims 16L +
+// {0..7} in 128-bit lane L of the first 32, 16L + {8..15} of the next (a
+// shuffle of 128-bit lanes), zeros past head_dim; rows of round_up(head_dim,
+// 64) in `buffer`, one per thread, grown when a head_dim needs it.
+struct alignas(64) Line32 {  // 32 bfloat16, a cache line
+  bf16 x[32];
+};
+template <int R>
+ATTN_AVX512 void lane_ordered_q(const bf16* const (&qrow)[R], std::int64_t head_dim, std::vector<Line32>& buffer,
+                                const bf16* (&out)[R]) {
+  const std::int64_t chunks = (head_dim + 63) / 64;
+  if (buffer.size() < static_cast<std::size_t>(R * chunks * 2)) buffer.resize(static_cast<std::size_t>(R * chunks * 2));
+  for (int r = 0; r < R; ++r) {
+    Line32* row = buffer.data() + r * chunks * 2;
+    for (std::int64_t c = 0; c < chunks; ++c) {
+      const std::int64_t d = 64 * c;
+      const __m512i a = _mm512_maskz_loadu_epi16(lanes32_below(head_dim - d), qrow[r] + d);
+      const __m512i b = _mm512_maskz_loadu_epi16(lanes32_below(head_dim - d - 32), qrow[r] + d + 32);
+      _mm512_store_si512(row + 2 * c, _mm512_shuffle_i32x4(a, b, 0x88));
+      _mm512_store_si512(row + 2 * c + 1, _mm512_shuffle_i32x4(a, b, 0xDD));
+    }
+    out[r] = row->x;
+  }
+}
+
 template <int R, typename Load, bool Full>
 ATTN_AVX512 inline void qk_bf16_direct_step(const bf16* const (&qrow)[R], const void* const (&krow)[16 / R], std::int64_t d,
                                             std::int64_t dims, __m512 (&acc)[16]) {
-  const __mmask32 m0 = Full ? 0xFFFFFFFFu : lanes32_below(dims), m1 = Full ? 0xFFFFFFFFu : lanes32_below(dims - 32);
-  const bool second = Full || dims > 32;
+  // Lane-ordered Q (lane_ordered_q) is zero past head_dim already.
+  const bool whole = Full || kLaneWords<Load>;
+  const __mmask32 m0 = whole ? 0xFFFFFFFFu : lanes32_below(dims), m1 = whole ? 0xFFFFFFFFu : lanes32_below(dims - 32);
+  const bool second = whole || dims > 32;  // lane-ordered words hold dims of both halves in each vector
   __m512bh q0[R], q1[R];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) {
@@ -918,10 +961,10 @@ ATTN_AVX512 inline void qk_bf16_direct_step(const bf16* const (&qrow)[R], const 
     __m512i k0, k1;
     load64<Load>(krow[c], d, dims, k0, k1);
 #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) acc[c * R + r] = _mm512_dpbf16_ps(acc[c * R + r], q0[r], (__m512bh)k0);
+    for (int r = 0; r < R; ++r) acc[r * (16 / R) + c] = _mm512_dpbf16_ps(acc[r * (16 / R) + c], q0[r], (__m512bh)k0);
     if (second) {
 #pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) acc[c * R + r] = _mm512_dpbf16_ps(acc[c * R + r], q1[r], (__m512bh)k1);
+      for (int r = 0; r < R; ++r) acc[r * (16 / R) + c] = _mm512_dpbf16_ps(acc[r * (16 / R) + c], q1[r], (__m512bh)k1);
     }
   }
 }
@@ -932,9 +975,12 @@ template <int R, typename Load>
 ATTN_AVX512 void qk_bf16_direct_rows(const bf16* q, std::int64_t nr, std::int64_t head_dim, std::int64_t ldq, KeyRows k,
                                      std::int64_t keys, float* s, const Ahead& ahead) {
   constexpr int kKeys = 16 / R;
-  const __m512i order = _mm512_loadu_si512(RowMajor<R>::from.data());
   const bf16* qrow[R];
   for (int r = 0; r < R; ++r) qrow[r] = q + std::min<std::int64_t>(r, nr - 1) * ldq;
+  if constexpr (kLaneWords<Load>) {
+    thread_local std::vector<Line32> buffer;
+    lane_ordered_q<R>(qrow, head_dim, buffer, qrow);
+  }
   std::int64_t j = 0;
   for (; j < keys; j += kKeys) {
     prefetch_rows(ahead, j, j + kKeys);
@@ -945,7 +991,7 @@ ATTN_AVX512 void qk_bf16_direct_rows(const bf16* q, std::int64_t nr, std::int64_
     std::int64_t d = 0;
     for (; d + 64 <= head_dim; d += 64) qk_bf16_direct_step<R, Load, true>(qrow, krow, d, 64, acc);
     if (d < head_dim) qk_bf16_direct_step<R, Load, false>(qrow, krow, d, head_dim - d, acc);
-    const __m512 sums = _mm512_permutexvar_ps(order, reduce16(acc));
+    const __m512 sums = reduce16(acc);
     const unsigned live_keys = (1u << std::min<std::int64_t>(kKeys, keys - j)) - 1;
     for (int r = 0; r < R && r < nr; ++r) {
       _mm512_mask_storeu_ps(s + r * kKeyBlock + j - r * kKeys, static_cast<__mmask16>(live_keys << (r * kKeys)), sums);
@@ -1058,6 +1104,76 @@ ATTN_AVX512 void pv_bf16_direct_block(const bf16* p, std::int64_t keys, KeyRows 
   prefetch_rows(ahead, j, ahead.n, pf_begin, pf_end);
 }
 
+// pv_bf16_direct_block's 64 columns a pass for a loader with pairs64 (two
+// rows' codes decoded apart, then unpacked into pairs: in-lane unpacks where
+// pairs32 takes byte permutes): O's 4 vectors of a row go to the pairs'
+// order, p[k] lane 4L + t = column 16L + 4k + t, by a 4 x 4 transpose of
+// their 128-bit lanes (its own inverse), on load and on store.
+template <int NR, typename Load>
+ATTN_AVX512 void pv_bf16_direct_block64(const bf16* p, std::int64_t keys, KeyRows v, std::int64_t c0, std::int64_t dv,
+                                        std::int64_t dv_pad, float* o, const Ahead& ahead) {
+  auto transpose = [](__m512 (&x)[4]) ATTN_AVX512 {
+    const __m512 t0 = _mm512_shuffle_f32x4(x[0], x[1], 0x44), t1 = _mm512_shuffle_f32x4(x[0], x[1], 0xEE);
+    const __m512 t2 = _mm512_shuffle_f32x4(x[2], x[3], 0x44), t3 = _mm512_shuffle_f32x4(x[2], x[3], 0xEE);
+    x[0] = _mm512_shuffle_f32x4(t0, t2, 0x88);
+    x[1] = _mm512_shuffle_f32x4(t0, t2, 0xDD);
+    x[2] = _mm512_shuffle_f32x4(t1, t3, 0x88);
+    x[3] = _mm512_shuffle_f32x4(t1, t3, 0xDD);
+  };
+  const std::int64_t cols = dv - c0;
+  const __mmask64 m = cols >= 64 ? ~__mmask64{0} : (__mmask64{1} << cols) - 1;
+  __mmask16 mv[4];
+#pragma GCC unroll 4
+  for (int k = 0; k < 4; ++k) mv[k] = lanes_below(cols - 16 * k);
+  const std::int64_t pf_begin = Load::byte_of(c0), pf_end = Load::byte_of(c0 + 64);
+  float* const out = o + c0;
+  __m512 acc[NR][4];
+#pragma GCC unroll 8
+  for (int r = 0; r < NR; ++r) {
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) acc[r][k] = _mm512_maskz_loadu_ps(mv[k], out + r * dv_pad + 16 * k);
+    transpose(acc[r]);
+  }
+  auto step = [&](std::int64_t j, const void* next, const __m512bh (&pb)[NR]) ATTN_AVX512 {
+    __m512i pairs[4];
+    Load::pairs64(v[j], next, c0, m, pairs);
+#pragma GCC unroll 8
+    for (int r = 0; r < NR; ++r)
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) acc[r][k] = _mm512_dpbf16_ps(acc[r][k], pb[r], (__m512bh)pairs[k]);
+  };
+  std::int64_t j = 0;
+  __m512bh pb[NR];
+  for (; j + 2 <= keys; j += 2) {
+    prefetch_rows(ahead, j, j + 2, pf_begin, pf_end);
+#pragma GCC unroll 8
+    for (int r = 0; r < NR; ++r) {
+      std::int32_t pair;
+      std::memcpy(&pair, p + r * kKeyBlock + j, sizeof pair);
+      pb[r] = (__m512bh)_mm512_set1_epi32(pair);
+    }
+    step(j, v[j + 1], pb);
+  }
+  if (j < keys) {
+#pragma GCC unroll 8
+    for (int r = 0; r < NR; ++r) {
+      std::uint16_t w;
+      std::memcpy(&w, p + r * kKeyBlock + j, sizeof w);
+      pb[r] = (__m512bh)_mm512_set1_epi32(static_cast<std::int32_t>(w));
+    }
+    step(j, nullptr, pb);
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < NR; ++r) {
+    transpose(acc[r]);
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) _mm512_mask_storeu_ps(out + r * dv_pad + 16 * k, mv[k], acc[r][k]);
+  }
+  prefetch_rows(ahead, j, ahead.n, pf_begin, pf_end);
+}
+
+template <typename Load> constexpr bool kPairs64 = requires { &Load::pairs64; };
+
 // Up to 8 rows at a time; at up to 4 rows 64 columns a pass where 33 or more
 // are left, else 32.
 template <typename Load>
@@ -1066,8 +1182,12 @@ ATTN_AVX512 void pv_bf16_direct_typed(const bf16* p, std::int64_t rows, std::int
   using Fn = void (*)(const bf16*, std::int64_t, KeyRows, std::int64_t, std::int64_t, std::int64_t, float*, const Ahead&);
   static constexpr auto one = make_table([](auto n) -> Fn { return &pv_bf16_direct_block<decltype(n)::value, 1, Load>; },
                                          std::make_index_sequence<8>{});
-  static constexpr auto two = make_table([](auto n) -> Fn { return &pv_bf16_direct_block<decltype(n)::value, 2, Load>; },
-                                         std::make_index_sequence<4>{});
+  static constexpr auto two = make_table(
+      [](auto n) -> Fn {
+        if constexpr (kPairs64<Load>) return &pv_bf16_direct_block64<decltype(n)::value, Load>;
+        else return &pv_bf16_direct_block<decltype(n)::value, 2, Load>;
+      },
+      std::make_index_sequence<4>{});
   for (std::int64_t r = 0; r < rows; r += 8) {
     const std::int64_t n = std::min<std::int64_t>(8, rows - r);
     const auto i = static_cast<std::size_t>(n - 1);
