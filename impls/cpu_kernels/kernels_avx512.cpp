@@ -765,9 +765,9 @@ struct Q4_0Bf16Codes {
 // fp8 codes by byte table (AVX512_VBMI): one two-register byte permute looks
 // up the low byte of each of 64 codes' bfloat16 (the index's bit 7, the sign,
 // is ignored: 128 magnitudes), another the high byte, to which the sign goes;
-// two more interleave the bytes into 32 bfloat16 each, in the codes' order or
-// in any other. The bits are kFp8Bf16's: the same values as Fp8Bf16Codes, in
-// 6 instructions per 64 codes where that takes 7 per 32.
+// unpacking (or, for 32 codes in order, a third permute) makes the words. The
+// bits are kFp8Bf16's: the same values as Fp8Bf16Codes, in 5 instructions per
+// 64 codes where that takes 7 per 32, and 2 of them on vdpbf16ps's pipes.
 template <Encoding E> struct Fp8ByteTables {
   std::array<std::uint8_t, 128> low{}, high{};
 };
