@@ -324,10 +324,14 @@ class StreamingPlan final : public Plan {
   void key_rows(const QueryTile& t, std::int64_t j0, std::int64_t end, BlockRows& out) const {
     out.n = std::clamp<std::int64_t>(end - j0, 0, kKeyBlock);
     const std::int64_t k_step = step(io_.k, io_.k_codes), v_step = step(io_.v, io_.v_codes);
+    const SequenceMap map = io_.sequences(p_);
     for (std::int64_t j = j0; j < j0 + out.n;) {
-      const std::int64_t run_end = p_.paged() ? std::min(j0 + out.n, (j / p_.page_size + 1) * p_.page_size) : j0 + out.n;
-      const auto* k = static_cast<const std::byte*>(in_place(io_.k, io_.k_codes, t, j));
-      const auto* v = static_cast<const std::byte*>(in_place(io_.v, io_.v_codes, t, j));
+      // One lookup (one division) a page for K and V both: a decode's keys
+      // cost a few cycles each, and a division tens.
+      const SequenceMap::Key key = map.key(t.b, j);
+      const std::int64_t run_end = p_.paged() ? std::min(j0 + out.n, j + p_.page_size - key.s) : j0 + out.n;
+      const auto* k = static_cast<const std::byte*>(in_place(io_.k, io_.k_codes, t, key));
+      const auto* v = static_cast<const std::byte*>(in_place(io_.v, io_.v_codes, t, key));
       for (std::int64_t r = 0; r < run_end - j; ++r) {
         out.k[static_cast<std::size_t>(j - j0 + r)] = k + r * k_step;
         out.v[static_cast<std::size_t>(j - j0 + r)] = v + r * v_step;
@@ -336,10 +340,9 @@ class StreamingPlan final : public Plan {
     }
   }
 
-  // Key j's row of K or V (its codes when quantised), in place: through the
-  // page table when paged.
-  const void* in_place(const TensorView& view, const QuantView& codes, const QueryTile& t, std::int64_t j) const {
-    const SequenceMap::Key key = io_.sequences(p_).key(t.b, j);
+  // The row of K or V (its codes when quantised) of a key where the sequence
+  // map puts it (through the page table when paged), in place.
+  const void* in_place(const TensorView& view, const QuantView& codes, const QueryTile& t, SequenceMap::Key key) const {
     if (!codes.empty()) return codes.row(key.b, t.kv_head, key.s);
     const std::int64_t offset = view.offset(key.b, t.kv_head, key.s, 0);
     return static_cast<const std::byte*>(view.data) + offset * static_cast<std::int64_t>(dtype_size(view.dtype));
