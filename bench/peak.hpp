@@ -13,7 +13,7 @@ struct MachinePeak {
   double amx_bf16_gflops = 0;  // TDPBF16PS tiles; 0 without AMX (or when Linux refuses the tile state)
   double bandwidth_gbs = 0;    // streaming reads of a buffer far larger than the caches
   int threads = 1;
-  std::string isa;             // the CPU backends' kernel set (cpu_kernel_set()): "amx_bf16", "avx512_bf16" or "portable"
+  std::string isa;             // the CPU backends' kernel set (cpu_kernel_set()): "amx_bf16", "avx512_vbmi", "avx512_bf16" or "portable"
 };
 
 MachinePeak measure_peak(int threads, double seconds_per_test = 0.5);
