@@ -1020,6 +1020,37 @@ ATTN_AVX512 void qk_bf16_direct(const bf16* q, std::int64_t rows, std::int64_t h
   with_bf16_loader(format, [&](auto load) { qk_bf16_direct_typed<decltype(load)>(q, rows, head_dim, ldq, k, keys, s, ahead); });
 }
 
+// The key pairs of a block for the P V kernels: step(j, next, pb) for keys
+// j and j + 1, pb each row's pair of bfloat16 weights broadcast (an odd last
+// key: next null, its partner's weight 0), asking for bytes [pf_begin,
+// pf_end) of the ahead rows as it goes, and of the rest at the end.
+template <int NR, typename Step>
+ATTN_AVX512 inline void for_key_pairs(const bf16* p, std::int64_t keys, KeyRows v, const Ahead& ahead, std::int64_t pf_begin,
+                                      std::int64_t pf_end, Step&& step) {
+  std::int64_t j = 0;
+  __m512bh pb[NR];
+  for (; j + 2 <= keys; j += 2) {
+    prefetch_rows(ahead, j, j + 2, pf_begin, pf_end);
+#pragma GCC unroll 8
+    for (int r = 0; r < NR; ++r) {
+      std::int32_t pair;
+      std::memcpy(&pair, p + r * kKeyBlock + j, sizeof pair);
+      pb[r] = (__m512bh)_mm512_set1_epi32(pair);
+    }
+    step(j, v[j + 1], pb);
+  }
+  if (j < keys) {
+#pragma GCC unroll 8
+    for (int r = 0; r < NR; ++r) {
+      std::uint16_t w;
+      std::memcpy(&w, p + r * kKeyBlock + j, sizeof w);
+      pb[r] = (__m512bh)_mm512_set1_epi32(static_cast<std::int32_t>(w));
+    }
+    step(j, nullptr, pb);
+  }
+  prefetch_rows(ahead, j, ahead.n, pf_begin, pf_end);
+}
+
 // O rows [0, NR), G groups of 32 columns from c0 of V's rows in place (those
 // below dv V's): key pairs side by side (pairs32), so one vdpbf16ps adds both
 // keys' products; each row's pair of weights is broadcast once for all G
@@ -1072,27 +1103,7 @@ ATTN_AVX512 void pv_bf16_direct_block(const bf16* p, std::int64_t keys, KeyRows 
       }
     }
   };
-  std::int64_t j = 0;
-  __m512bh pb[NR];
-  for (; j + 2 <= keys; j += 2) {
-    prefetch_rows(ahead, j, j + 2, pf_begin, pf_end);
-#pragma GCC unroll 8
-    for (int r = 0; r < NR; ++r) {
-      std::int32_t pair;
-      std::memcpy(&pair, p + r * kKeyBlock + j, sizeof pair);
-      pb[r] = (__m512bh)_mm512_set1_epi32(pair);
-    }
-    step(j, v[j + 1], pb);
-  }
-  if (j < keys) {
-#pragma GCC unroll 8
-    for (int r = 0; r < NR; ++r) {
-      std::uint16_t w;
-      std::memcpy(&w, p + r * kKeyBlock + j, sizeof w);
-      pb[r] = (__m512bh)_mm512_set1_epi32(static_cast<std::int32_t>(w));
-    }
-    step(j, nullptr, pb);
-  }
+  for_key_pairs<NR>(p, keys, v, ahead, pf_begin, pf_end, step);
 #pragma GCC unroll 4
   for (int g = 0; g < G; ++g)
 #pragma GCC unroll 8
@@ -1101,7 +1112,6 @@ ATTN_AVX512 void pv_bf16_direct_block(const bf16* p, std::int64_t keys, KeyRows 
       _mm512_mask_storeu_ps(at, m0[g], _mm512_permutex2var_ps(lo[g][r], back0, hi[g][r]));
       _mm512_mask_storeu_ps(at + 16, m1[g], _mm512_permutex2var_ps(lo[g][r], back1, hi[g][r]));
     }
-  prefetch_rows(ahead, j, ahead.n, pf_begin, pf_end);
 }
 
 // pv_bf16_direct_block's 64 columns a pass for a loader with pairs64 (two
@@ -1142,34 +1152,13 @@ ATTN_AVX512 void pv_bf16_direct_block64(const bf16* p, std::int64_t keys, KeyRow
 #pragma GCC unroll 4
       for (int k = 0; k < 4; ++k) acc[r][k] = _mm512_dpbf16_ps(acc[r][k], pb[r], (__m512bh)pairs[k]);
   };
-  std::int64_t j = 0;
-  __m512bh pb[NR];
-  for (; j + 2 <= keys; j += 2) {
-    prefetch_rows(ahead, j, j + 2, pf_begin, pf_end);
-#pragma GCC unroll 8
-    for (int r = 0; r < NR; ++r) {
-      std::int32_t pair;
-      std::memcpy(&pair, p + r * kKeyBlock + j, sizeof pair);
-      pb[r] = (__m512bh)_mm512_set1_epi32(pair);
-    }
-    step(j, v[j + 1], pb);
-  }
-  if (j < keys) {
-#pragma GCC unroll 8
-    for (int r = 0; r < NR; ++r) {
-      std::uint16_t w;
-      std::memcpy(&w, p + r * kKeyBlock + j, sizeof w);
-      pb[r] = (__m512bh)_mm512_set1_epi32(static_cast<std::int32_t>(w));
-    }
-    step(j, nullptr, pb);
-  }
+  for_key_pairs<NR>(p, keys, v, ahead, pf_begin, pf_end, step);
 #pragma GCC unroll 8
   for (int r = 0; r < NR; ++r) {
     transpose(acc[r]);
 #pragma GCC unroll 4
     for (int k = 0; k < 4; ++k) _mm512_mask_storeu_ps(out + r * dv_pad + 16 * k, mv[k], acc[r][k]);
   }
-  prefetch_rows(ahead, j, ahead.n, pf_begin, pf_end);
 }
 
 template <typename Load> constexpr bool kPairs64 = requires { &Load::pairs64; };
