@@ -868,7 +868,8 @@ ATTN_AVX512 inline __mmask32 lanes32_below(std::int64_t n) {
 }
 
 // Dims [d, d + 64) of a row as two vectors of 32 bfloat16 (dims from `dims`
-// on 0): the loader's own load64 where it has one.
+// on 0), in dims order, or in unpacking's for a loader with kLaneWords: the
+// loader's own load64 where it has one.
 template <typename Load>
 ATTN_AVX512 inline void load64(const void* row, std::int64_t d, std::int64_t dims, __m512i& first, __m512i& second) {
   if constexpr (requires { Load::load64(row, d, __mmask64{}, first, second); }) {

@@ -326,8 +326,8 @@ class StreamingPlan final : public Plan {
     const std::int64_t k_step = step(io_.k, io_.k_codes), v_step = step(io_.v, io_.v_codes);
     const SequenceMap map = io_.sequences(p_);
     for (std::int64_t j = j0; j < j0 + out.n;) {
-      // One lookup (one division) a page for K and V both: a decode's keys
-      // cost a few cycles each, and a division tens.
+      // One lookup a page, for K and V both; the page's run ends where its
+      // slots do.
       const SequenceMap::Key key = map.key(t.b, j);
       const std::int64_t run_end = p_.paged() ? std::min(j0 + out.n, j + p_.page_size - key.s) : j0 + out.n;
       const auto* k = static_cast<const std::byte*>(in_place(io_.k, io_.k_codes, t, key));
