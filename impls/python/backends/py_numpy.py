@@ -10,7 +10,8 @@ in float64, as the document runs it (its inputs come from np.random.randn), with
 rounded to the case's dtype. Its backward (format version 3) is that function differentiated
 by hand, the textbook way: dV = W^T dO, dW = dO V^T, dS = W (dW - rowsum(dW W)) (the
 softmax's own backward), zero where np.where put the constant -1e9, then dQ = dS K / sqrt(d_k)
-and dK = dS^T Q / sqrt(d_k), summed over the repeated heads of a group. The textbook has no bias,
+and dK = dS^T Q / sqrt(d_k), summed over the repeated heads of a group (where dO V^T overflows
+float64, from V scaled down by a power of two, and dQ and dK scaled back). The textbook has no bias,
 no scale other than 1/sqrt(d_k), no GQA and no causal flag: causal and kv_len become part
 of the mask and GQA repeats the kv heads, as a user of the function would write them; a
 bias or another scale is SKIP. A row whose keys are all hidden gets -1e9 everywhere and so
@@ -98,12 +99,19 @@ def scaled_dot_product_attention_backward(Q, K, V, mask, dO):
         scores = np.where(mask == 0, Q.dtype.type(-1e9), scores)
     weights = softmax(scores, axis=-1)
     dV = weights.transpose(0, 1, 3, 2) @ dO
-    dW = dO @ V.transpose(0, 1, 3, 2)
+    # V near float64's largest makes dO V^T overflow where the gradients do not: then dW is
+    # taken from V scaled down by a power of two (exact), and dQ and dK scaled back up.
+    shift = 0
+    with np.errstate(over="ignore", invalid="ignore"):
+        dW = dO @ V.transpose(0, 1, 3, 2)
+        if not np.all(np.isfinite(dW)) and np.all(np.isfinite(V)) and V.size:
+            shift = int(np.frexp(np.max(np.abs(V)))[1])
+            dW = dO @ np.ldexp(V, -shift).transpose(0, 1, 3, 2)
     dS = weights * (dW - (dW * weights).sum(axis=-1, keepdims=True))
     if mask is not None:
         dS = np.where(mask == 0, Q.dtype.type(0), dS)  # the constant -1e9 passes nothing back
-    dQ = dS @ K / scale
-    dK = dS.transpose(0, 1, 3, 2) @ Q / scale
+    dQ = np.ldexp(dS @ K / scale, shift)
+    dK = np.ldexp(dS.transpose(0, 1, 3, 2) @ Q / scale, shift)
     return dQ, dK, dV
 
 
