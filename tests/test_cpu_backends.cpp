@@ -284,8 +284,10 @@ TEST(CpuKernels, DirectDecodeKernelsAgreeWithPortable) {
 // decoder (decode_row) says, exactly to float32, and to bfloat16 exactly for
 // fp8 and rounded to nearest even for ggml's d * q. One-hot rows of Q pick
 // each element of each key's row out of Q K^T, one-hot weights each row of
-// V out of P V; rows come through a table in any order, as pages do. Every
-// kernel set this CPU runs is held to it.
+// V out of P V; rows come through a table in any order, as pages do; rows
+// of Q and P all in one call and in calls of 1 to 4 (GQA decode's groups,
+// whose kernels order dims and O's columns in their own way). Every kernel
+// set this CPU runs is held to it.
 TEST(CpuKernels, DirectDecodeKernelsDecodeEveryCode) {
   std::vector<const cpu::Kernels*> sets{&cpu::portable_kernels()};
   for (const cpu::Kernels* avx : avx512_sets()) sets.push_back(avx);
@@ -338,26 +340,45 @@ TEST(CpuKernels, DirectDecodeKernelsDecodeEveryCode) {
         std::vector<float> q(static_cast<std::size_t>(dim * dim), 0.0f);
         std::vector<bf16> qb(static_cast<std::size_t>(dim * ldq), bf16{});
         for (std::int64_t r = 0; r < dim; ++r) q[static_cast<std::size_t>(r * dim + r)] = 1.0f, qb[static_cast<std::size_t>(r * ldq + r)] = float_to_bf16(1.0f);
-        std::vector<float> s(static_cast<std::size_t>(dim * 64), 7.0f);
-        if (bf16_products) k->qk_bf16_direct(qb.data(), dim, dim, ldq, rows.data(), encoding, keys, s.data(), ahead);
-        else k->qk_direct(q.data(), dim, dim, rows.data(), encoding, keys, s.data(), ahead);
-        for (std::int64_t r = 0; r < dim; ++r)
-          for (std::int64_t j = 0; j < keys; ++j)
-            expect_same(s[static_cast<std::size_t>(r * 64 + j)], want(j, r), how + " qk key " + std::to_string(j) + " dim " + std::to_string(r));
-        // P V: row r of P one-hot at key r, so O[r][c] = 0.5 + V_r[c]; O's padding untouched.
+        // Rows in calls of `group` (all, or 1 to 4: decode's GQA groups, whose
+        // kernels take other paths and orders than those of 5 or more rows).
+        for (const std::int64_t group : {dim, std::int64_t{4}, std::int64_t{3}, std::int64_t{2}, std::int64_t{1}}) {
+          const std::string in = how + " rows by " + std::to_string(group);
+          std::vector<float> s(static_cast<std::size_t>(dim * 64), 7.0f);
+          for (std::int64_t r0 = 0; r0 < dim; r0 += group) {
+            const std::int64_t n = std::min(group, dim - r0);
+            if (bf16_products) k->qk_bf16_direct(qb.data() + r0 * ldq, n, dim, ldq, rows.data(), encoding, keys, s.data() + r0 * 64, ahead);
+            else k->qk_direct(q.data() + r0 * dim, n, dim, rows.data(), encoding, keys, s.data() + r0 * 64, ahead);
+          }
+          for (std::int64_t r = 0; r < dim; ++r)
+            for (std::int64_t j = 0; j < keys; ++j)
+              expect_same(s[static_cast<std::size_t>(r * 64 + j)], want(j, r), in + " qk key " + std::to_string(j) + " dim " + std::to_string(r));
+        }
+        // P V: row r of P one-hot at key r, so O[r][c] = start(c) + V_r[c] (a
+        // start that differs by column: a kernel that moves O's columns about
+        // must put each back); O's padding untouched.
         const std::int64_t dv_pad = (dim + 15) / 16 * 16 + 16;
         std::vector<float> p(static_cast<std::size_t>(keys * 64), 0.0f);
         std::vector<bf16> pb(p.size(), bf16{});
         for (std::int64_t r = 0; r < keys; ++r) p[static_cast<std::size_t>(r * 64 + r)] = 1.0f, pb[static_cast<std::size_t>(r * 64 + r)] = float_to_bf16(1.0f);
-        std::vector<float> o(static_cast<std::size_t>(keys * dv_pad), 0.5f);
-        if (bf16_products) k->pv_bf16_direct(pb.data(), keys, keys, rows.data(), encoding, dim, dv_pad, o.data(), ahead);
-        else k->pv_direct(p.data(), keys, keys, rows.data(), encoding, dim, dv_pad, o.data(), ahead);
-        for (std::int64_t r = 0; r < keys; ++r)
-          for (std::int64_t c = 0; c < dv_pad; ++c) {
-            const float got = o[static_cast<std::size_t>(r * dv_pad + c)];
-            if (c >= dim) EXPECT_EQ(got, 0.5f) << how << " pv wrote O's padding at " << r << "," << c;
-            else expect_same(got, 0.5f + want(r, c), how + " pv key " + std::to_string(r) + " column " + std::to_string(c));
+        for (const std::int64_t group : {keys, std::int64_t{4}, std::int64_t{3}, std::int64_t{2}, std::int64_t{1}}) {
+          const std::string in = how + " rows by " + std::to_string(group);
+          auto start = [](std::int64_t c) { return 0.5f + 0.125f * static_cast<float>(c); };
+          std::vector<float> o(static_cast<std::size_t>(keys * dv_pad));
+          for (std::size_t e = 0; e < o.size(); ++e) o[e] = start(static_cast<std::int64_t>(e) % dv_pad);
+          for (std::int64_t r0 = 0; r0 < keys; r0 += group) {
+            const std::int64_t n = std::min(group, keys - r0);
+            float* const at = o.data() + r0 * dv_pad;
+            if (bf16_products) k->pv_bf16_direct(pb.data() + r0 * 64, n, keys, rows.data(), encoding, dim, dv_pad, at, ahead);
+            else k->pv_direct(p.data() + r0 * 64, n, keys, rows.data(), encoding, dim, dv_pad, at, ahead);
           }
+          for (std::int64_t r = 0; r < keys; ++r)
+            for (std::int64_t c = 0; c < dv_pad; ++c) {
+              const float got = o[static_cast<std::size_t>(r * dv_pad + c)];
+              if (c >= dim) EXPECT_EQ(got, start(c)) << in << " pv wrote O's padding at " << r << "," << c;
+              else expect_same(got, start(c) + want(r, c), in + " pv key " + std::to_string(r) + " column " + std::to_string(c));
+            }
+        }
         if (is_fp8(encoding)) {  // rows of one special code each: e4m3's NaN, e5m2's +infinity and NaN
           for (const std::uint8_t c : {std::uint8_t{0x7f}, std::uint8_t{0xff}, std::uint8_t{0x7c}, std::uint8_t{0x7d}}) {
             if (!special(c)) continue;
