@@ -111,8 +111,20 @@ std::vector<Problem> benchmark_problems(const std::string& preset) {
       shapes.push_back(paged_decode("bf16", 8, 32, 8, 4096, 128, 16) + cache);
     }
     shapes.push_back(paged_decode("f32", 8, 32, 8, 4096, 128, 16) + kQ8Cache);
+  } else if (preset == "training") {
+    // Training shapes, timed backward by default (preset_directions): seq 1k
+    // to 8k, 8 to 32 heads, head_dim 64 and 128, causal and not, GQA 4:1,
+    // float32 and bfloat16; each backward call is at most about 2 s here.
+    for (const char* dtype : {"f32", "bf16"}) {
+      shapes.push_back(shape(dtype, 16, 16, 1024, 1024, 64, "none"));
+      shapes.push_back(shape(dtype, 8, 8, 4096, 4096, 64, "none"));
+      shapes.push_back(shape(dtype, 8, 8, 4096, 4096, 64, "bottom_right"));
+      shapes.push_back(shape(dtype, 8, 8, 2048, 2048, 128, "none"));
+      shapes.push_back(shape(dtype, 8, 8, 8192, 8192, 64, "bottom_right"));
+      shapes.push_back(shape(dtype, 32, 8, 2048, 2048, 128, "bottom_right"));
+    }
   } else {
-    throw Error(fmt::format("unknown preset '{}' (quick, standard, full, gpu)", preset));
+    throw Error(fmt::format("unknown preset '{}' (quick, standard, full, training, gpu)", preset));
   }
   std::vector<Problem> problems;
   for (const auto& s : shapes) problems.push_back(Problem::parse(s));

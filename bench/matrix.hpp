@@ -11,7 +11,8 @@
 
 namespace attn::bench {
 
-// quick (about a minute), standard (about ten), full (everything in the matrix).
+// quick (about a minute), standard (about ten), full (everything in the
+// issue's matrix), training (backward shapes), gpu.
 std::vector<Problem> benchmark_problems(const std::string& preset);
 
 // Useful floating-point operations: 2 (head_dim + head_dim_v) per visible

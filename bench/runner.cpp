@@ -46,6 +46,11 @@ Direction parse_direction(const std::string& text) {
   throw Error(fmt::format("--direction {}: not one of forward, backward, forward+backward", text));
 }
 
+std::vector<Direction> preset_directions(const std::string& preset) {
+  if (preset == "training") return {Direction::backward};
+  return {Direction::forward};
+}
+
 double direction_flops_factor(Direction d) {
   switch (d) {
     case Direction::forward: return 1.0;
@@ -333,7 +338,9 @@ int run_benchmarks(const std::vector<std::unique_ptr<Backend>>& backends, const 
     benchmark_args.push_back("--benchmark_enable_random_interleaving=true");
   }
   if (!min_time_given && options.preset == "quick") benchmark_args.push_back("--benchmark_min_time=0.05");
-  if (!min_time_given && options.preset == "standard") benchmark_args.push_back("--benchmark_min_time=0.1");
+  if (!min_time_given && (options.preset == "standard" || options.preset == "training")) {
+    benchmark_args.push_back("--benchmark_min_time=0.1");
+  }
   // Written beside --out and renamed into place once whole (core/output_file.hpp);
   // an earlier run's file goes first, so an interrupted run leaves none.
   std::optional<OutputFile> out;

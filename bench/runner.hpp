@@ -24,6 +24,9 @@ Direction parse_direction(const std::string& text);            // throws attn::E
 // counts them: the backward's five matrix products against the forward's two
 // (2.5), both together 3.5.
 double direction_flops_factor(Direction d);
+// What a preset times when --direction does not say: training the backward,
+// every other preset the forward.
+std::vector<Direction> preset_directions(const std::string& preset);
 
 struct BenchOptions {
   std::string preset = "quick";
@@ -33,7 +36,7 @@ struct BenchOptions {
   int threads = 0;
   // Skip a backend on a problem whose estimated time per call exceeds this
   // (the naive backend at long sequences), with the reason. 0: by preset
-  // (quick 2 s, standard 5 s, full 60 s).
+  // (quick 2 s, full 60 s, the others 5 s).
   double max_seconds_per_call = 0;
   std::string out;           // Google Benchmark JSON to this file (with the context block)
   bool measure_peak = true;  // put this machine's peaks in the context

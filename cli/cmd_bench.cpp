@@ -55,8 +55,10 @@ Runner add_bench_command(CLI::App& app) {
   auto options = std::make_shared<bench::BenchOptions>();
   auto names = std::make_shared<std::vector<std::string>>();
   CLI::App* cmd = app.add_subcommand("bench", "Time backends over the benchmark matrix (Google Benchmark; --benchmark_* flags pass through)");
-  cmd->add_option("--preset", options->preset, "quick (about a minute on 2 cores), standard (about 12 minutes), full, gpu (for scripts/gpu-check)")
-      ->check(CLI::IsMember({"quick", "standard", "full", "gpu"}));
+  cmd->add_option("--preset", options->preset,
+                  "quick (about a minute on 2 cores), standard (about 12 minutes), full, training (backward shapes, timed "
+                  "backward unless --direction says otherwise), gpu (for scripts/gpu-check)")
+      ->check(CLI::IsMember({"quick", "standard", "full", "training", "gpu"}));
   cmd->add_option("--problem", options->problems,
                   "Time this problem instead of the preset's (repeatable; the fixture catalogue's syntax, e.g. "
                   "dtype=bf16,b=8,hq=32,hkv=8,sq=1,sk=4096,d=128,causal=bottom_right,paged=16x2049)")
@@ -83,6 +85,7 @@ Runner add_bench_command(CLI::App& app) {
   cmd->allow_extras();
   return [cmd, options, names, shard, directions]() {
     options->shard = shard_from(*shard, &options->shard_source);
+    options->directions = bench::preset_directions(options->preset);
     if (!directions->empty()) {
       options->directions.clear();
       for (const std::string& d : *directions) {

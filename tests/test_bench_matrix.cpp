@@ -4,7 +4,9 @@
 #include <set>
 
 #include "bench/matrix.hpp"
+#include "bench/runner.hpp"
 #include "core/case_data.hpp"
+#include "core/registry.hpp"
 #include "attnbench/error.hpp"
 
 using namespace attn;
@@ -33,6 +35,40 @@ TEST(BenchMatrix, PresetsCoverTheIssuesMatrix) {
   EXPECT_EQ(dtypes.size(), 3u);
   EXPECT_TRUE(causal && gqa && decode_64k);
   EXPECT_THROW(bench::benchmark_problems("huge"), Error);
+}
+
+// The training preset: backward shapes of seq 1k to 8k, 8 to 32 heads,
+// head_dim 64 and 128, causal and not, GQA, float32 and bfloat16, each one
+// the streaming backend's backward takes; timed backward by default, every
+// other preset forward.
+TEST(BenchMatrix, TheTrainingPresetTimesBackwardShapes) {
+  const auto training = bench::benchmark_problems("training");
+  ASSERT_FALSE(training.empty());
+  std::set<std::int64_t> dims;
+  std::set<DType> dtypes;
+  bool causal = false, dense = false, gqa = false, seq_1k = false, seq_8k = false;
+  const auto backends = make_backends(std::vector<std::string>{"streaming"});
+  ASSERT_EQ(backends.size(), 1u);
+  for (const Problem& p : training) {
+    EXPECT_EQ(p.seq_q, p.seq_k) << p.to_string();
+    EXPECT_TRUE(p.seq_q >= 1024 && p.seq_q <= 8192) << p.to_string();
+    EXPECT_TRUE(p.heads_q >= 8 && p.heads_q <= 32) << p.to_string();
+    EXPECT_TRUE(backend_accepts(*backends[0], p, Direction::backward)) << p.to_string();
+    dims.insert(p.head_dim);
+    dtypes.insert(p.dtype);
+    causal = causal || p.causal == Causal::bottom_right;
+    dense = dense || p.causal == Causal::none;
+    gqa = gqa || p.heads_q > p.heads_kv;
+    seq_1k = seq_1k || p.seq_q == 1024;
+    seq_8k = seq_8k || p.seq_q == 8192;
+  }
+  EXPECT_EQ(dims, (std::set<std::int64_t>{64, 128}));
+  EXPECT_EQ(dtypes, (std::set<DType>{DType::f32, DType::bf16}));
+  EXPECT_TRUE(causal && dense && gqa && seq_1k && seq_8k);
+  EXPECT_EQ(bench::preset_directions("training"), std::vector<bench::Direction>{bench::Direction::backward});
+  for (const char* preset : {"quick", "standard", "full", "gpu"}) {
+    EXPECT_EQ(bench::preset_directions(preset), std::vector<bench::Direction>{bench::Direction::forward}) << preset;
+  }
 }
 
 TEST(BenchMatrix, UsefulFlopsCountOnlyVisiblePairs) {
