@@ -1,6 +1,8 @@
 #include "impls/blocked/blocked.hpp"
 
 #include <algorithm>
+#include <array>
+#include <cstddef>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -21,18 +23,56 @@ using cpu::kKeyBlock;
 using cpu::QueryTile;
 
 constexpr std::int64_t kMaxTileRows = 48;
+// Tiles of at most this many rows (decode: one query, its GQA group) read K
+// and V rows where they are (cpu::Kernels' in-place kernels): packing a
+// head's K for one row costs more than the products, and for a long cache
+// it goes out to memory and back.
+constexpr std::int64_t kInPlaceRows = 8;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 using Scratch = cpu::TileScratch;
+
+// Decode tiles of a cache of unit-stride rows in one dtype (dense or paged)
+// read K and V in place; quantised caches are packed, dequantised. Paged or
+// not, an entry takes the same path: its bits do not depend on the batch.
+bool reads_in_place(const AttentionIO& io, const Geometry& g) {
+  return g.tile_rows <= kInPlaceRows && io.k_codes.empty() && io.v_codes.empty() && io.k.strides[3] == 1 &&
+         io.v.strides[3] == 1 && io.k.dtype == io.v.dtype;
+}
+
+// The rows of an entry's keys in K or V of one kv head, where the sequence
+// map puts them (through the page table when paged): one lookup a page.
+struct RowsInPlace {
+  const Problem& p;
+  const TensorView& view;
+  SequenceMap map;
+  std::int64_t b = 0, kv_head = 0;
+  void fill(std::int64_t j0, std::int64_t n, std::array<const void*, kKeyBlock>& out) const {
+    const auto element = static_cast<std::int64_t>(dtype_size(view.dtype));
+    const std::int64_t step = view.strides[2] * element;
+    for (std::int64_t j = j0; j < j0 + n;) {
+      const SequenceMap::Key key = map.key(b, j);
+      const std::int64_t run_end = p.paged() ? std::min(j0 + n, j + p.page_size - key.s) : j0 + n;
+      const auto* row = static_cast<const std::byte*>(view.data) + view.offset(key.b, kv_head, key.s, 0) * element;
+      for (std::int64_t r = 0; r < run_end - j; ++r) out[static_cast<std::size_t>(j - j0 + r)] = row + r * step;
+      j = run_end;
+    }
+  }
+};
 
 class BlockedPlan final : public Plan {
  public:
   BlockedPlan(const Problem& p, const AttentionIO& io, const RunOptions& options)
       : p_(p), io_(io), kernels_(cpu::best_kernels()), g_(Geometry::of(p, kMaxTileRows, kernels_)), mask_(p, io.dropout) {
     threads_ = resolve_threads(options.threads);
-    require_workspace(threads_ * Scratch::bytes_for(p, g_, true, g_.key_blocks), "blocked's scores of a row block, per thread");
+    // In place, bfloat16 in bfloat16 pairs where the packed path multiplies
+    // so, else (float16; bfloat16 where pairs are the slower) widened on load
+    // to float32 products.
+    in_place_ = reads_in_place(io, g_);
+    if (in_place_ && !g_.bf16_kernels) g_ = g_.with_float32_products();
+    require_workspace(threads_ * Scratch::bytes_for(p, g_, !in_place_, g_.key_blocks), "blocked's scores of a row block, per thread");
     scratch_.resize(static_cast<std::size_t>(threads_));
-    for (Scratch& s : scratch_) s.reserve(p, io, g_, true, g_.key_blocks);  // scores of every key block
+    for (Scratch& s : scratch_) s.reserve(p, io, g_, !in_place_, g_.key_blocks);  // scores of every key block
   }
 
   void run() override {
@@ -54,10 +94,24 @@ class BlockedPlan final : public Plan {
   void compute(std::int64_t tile_index, Scratch& s, int shift = 0) {
     const QueryTile t = cpu::query_tile(p_, g_, tile_index);
     const std::int64_t rows = t.rows();
-    const std::int64_t end_block = (cpu::visible_key_end(p_, io_, t) + kKeyBlock - 1) / kKeyBlock;
+    const std::int64_t end_key = cpu::visible_key_end(p_, io_, t);
+    const std::int64_t end_block = (end_key + kKeyBlock - 1) / kKeyBlock;
     // Blocks left of every row's window hold no visible key.
     const std::int64_t begin_block = std::min(cpu::visible_key_begin(p_, io_, t) / kKeyBlock, end_block);
-    s.pack.pack(p_, g_, io_, t.b, t.kv_head, 0, g_.key_blocks);
+    if (!in_place_) s.pack.pack(p_, g_, io_, t.b, t.kv_head, 0, g_.key_blocks);
+    // In place: the rows of a block's keys up to the last visible one, and the
+    // next block's, which the kernels ask the memory for as they go.
+    const cpu::RowFormat format(io_.k.dtype);
+    const std::int64_t row_bytes = p_.head_dim * static_cast<std::int64_t>(dtype_size(io_.k.dtype));
+    const std::int64_t v_row_bytes = p_.head_dim_v * static_cast<std::int64_t>(dtype_size(io_.v.dtype));
+    std::array<const void*, kKeyBlock> here{}, ahead{};
+    auto in_block = [&](std::int64_t block) { return std::clamp<std::int64_t>(end_key - block * kKeyBlock, 0, kKeyBlock); };
+    auto rows_in_place = [&](const TensorView& view, std::int64_t block, std::int64_t bytes) {
+      const RowsInPlace rows_of_view{p_, view, io_.sequences(p_), t.b, t.kv_head};
+      rows_of_view.fill(block * kKeyBlock, in_block(block), here);
+      rows_of_view.fill((block + 1) * kKeyBlock, in_block(block + 1), ahead);
+      return cpu::Ahead{ahead.data(), in_block(block + 1), bytes};
+    };
     cpu::pack_queries(p_, g_, io_, t, s.q.data(), s.q_bf16.data());
     std::fill_n(s.m.begin(), rows, kNegInf);
     // Only the rows that see a key of a block compute it (a window's edge
@@ -71,14 +125,25 @@ class BlockedPlan final : public Plan {
       const std::int64_t r0 = (seen.first_query - t.first_query) * g_.group, live = seen.rows();
       float* tile_scores = s.scores.data() + block * g_.scratch_rows * kKeyBlock + r0 * kKeyBlock;
       if (live == 0) continue;
-      if (g_.bf16_kernels) {
+      if (in_place_) {
+        const cpu::Ahead next = rows_in_place(io_.k, block, row_bytes);
+        if (g_.bf16_kernels) {
+          kernels_.qk_bf16_direct(s.q_bf16.data() + r0 * g_.head_dim_pairs * 2, live, p_.head_dim, g_.head_dim_pairs * 2,
+                                  here.data(), format, in_block(block), tile_scores, next);
+        } else {
+          kernels_.qk_direct(s.q.data() + r0 * p_.head_dim, live, p_.head_dim, here.data(), format, in_block(block), tile_scores,
+                             next);
+        }
+      } else if (g_.bf16_kernels) {
         kernels_.qk_bf16(s.q_bf16.data() + r0 * g_.head_dim_pairs * 2, live, g_.head_dim_pairs, s.pack.k_bf16(block), tile_scores,
                          nullptr, kKeyBlock);
       } else {
         kernels_.qk_f32(s.q.data() + r0 * p_.head_dim, live, p_.head_dim, s.pack.k_f32(block), tile_scores, s.block_max.data() + r0,
                         kKeyBlock);
       }
-      cpu::finish_scores(p_, g_, io_, kernels_, seen, block * kKeyBlock, tile_scores, s.block_max.data() + r0, !g_.bf16_kernels);
+      // (the float32 packed kernel gives the block's row maxima; otherwise finish_scores takes them)
+      cpu::finish_scores(p_, g_, io_, kernels_, seen, block * kKeyBlock, tile_scores, s.block_max.data() + r0,
+                         !in_place_ && !g_.bf16_kernels);
       for (std::int64_t r = r0; r < r0 + live; ++r) s.m[r] = std::max(s.m[r], s.block_max[r]);
     }
     // Pass 2: exponentials against the final maxima, sums, and P V.
@@ -99,7 +164,16 @@ class BlockedPlan final : public Plan {
       // Dropout: the dropped weights 0 once l took them (cpu::drop_weights).
       if (io_.dropout.active()) cpu::drop_weights(p_, g_, io_, mask_, t, r0, live, j0, keys, s.scores.data() + block * g_.scratch_rows * kKeyBlock, nullptr);
       float* o = s.o.data() + r0 * g_.dv_pad;
-      if (g_.bf16_kernels) {
+      if (in_place_) {
+        const cpu::Ahead next = rows_in_place(io_.v, block, v_row_bytes);
+        if (g_.bf16_kernels) {
+          bf16* p_rows = s.p_bf16.data() + r0 * kKeyBlock;
+          kernels_.to_bf16(tile_scores, live * kKeyBlock, p_rows);
+          kernels_.pv_bf16_direct(p_rows, live, in_block(block), here.data(), format, p_.head_dim_v, g_.dv_pad, o, next);
+        } else {
+          kernels_.pv_direct(tile_scores, live, in_block(block), here.data(), format, p_.head_dim_v, g_.dv_pad, o, next);
+        }
+      } else if (g_.bf16_kernels) {
         // P in bfloat16, and the rows after it zero: the AMX kernels read the
         // padding rows up to scratch_rows (where r0 is 0).
         bf16* p_rows = s.p_bf16.data() + r0 * kKeyBlock;
@@ -128,6 +202,7 @@ class BlockedPlan final : public Plan {
   const cpu::Kernels& kernels_;
   Geometry g_;
   DropoutMask mask_;  // AttentionIO::dropout's, when active
+  bool in_place_ = false;  // decode tiles read K and V where they are (reads_in_place)
   int threads_ = 1;
   std::vector<Scratch> scratch_;
 };

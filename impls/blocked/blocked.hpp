@@ -2,7 +2,8 @@
 // rows it materialises the scores against every key (one row block at a time,
 // never the whole seq_q x seq_k matrix), takes an exact two-pass softmax, then
 // multiplies by V, with the same cache-blocked AVX-512 micro-kernels as the
-// streaming backend.
+// streaming backend. Decode tiles (a query's GQA group, at most 8 rows) read
+// K and V rows in place, dense or paged, in the same two passes.
 #pragma once
 
 #include <memory>
