@@ -136,14 +136,16 @@ TEST(CpuBackends, EachRunReadsTheInputsAsTheyAreThen) {
 
 // With one key a row's weight is exactly 1 (P = exp2(s - lse), lse = s), so
 // dV is exactly dO summed over the group however large the score, if the
-// backward recomputes s as the forward summed it. streaming's decode tiles
-// sum Q K^T in the in-place kernel's order; recomputed in the packed
-// kernel's, s is off by its rounding and P by |s| 2^-24: dV's RMS error was
-// 44x the plain backwards' (attn fuzz --seed 2, case 147). The a-priori
-// bounds allow that; the measured one, from plain backwards that meet their
-// own lse exactly, does not.
-TEST(CpuBackends, StreamingBackwardRecomputesTheScoresItsDecodeForwardSummed) {
-  auto backends = make_backends(std::vector<std::string>{"streaming"});
+// backward recomputes s as the forward summed it. streaming's and blocked's
+// decode tiles sum Q K^T in the in-place kernel's order; recomputed in the
+// packed kernel's, s is off by its rounding and P by |s| 2^-24: dV's RMS
+// error was 44x the plain backwards' (attn fuzz --seed 2, case 147). The
+// a-priori bounds allow that; the measured one, from plain backwards that
+// meet their own lse exactly, does not.
+TEST(CpuBackends, DecodeBackwardsRecomputeTheScoresTheirForwardSummed) {
+  for (const char* backend : {"streaming", "blocked"}) {
+  SCOPED_TRACE(backend);
+  auto backends = make_backends(std::vector<std::string>{backend});
   for (const char* dtype : {"f32", "f16"}) {
     const Fixture f = generate_fixture(CaseSpec{"t/one_key", "t", "", std::string("dtype=") + dtype + ",b=1,hq=4,hkv=1,sq=1,sk=1,d=8,dv=16",
                                                 InputRecipe{.q_std = 7, .k_std = 7, .backward = true}});
@@ -160,6 +162,7 @@ TEST(CpuBackends, StreamingBackwardRecomputesTheScoresItsDecodeForwardSummed) {
       const double unit = std::string(dtype) == "f32" ? 0x1p-22 : 0x1p-10;
       EXPECT_LE(dv->max_abs_error, unit * std::max(1.0, std::fabs(dv->truth_at_worst))) << dtype;
     }
+  }
   }
 }
 

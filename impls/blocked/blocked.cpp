@@ -233,7 +233,11 @@ class BlockedBackend final : public Backend {
   std::unique_ptr<BackwardPlan> prepare_backward(const Problem& p, const BackwardIO& io, const RunOptions& options) const override {
     return prepare_backward_in_float32_range(p, io, [&](const Problem& fit, const BackwardIO& fit_io) -> std::unique_ptr<BackwardPlan> {
       if (fit.ragged) return plan_backward_per_entry(fit, fit_io, options, *this);
-      return cpu::make_flash_backward_plan(fit, fit_io, options, kMaxTileRows);
+      // A float32-product forward that read K in place summed Q K^T in the
+      // in-place kernel's order: the backward recomputes S in it too.
+      const Geometry g = Geometry::of(fit, kMaxTileRows, cpu::best_kernels());
+      const bool in_place = !g.bf16_kernels && reads_in_place(fit_io.forward, g);
+      return cpu::make_flash_backward_plan(fit, fit_io, options, kMaxTileRows, in_place);
     });
   }
 

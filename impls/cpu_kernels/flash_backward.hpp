@@ -34,8 +34,9 @@ namespace attn::cpu {
 // A dense problem (not packed, not paged) whose io.forward.lse is set;
 // max_tile_rows is the query tile's height (query heads of a group times
 // positions), as for the backend's forward. forward_in_place: the forward
-// computed Q K^T with Kernels::qk_direct (streaming's decode tiles), so the
-// float32 backward recomputes S with it too, in the same order.
+// computed Q K^T with Kernels::qk_direct (decode tiles of streaming and
+// blocked), so the float32 backward recomputes S with it too, in the same
+// order.
 std::unique_ptr<BackwardPlan> make_flash_backward_plan(const Problem& p, const BackwardIO& io,
                                                        const RunOptions& options, std::int64_t max_tile_rows,
                                                        bool forward_in_place = false);
