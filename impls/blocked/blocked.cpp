@@ -23,37 +23,28 @@ using cpu::kKeyBlock;
 using cpu::QueryTile;
 
 constexpr std::int64_t kMaxTileRows = 48;
-// Tiles of at most this many rows (decode: one query, its GQA group) read K
-// and V rows where they are (cpu::Kernels' in-place kernels): packing a
-// head's K for one row costs more than the products, and for a long cache
-// it goes out to memory and back.
-constexpr std::int64_t kInPlaceRows = 8;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 using Scratch = cpu::TileScratch;
 
-// Decode tiles of a cache of unit-stride rows in one dtype (dense or paged)
-// read K and V in place; quantised caches are packed, dequantised. Paged or
-// not, an entry takes the same path: its bits do not depend on the batch.
-bool reads_in_place(const AttentionIO& io, const Geometry& g) {
-  return g.tile_rows <= kInPlaceRows && io.k_codes.empty() && io.v_codes.empty() && io.k.strides[3] == 1 &&
-         io.v.strides[3] == 1 && io.k.dtype == io.v.dtype;
-}
-
-// The rows of an entry's keys in K or V of one kv head, where the sequence
-// map puts them (through the page table when paged): one lookup a page.
+// The rows of an entry's keys in K or V (its codes when quantised) of one kv
+// head, where the sequence map puts them (through the page table when
+// paged): one lookup a page.
 struct RowsInPlace {
   const Problem& p;
   const TensorView& view;
+  const QuantView& codes;
   SequenceMap map;
   std::int64_t b = 0, kv_head = 0;
   void fill(std::int64_t j0, std::int64_t n, std::array<const void*, kKeyBlock>& out) const {
     const auto element = static_cast<std::int64_t>(dtype_size(view.dtype));
-    const std::int64_t step = view.strides[2] * element;
+    const std::int64_t step = codes.empty() ? view.strides[2] * element : codes.strides[2];
     for (std::int64_t j = j0; j < j0 + n;) {
       const SequenceMap::Key key = map.key(b, j);
       const std::int64_t run_end = p.paged() ? std::min(j0 + n, j + p.page_size - key.s) : j0 + n;
-      const auto* row = static_cast<const std::byte*>(view.data) + view.offset(key.b, kv_head, key.s, 0) * element;
+      const auto* row = codes.empty()
+                            ? static_cast<const std::byte*>(view.data) + view.offset(key.b, kv_head, key.s, 0) * element
+                            : reinterpret_cast<const std::byte*>(codes.row(key.b, kv_head, key.s));
       for (std::int64_t r = 0; r < run_end - j; ++r) out[static_cast<std::size_t>(j - j0 + r)] = row + r * step;
       j = run_end;
     }
@@ -65,11 +56,16 @@ class BlockedPlan final : public Plan {
   BlockedPlan(const Problem& p, const AttentionIO& io, const RunOptions& options)
       : p_(p), io_(io), kernels_(cpu::best_kernels()), g_(Geometry::of(p, kMaxTileRows, kernels_)), mask_(p, io.dropout) {
     threads_ = resolve_threads(options.threads);
-    // In place, bfloat16 in bfloat16 pairs where the packed path multiplies
-    // so, else (float16; bfloat16 where pairs are the slower) widened on load
-    // to float32 products.
-    in_place_ = reads_in_place(io, g_);
+    // Decode tiles read K and V in place (cpu::reads_in_place): bfloat16 in
+    // bfloat16 pairs where the packed path multiplies so, else (float16;
+    // bfloat16 where pairs are the slower) widened on load to float32
+    // products; fp8 and ggml codes decoded on load (K's descale folded into
+    // the score scale or Q, V's applied to the sums). Other quantised caches
+    // are dequantised into the pack.
+    in_place_ = cpu::reads_in_place(p, io, g_);
     if (in_place_ && !g_.bf16_kernels) g_ = g_.with_float32_products();
+    k_format_ = cpu::format_of(io.k, io.k_codes);
+    v_format_ = cpu::format_of(io.v, io.v_codes);
     require_workspace(threads_ * Scratch::bytes_for(p, g_, !in_place_, g_.key_blocks), "blocked's scores of a row block, per thread");
     scratch_.resize(static_cast<std::size_t>(threads_));
     for (Scratch& s : scratch_) s.reserve(p, io, g_, !in_place_, g_.key_blocks);  // scores of every key block
@@ -101,18 +97,24 @@ class BlockedPlan final : public Plan {
     if (!in_place_) s.pack.pack(p_, g_, io_, t.b, t.kv_head, 0, g_.key_blocks);
     // In place: the rows of a block's keys up to the last visible one, and the
     // next block's, which the kernels ask the memory for as they go.
-    const cpu::RowFormat format(io_.k.dtype);
-    const std::int64_t row_bytes = p_.head_dim * static_cast<std::int64_t>(dtype_size(io_.k.dtype));
-    const std::int64_t v_row_bytes = p_.head_dim_v * static_cast<std::int64_t>(dtype_size(io_.v.dtype));
     std::array<const void*, kKeyBlock> here{}, ahead{};
     auto in_block = [&](std::int64_t block) { return std::clamp<std::int64_t>(end_key - block * kKeyBlock, 0, kKeyBlock); };
-    auto rows_in_place = [&](const TensorView& view, std::int64_t block, std::int64_t bytes) {
-      const RowsInPlace rows_of_view{p_, view, io_.sequences(p_), t.b, t.kv_head};
+    auto rows_in_place = [&](const TensorView& view, const QuantView& codes, std::int64_t block, std::int64_t bytes) {
+      const RowsInPlace rows_of_view{p_, view, codes, io_.sequences(p_), t.b, t.kv_head};
       rows_of_view.fill(block * kKeyBlock, in_block(block), here);
       rows_of_view.fill((block + 1) * kKeyBlock, in_block(block + 1), ahead);
       return cpu::Ahead{ahead.data(), in_block(block + 1), bytes};
     };
     cpu::pack_queries(p_, g_, io_, t, s.q.data(), s.q_bf16.data());
+    // K's descale, in place: folded into the score scale of the bfloat16
+    // products (Q's rows are exact bfloat16), or into Q's float32 rows.
+    Geometry descaled = g_;
+    if (in_place_ && !io_.k_codes.empty()) {
+      const float descale = io_.k_codes.descale_of(t.b, t.kv_head);
+      if (g_.bf16_kernels) descaled.score_scale *= descale;
+      else if (descale != 1.0f) std::for_each(s.q.begin(), s.q.begin() + rows * p_.head_dim, [&](float& x) { x *= descale; });
+    }
+    const Geometry& g = descaled;
     std::fill_n(s.m.begin(), rows, kNegInf);
     // Only the rows that see a key of a block compute it (a window's edge
     // blocks reach part of the tile); AMX works on whole 16-row tiles, so
@@ -126,13 +128,13 @@ class BlockedPlan final : public Plan {
       float* tile_scores = s.scores.data() + block * g_.scratch_rows * kKeyBlock + r0 * kKeyBlock;
       if (live == 0) continue;
       if (in_place_) {
-        const cpu::Ahead next = rows_in_place(io_.k, block, row_bytes);
+        const cpu::Ahead next = rows_in_place(io_.k, io_.k_codes, block, k_format_.row_bytes(p_.head_dim));
         if (g_.bf16_kernels) {
           kernels_.qk_bf16_direct(s.q_bf16.data() + r0 * g_.head_dim_pairs * 2, live, p_.head_dim, g_.head_dim_pairs * 2,
-                                  here.data(), format, in_block(block), tile_scores, next);
+                                  here.data(), k_format_, in_block(block), tile_scores, next);
         } else {
-          kernels_.qk_direct(s.q.data() + r0 * p_.head_dim, live, p_.head_dim, here.data(), format, in_block(block), tile_scores,
-                             next);
+          kernels_.qk_direct(s.q.data() + r0 * p_.head_dim, live, p_.head_dim, here.data(), k_format_, in_block(block),
+                             tile_scores, next);
         }
       } else if (g_.bf16_kernels) {
         kernels_.qk_bf16(s.q_bf16.data() + r0 * g_.head_dim_pairs * 2, live, g_.head_dim_pairs, s.pack.k_bf16(block), tile_scores,
@@ -142,7 +144,7 @@ class BlockedPlan final : public Plan {
                         kKeyBlock);
       }
       // (the float32 packed kernel gives the block's row maxima; otherwise finish_scores takes them)
-      cpu::finish_scores(p_, g_, io_, kernels_, seen, block * kKeyBlock, tile_scores, s.block_max.data() + r0,
+      cpu::finish_scores(p_, g, io_, kernels_, seen, block * kKeyBlock, tile_scores, s.block_max.data() + r0,
                          !in_place_ && !g_.bf16_kernels);
       for (std::int64_t r = r0; r < r0 + live; ++r) s.m[r] = std::max(s.m[r], s.block_max[r]);
     }
@@ -165,13 +167,13 @@ class BlockedPlan final : public Plan {
       if (io_.dropout.active()) cpu::drop_weights(p_, g_, io_, mask_, t, r0, live, j0, keys, s.scores.data() + block * g_.scratch_rows * kKeyBlock, nullptr);
       float* o = s.o.data() + r0 * g_.dv_pad;
       if (in_place_) {
-        const cpu::Ahead next = rows_in_place(io_.v, block, v_row_bytes);
+        const cpu::Ahead next = rows_in_place(io_.v, io_.v_codes, block, v_format_.row_bytes(p_.head_dim_v));
         if (g_.bf16_kernels) {
           bf16* p_rows = s.p_bf16.data() + r0 * kKeyBlock;
           kernels_.to_bf16(tile_scores, live * kKeyBlock, p_rows);
-          kernels_.pv_bf16_direct(p_rows, live, in_block(block), here.data(), format, p_.head_dim_v, g_.dv_pad, o, next);
+          kernels_.pv_bf16_direct(p_rows, live, in_block(block), here.data(), v_format_, p_.head_dim_v, g_.dv_pad, o, next);
         } else {
-          kernels_.pv_direct(tile_scores, live, in_block(block), here.data(), format, p_.head_dim_v, g_.dv_pad, o, next);
+          kernels_.pv_direct(tile_scores, live, in_block(block), here.data(), v_format_, p_.head_dim_v, g_.dv_pad, o, next);
         }
       } else if (g_.bf16_kernels) {
         // P in bfloat16, and the rows after it zero: the AMX kernels read the
@@ -188,6 +190,10 @@ class BlockedPlan final : public Plan {
       const float keep_scale = static_cast<float>(mask_.keep_scale());
       std::for_each(s.o.begin(), s.o.begin() + rows * g_.dv_pad, [&](float& x) { x *= keep_scale; });
     }
+    if (in_place_ && !io_.v_codes.empty()) {  // V's descale, on the sums of weights times codes
+      const float descale = io_.v_codes.descale_of(t.b, t.kv_head);
+      if (descale != 1.0f) std::for_each(s.o.begin(), s.o.begin() + rows * g_.dv_pad, [&](float& x) { x *= descale; });
+    }
     if (shift == 0 && g_.weight_shift > 0 && !cpu::outputs_finite(g_, s.o.data(), rows)) {
       s.keep_first_pass(rows);
       compute(tile_index, s, g_.weight_shift);
@@ -202,7 +208,8 @@ class BlockedPlan final : public Plan {
   const cpu::Kernels& kernels_;
   Geometry g_;
   DropoutMask mask_;  // AttentionIO::dropout's, when active
-  bool in_place_ = false;  // decode tiles read K and V where they are (reads_in_place)
+  bool in_place_ = false;  // decode tiles read K and V where they are (cpu::reads_in_place)
+  cpu::RowFormat k_format_ = DType::f32, v_format_ = DType::f32;  // what their rows hold
   int threads_ = 1;
   std::vector<Scratch> scratch_;
 };
@@ -236,7 +243,7 @@ class BlockedBackend final : public Backend {
       // A float32-product forward that read K in place summed Q K^T in the
       // in-place kernel's order: the backward recomputes S in it too.
       const Geometry g = Geometry::of(fit, kMaxTileRows, cpu::best_kernels());
-      const bool in_place = !g.bf16_kernels && reads_in_place(fit_io.forward, g);
+      const bool in_place = !g.bf16_kernels && cpu::reads_in_place(fit, fit_io.forward, g);
       return cpu::make_flash_backward_plan(fit, fit_io, options, kMaxTileRows, in_place);
     });
   }

@@ -471,4 +471,19 @@ bool outputs_finite(const Geometry& g, const float* o, std::int64_t rows) {
   return true;
 }
 
+bool readable_in_place(const TensorView& view, const QuantView& codes) {
+  if (codes.empty()) return view.strides[3] == 1;
+  return decodes_in_place(codes.encoding) && codes.scale == nullptr && codes.zero_point == nullptr;
+}
+
+RowFormat format_of(const TensorView& view, const QuantView& codes) {
+  return codes.empty() ? RowFormat(view.dtype) : RowFormat(codes.encoding);
+}
+
+bool reads_in_place(const Problem& p, const AttentionIO& io, const Geometry& g) {
+  const bool codes = !io.k_codes.empty() || !io.v_codes.empty();
+  return g.tile_rows <= kInPlaceRows && p.dtype != DType::f64 && readable_in_place(io.k, io.k_codes) &&
+         readable_in_place(io.v, io.v_codes) && (codes || io.k.dtype == io.v.dtype);
+}
+
 }  // namespace attn::cpu

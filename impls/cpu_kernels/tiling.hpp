@@ -199,4 +199,14 @@ void write_rows(const Problem& p, const Geometry& g, const AttentionIO& io, cons
 // the tile is redone with weights scaled down by 2^weight_shift.
 bool outputs_finite(const Geometry& g, const float* o, std::int64_t rows);
 
+// Decode tiles (at most kInPlaceRows rows: a query's GQA group) may read K
+// and V rows where they are, with the in-place kernels, when the kernels can
+// read them: unit-stride rows of one dtype, or codes the kernels decode on
+// load without a scale array (RowFormat). Paged or dense alike, so an
+// entry's path does not depend on its batch.
+inline constexpr std::int64_t kInPlaceRows = 8;
+bool readable_in_place(const TensorView& view, const QuantView& codes);
+RowFormat format_of(const TensorView& view, const QuantView& codes);  // what the rows in place hold
+bool reads_in_place(const Problem& p, const AttentionIO& io, const Geometry& g);
+
 }  // namespace attn::cpu

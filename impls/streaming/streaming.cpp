@@ -24,7 +24,6 @@ using cpu::kKeyBlock;
 using cpu::QueryTile;
 
 constexpr std::int64_t kMaxTileRows = 96;
-constexpr std::int64_t kDirectRows = 8;
 constexpr std::int64_t kSplitChunks = 8;  // an entry with fewer tiles than this splits its long rows, in up to 8
 constexpr std::int64_t kChunkBlocks = 16;  // a split row takes one chunk per this many key blocks (split_parts)
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -37,26 +36,8 @@ struct BlockRows {
   std::int64_t n = 0;
 };
 
-// K or V can be read in place: unit-stride rows, or codes the kernels
-// decode on load, without a scale array.
-bool readable_in_place(const TensorView& view, const QuantView& codes) {
-  if (codes.empty()) return view.strides[3] == 1;
-  return cpu::decodes_in_place(codes.encoding) && codes.scale == nullptr && codes.zero_point == nullptr;
-}
-
-// What the rows of K or V in place hold.
-cpu::RowFormat format_of(const TensorView& view, const QuantView& codes) {
-  return codes.empty() ? cpu::RowFormat(view.dtype) : cpu::RowFormat(codes.encoding);
-}
-
-// Whether every tile reads K and V in place (decode shapes): few rows a tile,
-// and rows the kernels can read (the backward asks too, to recompute the
-// scores in the same order).
-bool reads_in_place(const Problem& p, const AttentionIO& io, const Geometry& g) {
-  const bool codes = !io.k_codes.empty() || !io.v_codes.empty();
-  return g.tile_rows <= kDirectRows && p.dtype != DType::f64 && readable_in_place(io.k, io.k_codes) &&
-         readable_in_place(io.v, io.v_codes) && (codes || io.k.dtype == io.v.dtype);
-}
+using cpu::format_of;
+using cpu::reads_in_place;
 
 class StreamingPlan final : public Plan {
  public:
