@@ -106,15 +106,8 @@ class BlockedPlan final : public Plan {
       return cpu::Ahead{ahead.data(), in_block(block + 1), bytes};
     };
     cpu::pack_queries(p_, g_, io_, t, s.q.data(), s.q_bf16.data());
-    // K's descale, in place: folded into the score scale of the bfloat16
-    // products (Q's rows are exact bfloat16), or into Q's float32 rows.
-    Geometry descaled = g_;
-    if (in_place_ && !io_.k_codes.empty()) {
-      const float descale = io_.k_codes.descale_of(t.b, t.kv_head);
-      if (g_.bf16_kernels) descaled.score_scale *= descale;
-      else if (descale != 1.0f) std::for_each(s.q.begin(), s.q.begin() + rows * p_.head_dim, [&](float& x) { x *= descale; });
-    }
-    const Geometry& g = descaled;
+    // K's descale, in place (the pack dequantises with it).
+    const Geometry g = in_place_ ? cpu::with_k_descale(g_, p_, io_, t, s.q.data()) : g_;
     std::fill_n(s.m.begin(), rows, kNegInf);
     // Only the rows that see a key of a block compute it (a window's edge
     // blocks reach part of the tile); AMX works on whole 16-row tiles, so

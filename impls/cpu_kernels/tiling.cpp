@@ -480,6 +480,15 @@ RowFormat format_of(const TensorView& view, const QuantView& codes) {
   return codes.empty() ? RowFormat(view.dtype) : RowFormat(codes.encoding);
 }
 
+Geometry with_k_descale(const Geometry& g, const Problem& p, const AttentionIO& io, const QueryTile& t, float* q_f32) {
+  Geometry descaled = g;
+  if (io.k_codes.empty()) return descaled;
+  const float descale = io.k_codes.descale_of(t.b, t.kv_head);
+  if (g.bf16_kernels) descaled.score_scale *= descale;
+  else if (descale != 1.0f) std::for_each(q_f32, q_f32 + t.rows() * p.head_dim, [&](float& x) { x *= descale; });
+  return descaled;
+}
+
 bool reads_in_place(const Problem& p, const AttentionIO& io, const Geometry& g) {
   const bool codes = !io.k_codes.empty() || !io.v_codes.empty();
   return g.tile_rows <= kInPlaceRows && p.dtype != DType::f64 && readable_in_place(io.k, io.k_codes) &&

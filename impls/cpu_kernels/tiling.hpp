@@ -208,5 +208,9 @@ inline constexpr std::int64_t kInPlaceRows = 8;
 bool readable_in_place(const TensorView& view, const QuantView& codes);
 RowFormat format_of(const TensorView& view, const QuantView& codes);  // what the rows in place hold
 bool reads_in_place(const Problem& p, const AttentionIO& io, const Geometry& g);
+// K's descale for tile t's codes read in place: folded into the score scale
+// of the bfloat16 products (Q's rows are exact bfloat16; the geometry
+// returned), or into Q's float32 rows (q_f32, the tile's rows of head_dim).
+Geometry with_k_descale(const Geometry& g, const Problem& p, const AttentionIO& io, const QueryTile& t, float* q_f32);
 
 }  // namespace attn::cpu

@@ -152,15 +152,8 @@ class StreamingPlan final : public Plan {
     std::int64_t& packed = packed_tile_[static_cast<std::size_t>(&s - scratch_.data())];
     if (packed != tile_index || !io_.k_codes.empty()) cpu::pack_queries(p_, g_, io_, t, s.q.data(), s.q_bf16.data());
     packed = tile_index;
-    // K's descale, in place: folded into the score scale of the bfloat16
-    // products (Q's rows are exact bfloat16), or into Q's float32 rows.
-    Geometry descaled = g_;
-    if (direct && !io_.k_codes.empty()) {
-      const float descale = io_.k_codes.descale_of(t.b, t.kv_head);
-      if (g_.bf16_kernels) descaled.score_scale *= descale;
-      else if (descale != 1.0f) std::for_each(s.q.begin(), s.q.begin() + rows * p_.head_dim, [&](float& x) { x *= descale; });
-    }
-    const Geometry& g = descaled;
+    // K's descale, in place (the pack dequantises with it).
+    const Geometry g = direct ? cpu::with_k_descale(g_, p_, io_, t, s.q.data()) : g_;
     // A split tile's chunk sums into its own partials (merge combines them),
     // a whole tile's into the scratch.
     const std::int64_t base = (tile_index * chunks_ + chunk) * g_.tile_rows;
