@@ -95,15 +95,23 @@ class BlockedPlan final : public Plan {
     // Blocks left of every row's window hold no visible key.
     const std::int64_t begin_block = std::min(cpu::visible_key_begin(p_, io_, t) / kKeyBlock, end_block);
     if (!in_place_) s.pack.pack(p_, g_, io_, t.b, t.kv_head, 0, g_.key_blocks);
-    // In place: the rows of a block's keys up to the last visible one, and the
-    // next block's, which the kernels ask the memory for as they go.
-    std::array<const void*, kKeyBlock> here{}, ahead{};
+    // In place: the rows of a block's keys up to the last visible one (the
+    // previous block's look-ahead when it was the one before), and the next
+    // block's, which the kernels ask the memory for as they go.
+    std::array<const void*, kKeyBlock> rows_a{}, rows_b{};
+    std::array<const void*, kKeyBlock>* here = &rows_a;
+    std::array<const void*, kKeyBlock>* ahead = &rows_b;
+    const TensorView* ahead_view = nullptr;  // whose rows of block ahead_block `ahead` holds
+    std::int64_t ahead_block = -1;
     auto in_block = [&](std::int64_t block) { return std::clamp<std::int64_t>(end_key - block * kKeyBlock, 0, kKeyBlock); };
     auto rows_in_place = [&](const TensorView& view, const QuantView& codes, std::int64_t block, std::int64_t bytes) {
       const RowsInPlace rows_of_view{p_, view, codes, io_.sequences(p_), t.b, t.kv_head};
-      rows_of_view.fill(block * kKeyBlock, in_block(block), here);
-      rows_of_view.fill((block + 1) * kKeyBlock, in_block(block + 1), ahead);
-      return cpu::Ahead{ahead.data(), in_block(block + 1), bytes};
+      if (ahead_view == &view && ahead_block == block) std::swap(here, ahead);
+      else rows_of_view.fill(block * kKeyBlock, in_block(block), *here);
+      rows_of_view.fill((block + 1) * kKeyBlock, in_block(block + 1), *ahead);
+      ahead_view = &view;
+      ahead_block = block + 1;
+      return cpu::Ahead{ahead->data(), in_block(block + 1), bytes};
     };
     cpu::pack_queries(p_, g_, io_, t, s.q.data(), s.q_bf16.data());
     // K's descale, in place (the pack dequantises with it).
@@ -124,9 +132,9 @@ class BlockedPlan final : public Plan {
         const cpu::Ahead next = rows_in_place(io_.k, io_.k_codes, block, k_format_.row_bytes(p_.head_dim));
         if (g_.bf16_kernels) {
           kernels_.qk_bf16_direct(s.q_bf16.data() + r0 * g_.head_dim_pairs * 2, live, p_.head_dim, g_.head_dim_pairs * 2,
-                                  here.data(), k_format_, in_block(block), tile_scores, next);
+                                  here->data(), k_format_, in_block(block), tile_scores, next);
         } else {
-          kernels_.qk_direct(s.q.data() + r0 * p_.head_dim, live, p_.head_dim, here.data(), k_format_, in_block(block),
+          kernels_.qk_direct(s.q.data() + r0 * p_.head_dim, live, p_.head_dim, here->data(), k_format_, in_block(block),
                              tile_scores, next);
         }
       } else if (g_.bf16_kernels) {
@@ -164,9 +172,9 @@ class BlockedPlan final : public Plan {
         if (g_.bf16_kernels) {
           bf16* p_rows = s.p_bf16.data() + r0 * kKeyBlock;
           kernels_.to_bf16(tile_scores, live * kKeyBlock, p_rows);
-          kernels_.pv_bf16_direct(p_rows, live, in_block(block), here.data(), v_format_, p_.head_dim_v, g_.dv_pad, o, next);
+          kernels_.pv_bf16_direct(p_rows, live, in_block(block), here->data(), v_format_, p_.head_dim_v, g_.dv_pad, o, next);
         } else {
-          kernels_.pv_direct(tile_scores, live, in_block(block), here.data(), v_format_, p_.head_dim_v, g_.dv_pad, o, next);
+          kernels_.pv_direct(tile_scores, live, in_block(block), here->data(), v_format_, p_.head_dim_v, g_.dv_pad, o, next);
         }
       } else if (g_.bf16_kernels) {
         // P in bfloat16, and the rows after it zero: the AMX kernels read the
