@@ -767,11 +767,22 @@ TEST(CpuKernels, Avx512AndPortableAgree) {
       }
     }
   }
-  std::vector<float> r1(64, 2.0f), r2(64, 2.0f);
-  r1[3] = r2[3] = 5.0f;
-  EXPECT_EQ(avx->scale_row(r1.data(), 0.5f, 40), portable.scale_row(r2.data(), 0.5f, 40));
-  EXPECT_EQ(r1, r2);
-  EXPECT_EQ(r1[40], -INFINITY);
+  // A row's visible range scaled, the rest -inf, the max of what is left:
+  // ranges starting and ending inside a vector, on a vector's edge, empty.
+  for (const auto& [begin, end] : std::vector<std::pair<std::int64_t, std::int64_t>>{{0, 40}, {0, 64}, {5, 40}, {16, 33}, {21, 21}, {63, 64}}) {
+    std::vector<float> r1(64), r2(64);
+    for (std::size_t j = 0; j < 64; ++j) r1[j] = r2[j] = static_cast<float>((j * 37) % 64) - 20.0f;
+    const float m1 = avx->scale_row(r1.data(), 0.5f, begin, end), m2 = portable.scale_row(r2.data(), 0.5f, begin, end);
+    float expected = -INFINITY;
+    for (std::int64_t j = 0; j < 64; ++j) {
+      const float want = j >= begin && j < end ? 0.5f * (static_cast<float>((j * 37) % 64) - 20.0f) : -INFINITY;
+      EXPECT_EQ(r1[static_cast<std::size_t>(j)], want) << begin << ".." << end << " at " << j;
+      expected = std::max(expected, want);
+    }
+    EXPECT_EQ(r1, r2);
+    EXPECT_EQ(m1, expected);
+    EXPECT_EQ(m2, expected);
+  }
   // A row of sums rescaled, a partial added at its weight: the product
   // rounded, then the sum, in both sets (a fused multiply-add would round
   // once; tails shorter than a vector are written and nothing past them).
@@ -801,6 +812,28 @@ TEST(CpuKernels, Avx512AndPortableAgree) {
       k->scale(scaled.data(), a, n);
       EXPECT_EQ(added, want_add) << k->isa << " n " << n;
       EXPECT_EQ(scaled, want_scale) << k->isa << " n " << n;
+    }
+  }
+  // An output row scaled and rounded to bfloat16 as float_to_bf16 rounds:
+  // ties to even both ways, subnormals kept (vcvtneps2bf16 would flush
+  // them), NaN quiet, overflow to infinity, signs; tails shorter than a
+  // vector written and nothing past them.
+  std::vector<float> special = {0x1.0101p0f,  0x1.0102p0f,  0x1.0103p0f,  -0x1.0101p0f, 0x1.fffffep127f, 0x1.ff8p127f,
+                                0x1p-130f,    -0x1.8p-140f, 0x1p-149f,    0x1.0181p-128f, 0.0f,          -0.0f,
+                                INFINITY,     -INFINITY,    std::numeric_limits<float>::quiet_NaN(), std::bit_cast<float>(0x7f800001u),
+                                std::bit_cast<float>(0xff810000u), std::bit_cast<float>(0x7fffffffu), std::bit_cast<float>(0xffffffffu),
+                                3.0f, -7.25f, 1e-30f};
+  for (std::size_t e = special.size(); e < 70; ++e) special.push_back(std::ldexp(1.0f + static_cast<float>(e) / 128.0f, static_cast<int>(e % 40) - 20));
+  for (const float a : {1.0f, 0.75f, 0x1p-20f}) {
+    for (const std::int64_t n : {std::int64_t{70}, std::int64_t{64}, std::int64_t{23}}) {
+      for (const cpu::Kernels* k : {avx, &portable}) {
+        std::vector<bf16> out(72, bf16{0x1234});
+        k->scaled_to_bf16(special.data(), a, n, out.data());
+        for (std::int64_t e = 0; e < 72; ++e) {
+          const std::uint16_t want = e < n ? float_to_bf16(special[static_cast<std::size_t>(e)] * a).bits : 0x1234;
+          EXPECT_EQ(out[static_cast<std::size_t>(e)].bits, want) << k->isa << " a " << a << " n " << n << " at " << e;
+        }
+      }
     }
   }
 }

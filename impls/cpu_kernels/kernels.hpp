@@ -138,8 +138,9 @@ struct Kernels {
                          RowFormat format, std::int64_t keys, float* s, const Ahead& ahead);
   void (*pv_bf16_direct)(const bf16* p, std::int64_t rows, std::int64_t keys, KeyRows v, RowFormat format,
                          std::int64_t dv, std::int64_t dv_pad, float* o, const Ahead& ahead);
-  // x[j] *= scale for j < visible, x[j] = -inf for visible <= j < 64; returns the max.
-  float (*scale_row)(float* x, float scale, std::int64_t visible);
+  // x[j] *= scale for begin <= j < end, x[j] = -inf for the other j < 64;
+  // returns the max (one pass over a window's or the diagonal's edge row).
+  float (*scale_row)(float* x, float scale, std::int64_t begin, std::int64_t end);
   // o[j] *= a for j < n: a row of running sums rescaled when its max grew.
   void (*scale)(float* o, float a, std::int64_t n);
   // o[j] += w * x[j] for j < n, the product rounded, then the sum (no fused
@@ -147,6 +148,10 @@ struct Kernels {
   void (*add_scaled)(float* o, const float* x, float w, std::int64_t n);
   // out[j] = bfloat16(x[j]), round to nearest even, j < n.
   void (*to_bf16)(const float* x, std::int64_t n, bf16* out);
+  // out[j] = float_to_bf16(x[j] * a) for j < n: an output row written, the
+  // product rounded to float, then to bfloat16 as float_to_bf16 rounds (to
+  // nearest even, subnormals kept, NaN quiet): the same bits in every set.
+  void (*scaled_to_bf16)(const float* x, float a, std::int64_t n, bf16* out);
   // out[j] = float(x[j]) for j < n (exact: every float16 is a float).
   void (*widen_f16)(const f16* x, std::int64_t n, float* out);
   // Rows of 32-bit words transposed: out[w * ld + r] = rows[r][w] for r < n

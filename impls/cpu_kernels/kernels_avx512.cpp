@@ -1194,13 +1194,12 @@ ATTN_AVX512 void pv_bf16_direct(const bf16* p, std::int64_t rows, std::int64_t k
   with_bf16_loader(format, [&](auto load) { pv_bf16_direct_typed<decltype(load)>(p, rows, keys, v, dv, dv_pad, o, ahead); });
 }
 
-ATTN_AVX512 float scale_row(float* x, float scale, std::int64_t visible) {
+ATTN_AVX512 float scale_row(float* x, float scale, std::int64_t begin, std::int64_t end) {
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   const __m512 sv = _mm512_set1_ps(scale);
   __m512 m = neg_inf;
   for (std::int64_t j = 0; j < kKeyBlock; j += 16) {
-    const std::int64_t left = std::clamp<std::int64_t>(visible - j, 0, 16);
-    const __mmask16 live = static_cast<__mmask16>((1u << left) - 1);
+    const __mmask16 live = static_cast<__mmask16>(lanes_below(end - j) & ~lanes_below(begin - j));
     __m512 v = _mm512_mask_mul_ps(neg_inf, live, _mm512_loadu_ps(x + j), sv);
     _mm512_storeu_ps(x + j, v);
     m = _mm512_max_ps(m, v);
@@ -1235,6 +1234,25 @@ ATTN_AVX512 void to_bf16(const float* x, std::int64_t n, bf16* out) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j), (__m256i)v);
   }
   for (; j < n; ++j) out[j] = float_to_bf16(x[j]);
+}
+
+// float_to_bf16 on 16 lanes at a time, in integers: vcvtneps2bf16 would
+// flush subnormals to zero.
+ATTN_AVX512 void scaled_to_bf16(const float* x, float a, std::int64_t n, bf16* out) {
+  const __m512 av = _mm512_set1_ps(a);
+  const __m512i half = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1);
+  for (std::int64_t j = 0; j < n; j += 16) {
+    const __mmask16 live = lanes_below(n - j);
+    const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(live, x + j), av);
+    const __m512i bits = _mm512_castps_si512(v);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), one);
+    __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(half, odd)), 16);
+    // NaN's top half as it is (rounding could carry into the sign): the
+    // product is a quiet NaN already, as float_to_bf16 makes one.
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    rounded = _mm512_mask_mov_epi32(rounded, nan, _mm512_srli_epi32(bits, 16));
+    _mm512_mask_cvtepi32_storeu_epi16(out + j, live, rounded);
+  }
 }
 
 ATTN_AVX512 void widen_f16(const f16* x, std::int64_t n, float* out) {
@@ -1273,7 +1291,7 @@ constexpr const char* kSetName = "avx512_bf16";
 
 const Kernels kAvx512{kSetName, qk_f32, qk_bf16, pv_f32, pv_bf16, exp2_sum, exp2_rows, exp2_rows_bf16,
                       max_of, qk_direct, pv_direct, qk_bf16_direct, pv_bf16_direct, scale_row, scale, add_scaled,
-                      to_bf16, widen_f16, transpose32};
+                      to_bf16, scaled_to_bf16, widen_f16, transpose32};
 
 }  // namespace
 

@@ -191,10 +191,10 @@ void pv_bf16_direct(const bf16* p, std::int64_t rows, std::int64_t keys, KeyRows
   }
 }
 
-float scale_row(float* x, float scale, std::int64_t visible) {
+float scale_row(float* x, float scale, std::int64_t begin, std::int64_t end) {
   float m = -std::numeric_limits<float>::infinity();
   for (std::int64_t j = 0; j < kKeyBlock; ++j) {
-    x[j] = j < visible ? x[j] * scale : -std::numeric_limits<float>::infinity();
+    x[j] = j >= begin && j < end ? x[j] * scale : -std::numeric_limits<float>::infinity();
     m = std::max(m, x[j]);
   }
   return m;
@@ -215,6 +215,10 @@ void to_bf16(const float* x, std::int64_t n, bf16* out) {
   for (std::int64_t j = 0; j < n; ++j) out[j] = float_to_bf16(x[j]);
 }
 
+void scaled_to_bf16(const float* x, float a, std::int64_t n, bf16* out) {
+  for (std::int64_t j = 0; j < n; ++j) out[j] = float_to_bf16(x[j] * a);
+}
+
 void widen_f16(const f16* x, std::int64_t n, float* out) {
   for (std::int64_t j = 0; j < n; ++j) out[j] = f16_to_float(x[j]);
 }
@@ -229,7 +233,7 @@ void transpose32(const void* const* rows, std::int64_t n, std::int64_t words, vo
 
 const Kernels kPortable{"portable", qk_f32, qk_bf16, pv_f32, pv_bf16, exp2_sum, exp2_rows, exp2_rows_bf16,
                         max_of, qk_direct, pv_direct, qk_bf16_direct, pv_bf16_direct, scale_row, scale, add_scaled,
-                        to_bf16, widen_f16, transpose32};
+                        to_bf16, scaled_to_bf16, widen_f16, transpose32};
 
 }  // namespace
 

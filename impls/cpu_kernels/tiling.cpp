@@ -398,9 +398,8 @@ void finish_scores(const Problem& p, const Geometry& g, const AttentionIO& io, c
     const std::int64_t end = std::max(begin, std::clamp<std::int64_t>(place.keys.hi - j0, 0, kKeyBlock));
     if (kernel_max && plain && end == kKeyBlock && begin == 0) continue;
     float* row = s + r * kKeyBlock;
-    row_max[r] = kernels.scale_row(row, scale, end);
-    if (plain && begin == 0) continue;
-    std::fill_n(row, begin, kNegInf);
+    row_max[r] = kernels.scale_row(row, scale, begin, end);
+    if (plain) continue;
     if (p.softcap != 0) {
       for (std::int64_t j = begin; j < end; ++j) row[j] = cap2 * std::tanh(row[j] / cap2);
     }
@@ -447,6 +446,7 @@ void write_rows(const Problem& p, const Geometry& g, const AttentionIO& io, cons
                 const float* m, const float* l, int shift, const float* lse_m, const float* lse_l) {
   const MutableTensorView& out = io.out;
   const std::int64_t step = out.strides[3];
+  const Kernels& kernels = best_kernels();
   // log2 of a row's sum of exp2 of its scores: the weights were 2^(x - m - shift).
   auto log2_total = [](float top, float sum, int by) {
     return sum > 0 ? static_cast<double>(top) + by + std::log2(static_cast<double>(sum)) : -std::numeric_limits<double>::infinity();
@@ -469,7 +469,8 @@ void write_rows(const Problem& p, const Geometry& g, const AttentionIO& io, cons
         for (std::int64_t c = 0; c < p.head_dim_v; ++c) static_cast<float*>(out.data)[base + c * step] = acc[c] * inv;
         break;
       case DType::bf16:
-        for (std::int64_t c = 0; c < p.head_dim_v; ++c) static_cast<bf16*>(out.data)[base + c * step] = float_to_bf16(acc[c] * inv);
+        if (step == 1) kernels.scaled_to_bf16(acc, inv, p.head_dim_v, static_cast<bf16*>(out.data) + base);
+        else for (std::int64_t c = 0; c < p.head_dim_v; ++c) static_cast<bf16*>(out.data)[base + c * step] = float_to_bf16(acc[c] * inv);
         break;
       default:
         for (std::int64_t c = 0; c < p.head_dim_v; ++c) store_float(out, base + c * step, acc[c] * inv);
