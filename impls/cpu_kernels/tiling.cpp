@@ -180,11 +180,13 @@ void HeadPack::pack_block(const Problem& p, const Geometry& g, const AttentionIO
     const SequenceMap::Key key = sequences.key(b, j);
     dequantised_row(codes, key.b, kv_head, key.s, b, to);
   };
-  // The same into bfloat16 (row_bf16_ at `slot`).
+  // The same into bfloat16 (row_bf16_ at `slot`): the descale's product
+  // rounded to float, then to bfloat16, in one pass of the kernels.
   auto dequantised_bf16 = [&](const QuantView& codes, std::int64_t j, std::int64_t slot) {
-    dequantised(codes, j, row_.data());
+    const SequenceMap::Key key = sequences.key(b, j);
+    codes.dequantise_row(key.b, kv_head, key.s, row_.data());
     bf16* to = row_bf16_.data() + slot * std::max(p.head_dim, p.head_dim_v);
-    for (std::int64_t d = 0; d < codes.dim; ++d) to[d] = float_to_bf16(row_[static_cast<std::size_t>(d)]);
+    kernels.scaled_to_bf16(row_.data(), codes.descale_of(b, kv_head), codes.dim, to);
     return static_cast<const bf16*>(to);
   };
   if (g.bf16_kernels) {
