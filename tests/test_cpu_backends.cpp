@@ -814,6 +814,48 @@ TEST(CpuKernels, Avx512AndPortableAgree) {
       EXPECT_EQ(scaled, want_scale) << k->isa << " n " << n;
     }
   }
+  // int8 and uint8 rows with a scale array, as QuantView dequantises them,
+  // bit for bit: with and without scales and zero points, groups of 16, 32
+  // and the whole row, rows with a tail shorter than a vector.
+  {
+    std::mt19937 codes_gen(7);
+    for (const Encoding e : {Encoding::s8, Encoding::u8}) {
+      for (const std::int64_t dim : {std::int64_t{40}, std::int64_t{64}, std::int64_t{128}}) {
+        for (const std::int64_t group : {std::int64_t{16}, std::int64_t{32}, dim}) {
+          const std::int64_t groups = (dim + group - 1) / group;
+          std::vector<std::uint8_t> codes(static_cast<std::size_t>(dim));
+          for (auto& c : codes) c = static_cast<std::uint8_t>(codes_gen());
+          std::vector<float> scale(static_cast<std::size_t>(groups));
+          std::vector<std::int32_t> zero(static_cast<std::size_t>(groups));
+          for (std::size_t g = 0; g < scale.size(); ++g) {
+            scale[g] = std::ldexp(1.0f + static_cast<float>(codes_gen() % 1000) / 997.0f, static_cast<int>(codes_gen() % 40) - 20);
+            zero[g] = static_cast<std::int32_t>(codes_gen() % 256) - (e == Encoding::s8 ? 128 : 0);
+          }
+          for (const bool with_scale : {false, true}) {
+            for (const bool with_zero : {false, true}) {
+              QuantView view;
+              view.encoding = e;
+              view.codes = codes.data();
+              view.dim = dim;
+              view.group = group;
+              view.scale = with_scale ? scale.data() : nullptr;
+              view.zero_point = with_zero ? zero.data() : nullptr;
+              std::vector<float> want(static_cast<std::size_t>(dim));
+              view.dequantise_row(0, 0, 0, want.data());
+              for (const cpu::Kernels* k : {avx, &portable}) {
+                std::vector<float> got(static_cast<std::size_t>(dim) + 1, 7.0f);
+                k->dequantise_bytes(codes.data(), e == Encoding::s8, dim, view.scale, view.zero_point, group, got.data());
+                EXPECT_EQ(got.back(), 7.0f) << k->isa << " wrote past the row";
+                got.pop_back();
+                EXPECT_EQ(got, want) << k->isa << " dim " << dim << " group " << group << " scale " << with_scale << " zero "
+                                     << with_zero << (e == Encoding::s8 ? " s8" : " u8");
+              }
+            }
+          }
+        }
+      }
+    }
+  }
   // An output row scaled and rounded to bfloat16 as float_to_bf16 rounds:
   // ties to even both ways, subnormals kept (vcvtneps2bf16 would flush
   // them), NaN quiet, overflow to infinity, signs; tails shorter than a

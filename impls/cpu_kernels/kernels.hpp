@@ -152,6 +152,13 @@ struct Kernels {
   // product rounded to float, then to bfloat16 as float_to_bf16 rounds (to
   // nearest even, subnormals kept, NaN quiet): the same bits in every set.
   void (*scaled_to_bf16)(const float* x, float a, std::int64_t n, bf16* out);
+  // A row of dim int8 (is_signed) or uint8 codes with a scale array (format
+  // version 4, packed for the tiles) as QuantView::dequantise_row gives it,
+  // bit for bit: out[d] = float(float(q[d] - zero[g]) * scale[g]), g = d /
+  // group (zero null: 0; scale null: 1). Every 16 elements from a multiple
+  // of 16 share one group: group a multiple of 16, or at least dim.
+  void (*dequantise_bytes)(const std::uint8_t* codes, bool is_signed, std::int64_t dim, const float* scale,
+                           const std::int32_t* zero, std::int64_t group, float* out);
   // out[j] = float(x[j]) for j < n (exact: every float16 is a float).
   void (*widen_f16)(const f16* x, std::int64_t n, float* out);
   // Rows of 32-bit words transposed: out[w * ld + r] = rows[r][w] for r < n

@@ -1255,6 +1255,19 @@ ATTN_AVX512 void scaled_to_bf16(const float* x, float a, std::int64_t n, bf16* o
   }
 }
 
+ATTN_AVX512 void dequantise_bytes(const std::uint8_t* codes, bool is_signed, std::int64_t dim, const float* scale,
+                                  const std::int32_t* zero, std::int64_t group, float* out) {
+  for (std::int64_t d = 0; d < dim; d += 16) {
+    const __mmask16 live = lanes_below(dim - d);
+    const __m128i bytes = _mm_maskz_loadu_epi8(live, codes + d);
+    __m512 x = _mm512_cvtepi32_ps(is_signed ? _mm512_cvtepi8_epi32(bytes) : _mm512_cvtepu8_epi32(bytes));
+    const std::int64_t g = d / group;
+    if (zero) x = _mm512_sub_ps(x, _mm512_set1_ps(static_cast<float>(zero[g])));
+    if (scale) x = _mm512_mul_ps(x, _mm512_set1_ps(scale[g]));
+    _mm512_mask_storeu_ps(out + d, live, x);
+  }
+}
+
 ATTN_AVX512 void widen_f16(const f16* x, std::int64_t n, float* out) {
   for (std::int64_t j = 0; j < n; j += 16) {
     const __mmask16 live = static_cast<__mmask16>(n - j >= 16 ? 0xFFFF : (1u << (n - j)) - 1);
@@ -1291,7 +1304,7 @@ constexpr const char* kSetName = "avx512_bf16";
 
 const Kernels kAvx512{kSetName, qk_f32, qk_bf16, pv_f32, pv_bf16, exp2_sum, exp2_rows, exp2_rows_bf16,
                       max_of, qk_direct, pv_direct, qk_bf16_direct, pv_bf16_direct, scale_row, scale, add_scaled,
-                      to_bf16, scaled_to_bf16, widen_f16, transpose32};
+                      to_bf16, scaled_to_bf16, dequantise_bytes, widen_f16, transpose32};
 
 }  // namespace
 

@@ -219,6 +219,15 @@ void scaled_to_bf16(const float* x, float a, std::int64_t n, bf16* out) {
   for (std::int64_t j = 0; j < n; ++j) out[j] = float_to_bf16(x[j] * a);
 }
 
+void dequantise_bytes(const std::uint8_t* codes, bool is_signed, std::int64_t dim, const float* scale, const std::int32_t* zero,
+                      std::int64_t group, float* out) {
+  for (std::int64_t d = 0; d < dim; ++d) {
+    const float q = is_signed ? static_cast<float>(static_cast<std::int8_t>(codes[d])) : static_cast<float>(codes[d]);
+    const std::int64_t g = d / group;
+    out[d] = (q - (zero ? static_cast<float>(zero[g]) : 0.0f)) * (scale ? scale[g] : 1.0f);
+  }
+}
+
 void widen_f16(const f16* x, std::int64_t n, float* out) {
   for (std::int64_t j = 0; j < n; ++j) out[j] = f16_to_float(x[j]);
 }
@@ -233,7 +242,7 @@ void transpose32(const void* const* rows, std::int64_t n, std::int64_t words, vo
 
 const Kernels kPortable{"portable", qk_f32, qk_bf16, pv_f32, pv_bf16, exp2_sum, exp2_rows, exp2_rows_bf16,
                         max_of, qk_direct, pv_direct, qk_bf16_direct, pv_bf16_direct, scale_row, scale, add_scaled,
-                        to_bf16, scaled_to_bf16, widen_f16, transpose32};
+                        to_bf16, scaled_to_bf16, dequantise_bytes, widen_f16, transpose32};
 
 }  // namespace
 

@@ -176,15 +176,32 @@ void HeadPack::pack_block(const Problem& p, const Geometry& g, const AttentionIO
   // Format version 4: key j's row of a quantised K or V, dequantised with
   // the entry's descale into `to` (float), from where the key is stored.
   const SequenceMap sequences = io.sequences(p);
-  auto dequantised = [&](const QuantView& codes, std::int64_t j, float* to) {
+  // Without the descale first: int8 and uint8 rows whose groups the kernels
+  // take 16 elements at a time through them (the same bits), others as
+  // QuantView decodes them.
+  auto decoded = [&](const QuantView& codes, std::int64_t j, float* to) {
     const SequenceMap::Key key = sequences.key(b, j);
-    dequantised_row(codes, key.b, kv_head, key.s, b, to);
+    const bool bytes = codes.encoding == Encoding::s8 || codes.encoding == Encoding::u8;
+    // (no scale array and no zero point: one group, whatever group says)
+    const std::int64_t group = codes.scale || codes.zero_point ? codes.group : codes.dim;
+    if (!bytes || group <= 0 || (group % 16 != 0 && group < codes.dim)) {
+      codes.dequantise_row(key.b, kv_head, key.s, to);
+      return;
+    }
+    const std::int64_t at = key.b * codes.scale_strides[0] + kv_head * codes.scale_strides[1] + key.s * codes.scale_strides[2];
+    kernels.dequantise_bytes(codes.row(key.b, kv_head, key.s), codes.encoding == Encoding::s8, codes.dim,
+                             codes.scale ? codes.scale + at : nullptr, codes.zero_point ? codes.zero_point + at : nullptr,
+                             group, to);
+  };
+  auto dequantised = [&](const QuantView& codes, std::int64_t j, float* to) {
+    decoded(codes, j, to);
+    const float descale = codes.descale_of(b, kv_head);
+    if (descale != 1.0f) std::for_each(to, to + codes.dim, [&](float& x) { x *= descale; });
   };
   // The same into bfloat16 (row_bf16_ at `slot`): the descale's product
   // rounded to float, then to bfloat16, in one pass of the kernels.
   auto dequantised_bf16 = [&](const QuantView& codes, std::int64_t j, std::int64_t slot) {
-    const SequenceMap::Key key = sequences.key(b, j);
-    codes.dequantise_row(key.b, kv_head, key.s, row_.data());
+    decoded(codes, j, row_.data());
     bf16* to = row_bf16_.data() + slot * std::max(p.head_dim, p.head_dim_v);
     kernels.scaled_to_bf16(row_.data(), codes.descale_of(b, kv_head), codes.dim, to);
     return static_cast<const bf16*>(to);
