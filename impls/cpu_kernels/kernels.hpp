@@ -146,7 +146,9 @@ struct Kernels {
   // o[j] += w * x[j] for j < n, the product rounded, then the sum (no fused
   // multiply-add: the same bits in every kernel set): a split partial merged.
   void (*add_scaled)(float* o, const float* x, float w, std::int64_t n);
-  // out[j] = bfloat16(x[j]), round to nearest even, j < n.
+  // out[j] = bfloat16(x[j]), round to nearest even, j < n (the AVX-512
+  // sets' vcvtneps2bf16 takes subnormal inputs as zero: for P and dS, not
+  // for outputs, which scaled_to_bf16 writes).
   void (*to_bf16)(const float* x, std::int64_t n, bf16* out);
   // out[j] = float_to_bf16(x[j] * a) for j < n: an output row written, the
   // product rounded to float, then to bfloat16 as float_to_bf16 rounds (to

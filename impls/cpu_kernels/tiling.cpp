@@ -173,12 +173,11 @@ void HeadPack::pack_block(const Problem& p, const Geometry& g, const AttentionIO
   const std::int64_t real = std::clamp<std::int64_t>((p.paged() ? io.seq_lens[b] : p.seq_k) - j0, 0, kKeyBlock);
   const Kernels& kernels = best_kernels();
   std::array<const void*, kKeyBlock> rows{};
-  // Format version 4: key j's row of a quantised K or V, dequantised with
-  // the entry's descale into `to` (float), from where the key is stored.
   const SequenceMap sequences = io.sequences(p);
-  // Without the descale first: int8 and uint8 rows whose groups the kernels
-  // take 16 elements at a time through them (the same bits), others as
-  // QuantView decodes them.
+  // Format version 4: key j's row of a quantised K or V, from where the key
+  // is stored, dequantised into `to` (float) without the descale: int8 and
+  // uint8 rows whose groups hold whole vectors by the kernels (the same
+  // bits), others as QuantView decodes them.
   auto decoded = [&](const QuantView& codes, std::int64_t j, float* to) {
     const SequenceMap::Key key = sequences.key(b, j);
     const bool bytes = codes.encoding == Encoding::s8 || codes.encoding == Encoding::u8;
@@ -193,6 +192,7 @@ void HeadPack::pack_block(const Problem& p, const Geometry& g, const AttentionIO
                              codes.scale ? codes.scale + at : nullptr, codes.zero_point ? codes.zero_point + at : nullptr,
                              group, to);
   };
+  // The same with the entry's descale.
   auto dequantised = [&](const QuantView& codes, std::int64_t j, float* to) {
     decoded(codes, j, to);
     const float descale = codes.descale_of(b, kv_head);
